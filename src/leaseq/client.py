@@ -1,0 +1,293 @@
+"""The producer and operator API: :class:`Queue` (sync) and :class:`AsyncQueue`.
+
+Both are thin: every method asks :class:`~leaseq.store.Store` for the operation
+and hands it to :mod:`leaseq.db` to execute, so the two classes cannot drift.
+Pass ``conn=`` (your own psycopg connection) to run an operation inside your
+transaction: an enqueue then commits or rolls back with your business rows,
+and a completion commits together with a handler's effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from . import migrate as migrations
+from .config import database_url
+from .db import AsyncConnection, AsyncDatabase, Connection, Database
+from .store import Store
+from .types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult
+
+
+class _Base:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "leaseq",
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        self.store = Store(schema, max_payload_bytes=max_payload_bytes)
+        self.dsn = database_url(dsn)
+
+    @property
+    def schema(self) -> str:
+        return self.store.schema
+
+
+class Queue(_Base):
+    """A leaseq schema on one database, used from synchronous code."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "leaseq",
+        max_payload_bytes: int | None = None,
+        pool_size: int = 10,
+    ) -> None:
+        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes)
+        self.db = Database(self.dsn, max_size=pool_size)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema; returns the migration versions applied now."""
+        return self.db.drive(migrations.plan(self.store))
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        conn: Connection | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> int:
+        operation = self.store.enqueue(
+            queue, payload, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, key=key, seq=seq, idempotency_key=idempotency_key,
+        )  # fmt: skip
+        return self.db.run(operation, conn)
+
+    def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        conn: Connection | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seqs: Sequence[int] | None = None,
+    ) -> list[int]:
+        operation = self.store.enqueue_many(
+            queue, payloads, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, key=key, seqs=seqs,
+        )  # fmt: skip
+        return self.db.run(operation, conn)
+
+    def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> list[Claim]:
+        return self.db.run(self.store.claim(queue, limit=limit, lease=lease))
+
+    def complete(self, claim: Claim, *, conn: Connection | None = None) -> None:
+        self.db.run(self.store.complete_one(claim), conn)
+
+    def complete_many(
+        self, claims: Sequence[Claim], *, conn: Connection | None = None
+    ) -> list[tuple[Claim, bool]]:
+        return self.db.run(self.store.complete(claims), conn)
+
+    def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
+        return self.db.run(self.store.renew_one(claim, lease))
+
+    def renew_many(
+        self, claims: Sequence[Claim], *, lease: float | None = None
+    ) -> list[tuple[Claim, datetime | None]]:
+        return self.db.run(self.store.renew(claims, lease))
+
+    def retry(
+        self,
+        claim: Claim,
+        *,
+        delay: float | None = None,
+        error: object = None,
+        conn: Connection | None = None,
+    ) -> JobStatus:
+        return self.db.run(self.store.retry_one(claim, delay=delay, error=error), conn)
+
+    def fail(self, claim: Claim, error: object = None, *, conn: Connection | None = None) -> None:
+        self.db.run(self.store.fail_one(claim, error), conn)
+
+    def reap(self, *, limit: int = 1000) -> ReapResult:
+        return self.db.run(self.store.reap(limit=limit))
+
+    def replay(self, job_id: int) -> bool:
+        return self.db.run(self.store.replay(job_id))
+
+    def cancel(self, job_id: int) -> bool:
+        return self.db.run(self.store.cancel(job_id))
+
+    def get(self, job_id: int) -> Job:
+        return self.db.run(self.store.get(job_id))
+
+    def list_jobs(
+        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        return self.db.run(self.store.list_jobs(status, queue=queue, limit=limit))
+
+    def stats(self, queue: str | None = None) -> list[QueueStats]:
+        return self.db.run(self.store.stats(queue))
+
+    def configure_queue(self, name: str, **settings: Any) -> QueueSettings:
+        return self.db.run(self.store.configure_queue(name, **settings))
+
+    def queue_settings(self, name: str) -> QueueSettings | None:
+        return self.db.run(self.store.queue_settings(name))
+
+
+class AsyncQueue(_Base):
+    """The same operations as :class:`Queue`, for asyncio code."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "leaseq",
+        max_payload_bytes: int | None = None,
+        pool_size: int = 10,
+    ) -> None:
+        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes)
+        self.db = AsyncDatabase(self.dsn, max_size=pool_size)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        await self.close()
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def migrate(self) -> list[int]:
+        return await self.db.drive(migrations.plan(self.store))
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        conn: AsyncConnection | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> int:
+        operation = self.store.enqueue(
+            queue, payload, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, key=key, seq=seq, idempotency_key=idempotency_key,
+        )  # fmt: skip
+        return await self.db.run(operation, conn)
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        conn: AsyncConnection | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seqs: Sequence[int] | None = None,
+    ) -> list[int]:
+        operation = self.store.enqueue_many(
+            queue, payloads, delay=delay, run_at=run_at, priority=priority,
+            max_attempts=max_attempts, key=key, seqs=seqs,
+        )  # fmt: skip
+        return await self.db.run(operation, conn)
+
+    async def claim(
+        self, queue: str, *, limit: int = 1, lease: float | None = None
+    ) -> list[Claim]:
+        return await self.db.run(self.store.claim(queue, limit=limit, lease=lease))
+
+    async def complete(self, claim: Claim, *, conn: AsyncConnection | None = None) -> None:
+        await self.db.run(self.store.complete_one(claim), conn)
+
+    async def complete_many(
+        self, claims: Sequence[Claim], *, conn: AsyncConnection | None = None
+    ) -> list[tuple[Claim, bool]]:
+        return await self.db.run(self.store.complete(claims), conn)
+
+    async def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
+        return await self.db.run(self.store.renew_one(claim, lease))
+
+    async def renew_many(
+        self, claims: Sequence[Claim], *, lease: float | None = None
+    ) -> list[tuple[Claim, datetime | None]]:
+        return await self.db.run(self.store.renew(claims, lease))
+
+    async def retry(
+        self,
+        claim: Claim,
+        *,
+        delay: float | None = None,
+        error: object = None,
+        conn: AsyncConnection | None = None,
+    ) -> JobStatus:
+        return await self.db.run(self.store.retry_one(claim, delay=delay, error=error), conn)
+
+    async def fail(
+        self, claim: Claim, error: object = None, *, conn: AsyncConnection | None = None
+    ) -> None:
+        await self.db.run(self.store.fail_one(claim, error), conn)
+
+    async def reap(self, *, limit: int = 1000) -> ReapResult:
+        return await self.db.run(self.store.reap(limit=limit))
+
+    async def replay(self, job_id: int) -> bool:
+        return await self.db.run(self.store.replay(job_id))
+
+    async def cancel(self, job_id: int) -> bool:
+        return await self.db.run(self.store.cancel(job_id))
+
+    async def get(self, job_id: int) -> Job:
+        return await self.db.run(self.store.get(job_id))
+
+    async def list_jobs(
+        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        return await self.db.run(self.store.list_jobs(status, queue=queue, limit=limit))
+
+    async def stats(self, queue: str | None = None) -> list[QueueStats]:
+        return await self.db.run(self.store.stats(queue))
+
+    async def configure_queue(self, name: str, **settings: Any) -> QueueSettings:
+        return await self.db.run(self.store.configure_queue(name, **settings))
+
+    async def queue_settings(self, name: str) -> QueueSettings | None:
+        return await self.db.run(self.store.queue_settings(name))

@@ -1,0 +1,41 @@
+"""Which database leaseq uses: the one place that decides, for library, CLI and tests.
+
+In order: an explicit URL (``--database-url`` / ``dsn=``), ``LEASEQ_DATABASE_URL``,
+``DATABASE_URL``; else an embedded PostgreSQL kept under ``.leaseq/`` in the
+working directory. leaseq never guesses ``localhost:5432``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_VARIABLES = ("LEASEQ_DATABASE_URL", "DATABASE_URL")
+EMBEDDED_DIRECTORY = ".leaseq"
+
+
+def configured_database_url(explicit: str | None = None) -> str | None:
+    """The URL the user asked for, if any."""
+    if explicit:
+        return explicit
+    for name in ENV_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def database_url(
+    explicit: str | None = None, *, base: Path | None = None, keep_running: bool = True
+) -> str:
+    """The URL to use, starting the embedded server when nothing is configured.
+
+    ``keep_running`` leaves the embedded server up after this process exits, so
+    later commands reuse it; tests pass False to stop it with the last user.
+    """
+    configured = configured_database_url(explicit)
+    if configured is not None:
+        return configured
+    from .embedded import start_embedded  # imported late: it pulls in pgserver
+
+    return start_embedded((base or Path.cwd()) / EMBEDDED_DIRECTORY, keep_running=keep_running)

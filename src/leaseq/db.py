@@ -1,0 +1,218 @@
+"""The only module that talks to the driver: pools, execution, error mapping.
+
+``store`` builds :class:`~leaseq.store.Operation` values; this module runs them
+on psycopg 3 connections, sync or async, and turns PostgreSQL errors that mean
+something to leaseq users into leaseq's typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .errors import BacklogFull, InvalidArgument, NotMigrated, PayloadTooLarge
+from .migrate import Plan
+from .store import Operation, Rows, Statement
+
+T = TypeVar("T")
+
+Connection = psycopg.Connection[Any]
+AsyncConnection = psycopg.AsyncConnection[Any]
+
+#: Sent with every connection leaseq opens; keepalives notice a dead peer.
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "autocommit": True,
+    "application_name": "leaseq",
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+_ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
+    "LQ001": BacklogFull,
+    "LQ002": PayloadTooLarge,
+    "3F000": NotMigrated,  # invalid_schema_name
+    "42P01": NotMigrated,  # undefined_table
+    "42883": NotMigrated,  # undefined_function
+    "23514": InvalidArgument,  # check_violation
+    "22003": InvalidArgument,  # numeric_value_out_of_range
+    "22008": InvalidArgument,  # datetime_field_overflow
+}
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:
+        kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
+        if kind is None:
+            raise
+        message = exc.diag.message_primary or str(exc)
+        if kind is NotMigrated:
+            message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
+        raise kind(message) from exc
+
+
+def _rows(cursor: psycopg.Cursor[Any]) -> Rows:
+    return cursor.fetchall() if cursor.description is not None else []
+
+
+async def _arows(cursor: psycopg.AsyncCursor[Any]) -> Rows:
+    return await cursor.fetchall() if cursor.description is not None else []
+
+
+def _args(statement: Statement) -> tuple[str, Any]:
+    # Without parameters psycopg may send several statements in one string
+    # (migrations need that); with an empty dict it would not.
+    return statement.sql, (statement.params or None)
+
+
+def execute(conn: Connection, operation: Operation[T]) -> T:
+    """Run ``operation`` on ``conn``: in the caller's transaction if one is open,
+    else in a transaction of its own when it has several statements."""
+    with translated_errors():
+        results: list[Rows] = []
+        with conn.cursor() as cursor:
+            if operation.single:
+                cursor.execute(*_args(operation.statements[0]))
+                results.append(_rows(cursor))
+            else:
+                with conn.transaction():
+                    for statement in operation.statements:
+                        cursor.execute(*_args(statement))
+                        results.append(_rows(cursor))
+    return operation.decode(results)
+
+
+async def aexecute(conn: AsyncConnection, operation: Operation[T]) -> T:
+    with translated_errors():
+        results: list[Rows] = []
+        async with conn.cursor() as cursor:
+            if operation.single:
+                await cursor.execute(*_args(operation.statements[0]))
+                results.append(await _arows(cursor))
+            else:
+                async with conn.transaction():
+                    for statement in operation.statements:
+                        await cursor.execute(*_args(statement))
+                        results.append(await _arows(cursor))
+    return operation.decode(results)
+
+
+def drive(conn: Connection, plan: Plan) -> list[int]:
+    """Run a statement-yielding plan (migrations) in one transaction."""
+    with translated_errors(), conn.transaction(), conn.cursor() as cursor:
+        try:
+            statement = next(plan)
+            while True:
+                cursor.execute(*_args(statement))
+                statement = plan.send(_rows(cursor))
+        except StopIteration as stop:
+            result: list[int] = stop.value
+            return result
+
+
+async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
+    with translated_errors():
+        async with conn.transaction(), conn.cursor() as cursor:
+            try:
+                statement = next(plan)
+                while True:
+                    await cursor.execute(*_args(statement))
+                    statement = plan.send(await _arows(cursor))
+            except StopIteration as stop:
+                result: list[int] = stop.value
+                return result
+
+
+class Database:
+    """A lazily opened pool of autocommit connections (sync)."""
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.dsn = dsn
+        self._pool = ConnectionPool(
+            dsn,
+            kwargs=CONNECTION_OPTIONS,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            check=ConnectionPool.check_connection,
+            name="leaseq",
+        )
+        self._opened = False
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        if not self._opened:
+            with self._lock:
+                if not self._opened:
+                    self._pool.open(wait=True, timeout=30)
+                    self._opened = True
+        with self._pool.connection() as conn:
+            yield conn
+
+    def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
+        if conn is not None:
+            return execute(conn, operation)
+        with self.connection() as own:
+            return execute(own, operation)
+
+    def drive(self, plan: Plan) -> list[int]:
+        with self.connection() as conn:
+            return drive(conn, plan)
+
+    def close(self) -> None:
+        if self._opened:
+            self._pool.close()
+            self._opened = False
+
+
+class AsyncDatabase:
+    """A lazily opened pool of autocommit connections (asyncio)."""
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.dsn = dsn
+        self._pool = AsyncConnectionPool(
+            dsn,
+            kwargs=CONNECTION_OPTIONS,
+            min_size=min_size,
+            max_size=max_size,
+            open=False,
+            check=AsyncConnectionPool.check_connection,
+            name="leaseq",
+        )
+        self._opened = False
+        self._lock = asyncio.Lock()
+
+    async def _ensure_open(self) -> None:
+        if not self._opened:
+            async with self._lock:
+                if not self._opened:
+                    await self._pool.open(wait=True, timeout=30)
+                    self._opened = True
+
+    async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
+        if conn is not None:
+            return await aexecute(conn, operation)
+        await self._ensure_open()
+        async with self._pool.connection() as own:
+            return await aexecute(own, operation)
+
+    async def drive(self, plan: Plan) -> list[int]:
+        await self._ensure_open()
+        async with self._pool.connection() as conn:
+            return await adrive(conn, plan)
+
+    async def close(self) -> None:
+        if self._opened:
+            await self._pool.close()
+            self._opened = False

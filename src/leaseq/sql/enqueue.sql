@@ -1,0 +1,23 @@
+-- Enqueue one job; admit() checks the queue's limits first and raises
+-- LQ001/LQ002 instead of writing anything.
+WITH admitted AS (
+    SELECT * FROM {schema}.admit(%(queue)s, 1, %(payload_bytes)s, %(payload_bytes)s)
+)
+INSERT INTO {schema}.job (
+    queue, payload, payload_bytes, priority, available_at, max_attempts,
+    ordering_key, ordering_seq, idempotency_key, counted
+)
+SELECT
+    %(queue)s,
+    %(payload)s::jsonb,
+    %(payload_bytes)s,
+    %(priority)s,
+    coalesce(%(run_at)s::timestamptz,
+             {schema}.clock() + make_interval(secs => coalesce(%(delay)s::double precision, 0))),
+    coalesce(%(max_attempts)s::integer, admitted.max_attempts),
+    %(key)s::text,
+    %(seq)s::bigint,
+    %(idempotency_key)s::text,
+    admitted.counted
+FROM admitted
+RETURNING job_id

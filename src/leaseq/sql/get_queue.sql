@@ -1,0 +1,6 @@
+SELECT q.name, q.lease_seconds, q.max_attempts, q.backoff_base_seconds, q.backoff_cap_seconds,
+       q.ordering_policy, q.max_queued_jobs, q.max_queued_bytes, q.max_payload_bytes, q.paused,
+       (SELECT coalesce(sum(b.jobs), 0) FROM {schema}.backlog AS b WHERE b.queue = q.name),
+       (SELECT coalesce(sum(b.bytes), 0) FROM {schema}.backlog AS b WHERE b.queue = q.name)
+FROM {schema}.queue AS q
+WHERE q.name = %(name)s

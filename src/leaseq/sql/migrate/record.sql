@@ -1,0 +1,1 @@
+INSERT INTO {schema}.migration (version, name) VALUES (%(version)s, %(name)s)

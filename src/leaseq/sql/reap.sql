@@ -1,0 +1,44 @@
+-- Fail up to %(limit)s jobs whose attempts are used up: queued ones, and
+-- running ones whose lease has expired. A live lease is never touched: the
+-- UPDATE re-checks the condition on the row it has locked.
+WITH exhausted_queued AS (
+    SELECT j.job_id, 'queued' AS was
+    FROM {schema}.job AS j
+    WHERE j.status = 'queued' AND j.attempts >= j.max_attempts
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+exhausted_expired AS (
+    SELECT j.job_id, 'running' AS was
+    FROM {schema}.job AS j
+    WHERE j.status = 'running'
+      AND j.lease_until <= {schema}.clock()
+      AND j.attempts >= j.max_attempts
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+doomed AS (
+    (SELECT job_id, was FROM exhausted_queued)
+    UNION ALL
+    (SELECT job_id, was FROM exhausted_expired)
+    LIMIT %(limit)s
+),
+reaped AS (
+    UPDATE {schema}.job AS j
+    SET status = 'failed',
+        lease_until = NULL,
+        finished_at = {schema}.clock(),
+        last_error = CASE WHEN j.status = 'running'
+            THEN 'lease expired on the last attempt (' || j.attempts || ' of ' || j.max_attempts || ')'
+            ELSE 'no attempts left (' || j.attempts || ' of ' || j.max_attempts || ')' END,
+        history = {schema}.history_append(j.history, jsonb_build_object(
+            'attempt', j.attempts, 'at', {schema}.clock(),
+            'outcome', CASE WHEN j.status = 'running' THEN 'lease_expired' ELSE 'exhausted' END))
+    FROM doomed
+    WHERE j.job_id = doomed.job_id
+      AND j.attempts >= j.max_attempts
+      AND (j.status = 'queued'
+           OR (j.status = 'running' AND j.lease_until <= {schema}.clock()))
+    RETURNING j.job_id, doomed.was
+)
+SELECT job_id, was FROM reaped ORDER BY job_id

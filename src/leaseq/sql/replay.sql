@@ -1,0 +1,21 @@
+-- Put a failed or cancelled job back in its queue with a fresh attempt budget.
+-- The job keeps its id (so its idempotency key still matches), its
+-- lease_version (fencing tokens only grow) and its history.
+WITH target AS (
+    SELECT j.job_id, j.status, j.attempts FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
+),
+replayed AS (
+    UPDATE {schema}.job AS j
+    SET status = 'queued',
+        attempts = 0,
+        available_at = {schema}.clock(),
+        finished_at = NULL,
+        history = {schema}.history_append(j.history, jsonb_build_object(
+            'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'replayed',
+            'previous_status', j.status))
+    FROM target AS t
+    WHERE j.job_id = t.job_id AND j.status IN ('failed', 'cancelled')
+    RETURNING j.job_id
+)
+SELECT t.status, replayed.job_id IS NOT NULL AS changed
+FROM target AS t LEFT JOIN replayed ON replayed.job_id = t.job_id

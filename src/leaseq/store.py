@@ -1,0 +1,538 @@
+"""Every queue operation, written once and without I/O.
+
+Each public method returns an :class:`Operation`: the SQL, its parameters and
+a function that turns the rows into the result. ``db`` executes it on a sync
+or an async connection; neither side builds SQL of its own. The SQL itself
+lives in ``sql/*.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+from . import validate
+from .errors import InvalidArgument, JobNotFound, LeaseLost
+from .types import (
+    Claim,
+    Job,
+    JobStatus,
+    OrderingPolicy,
+    QueueSettings,
+    QueueStats,
+    ReapResult,
+)
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    sql: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation(Generic[T]):
+    """Statements run in one transaction (or in the caller's), then decoded.
+
+    ``decode`` gets the rows of every statement, in order.
+    """
+
+    statements: tuple[Statement, ...]
+    decode: Callable[[list[Rows]], T]
+
+    @property
+    def single(self) -> bool:
+        return len(self.statements) == 1
+
+
+@cache
+def sql_text(name: str) -> str:
+    return resources.files("leaseq").joinpath("sql", name).read_text(encoding="utf-8")
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    """(version, name, text) of every shipped migration, in order."""
+    folder = resources.files("leaseq").joinpath("sql", "migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name.removesuffix(".sql"), entry.read_text("utf-8")))
+    return sorted(found)
+
+
+def _ignore(_: list[Rows]) -> None:
+    return None
+
+
+def _claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
+    (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row
+    return Claim(
+        job_id=job_id,
+        queue=queue,
+        payload=payload,
+        lease_version=version,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        key=key,
+        seq=seq,
+        lease_until=until,
+        lease_seconds=lease,
+        idempotency_key=idem or default_idempotency_key(schema, job_id),
+    )
+
+
+def default_idempotency_key(schema: str, job_id: int) -> str:
+    """A job's identity: stable across attempts and replays, unlike lease_version."""
+    return f"{schema}:{job_id}"
+
+
+def _job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
+    (job_id, queue, payload, payload_bytes, status, priority, available_at, lease_until,
+     version, attempts, max_attempts, key, seq, idem, last_error, history, created_at,
+     claimed_at, finished_at) = row  # fmt: skip
+    return Job(
+        job_id=job_id,
+        queue=queue,
+        payload=payload,
+        payload_bytes=payload_bytes,
+        status=JobStatus(status),
+        priority=priority,
+        available_at=available_at,
+        lease_until=lease_until,
+        lease_version=version,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        key=key,
+        seq=seq,
+        idempotency_key=idem or default_idempotency_key(schema, job_id),
+        last_error=last_error,
+        history=tuple(history),
+        created_at=created_at,
+        claimed_at=claimed_at,
+        finished_at=finished_at,
+    )
+
+
+_UNSET: Any = object()
+
+# configure_queue's keyword -> (SQL parameter, validator)
+_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "lease": ("lease", lambda v: validate.seconds(v, "lease", validate.MAX_LEASE_SECONDS,
+                                                  allow_zero=False)),
+    "max_attempts": ("max_attempts", lambda v: _setting_int(v, "max_attempts", range(1, 1001))),
+    "backoff_base": ("backoff_base", lambda v: validate.seconds(v, "backoff_base", 86400.0)),
+    "backoff_cap": ("backoff_cap", lambda v: validate.seconds(v, "backoff_cap", 30 * 86400.0)),
+    "ordering_policy": ("ordering_policy", lambda v: _policy(v).value),
+    "max_queued_jobs": ("max_queued_jobs", lambda v: _limit(v, "max_queued_jobs", 2**62)),
+    "max_queued_bytes": ("max_queued_bytes", lambda v: _limit(v, "max_queued_bytes", 2**62)),
+    "max_payload_bytes": ("max_payload_bytes", lambda v: _limit(v, "max_payload_bytes", 2**31 - 1)),
+    "paused": ("paused", lambda v: _flag(v, "paused")),
+}  # fmt: skip
+
+
+def _setting_int(value: Any, what: str, allowed: range) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise InvalidArgument(f"{what} must be an integer in [{allowed.start}, {allowed.stop - 1}]")
+    return value
+
+
+def _limit(value: Any, what: str, maximum: int) -> int | None:
+    return None if value is None else _setting_int(value, what, range(1, maximum + 1))
+
+
+def _policy(value: Any) -> OrderingPolicy:
+    try:
+        return OrderingPolicy(value)
+    except ValueError:
+        raise InvalidArgument(f"ordering_policy must be 'block' or 'continue', got {value!r}") from None
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+class Store:
+    """Builds the operations of one leaseq schema."""
+
+    def __init__(self, schema: str = "leaseq", *, max_payload_bytes: int | None = None) -> None:
+        self.schema = validate.schema_name(schema)
+        self.max_payload_bytes = max_payload_bytes or validate.DEFAULT_MAX_PAYLOAD_BYTES
+        self._quoted = f'"{self.schema}"'
+        self._texts: dict[str, str] = {}
+
+    def sql(self, name: str) -> str:
+        text = self._texts.get(name)
+        if text is None:
+            text = self._texts[name] = self.render(sql_text(name))
+        return text
+
+    def render(self, text: str) -> str:
+        return text.replace("{schema}", self._quoted)
+
+    # -- producers ---------------------------------------------------------
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> Operation[int]:
+        encoded = validate.payload(payload, self.max_payload_bytes)
+        ordering_key, ordering_seq = validate.ordering(key, seq)
+        params = {
+            "queue": validate.queue_name(queue),
+            "payload": encoded.text,
+            "payload_bytes": encoded.size,
+            **self._schedule(delay, run_at, priority, max_attempts),
+            "key": ordering_key,
+            "seq": ordering_seq,
+            "idempotency_key": None
+            if idempotency_key is None
+            else validate.text_key(idempotency_key, "idempotency key"),
+        }
+        return Operation((Statement(self.sql("enqueue.sql"), params),), lambda r: r[0][0][0])
+
+    def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seqs: Sequence[int] | None = None,
+    ) -> Operation[list[int]]:
+        encoded = [validate.payload(p, self.max_payload_bytes) for p in payloads]
+        if seqs is not None and len(seqs) != len(encoded):
+            raise validate.InvalidJob("seqs must have one entry per payload")
+        ordering = [
+            validate.ordering(key, None if seqs is None else seqs[i]) for i in range(len(encoded))
+        ]
+        params = {
+            "queue": validate.queue_name(queue),
+            "payloads": [e.text for e in encoded],
+            "payload_bytes": [e.size for e in encoded],
+            "count": len(encoded),
+            "total_bytes": sum(e.size for e in encoded),
+            "largest_bytes": max((e.size for e in encoded), default=0),
+            **self._schedule(delay, run_at, priority, max_attempts),
+            "key": ordering[0][0] if ordering else None,
+            "seqs": [seq for _, seq in ordering],
+        }
+        return Operation(
+            (Statement(self.sql("enqueue_many.sql"), params),),
+            lambda r: sorted(row[0] for row in r[0]),
+        )
+
+    @staticmethod
+    def _schedule(
+        delay: float | None, run_at: datetime | None, priority: int, max_attempts: int | None
+    ) -> dict[str, Any]:
+        if delay is not None and run_at is not None:
+            raise validate.InvalidJob("give delay or run_at, not both")
+        return {
+            "delay": validate.delay(delay),
+            "run_at": validate.run_at(run_at),
+            "priority": validate.integer(priority, "priority", validate.PRIORITY_RANGE),
+            "max_attempts": None
+            if max_attempts is None
+            else validate.integer(max_attempts, "max_attempts", range(1, 1001)),
+        }
+
+    # -- workers: claim, then fenced writes -----------------------------------
+
+    def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> Operation[
+        list[Claim]
+    ]:
+        params = {
+            "queue": validate.queue_name(queue),
+            "limit": validate.claim_limit(limit),
+            "lease": validate.lease(lease),
+        }
+        schema = self.schema
+        return Operation(
+            (Statement(self.sql("claim.sql"), params),),
+            lambda r: sorted((_claim_from_row(schema, row) for row in r[0]),
+                             key=lambda c: c.job_id),
+        )  # fmt: skip
+
+    def complete(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
+        """Per claim: True if completed (now or by an earlier commit), False if lost."""
+        return self._fenced("complete.sql", claims, {}, lambda row: bool(row[1]))
+
+    def renew(
+        self, claims: Sequence[Claim], lease: float | None = None
+    ) -> Operation[list[tuple[Claim, datetime | None]]]:
+        """Per claim: the new lease_until, or None if the lease was lost."""
+        leases = [validate.lease(lease)] * len(claims)
+        return self._fenced("renew.sql", claims, {"leases": leases}, lambda row: row[1])
+
+    def retry(
+        self,
+        claims: Sequence[Claim],
+        *,
+        delay: float | None = None,
+        error: object = None,
+    ) -> Operation[list[tuple[Claim, JobStatus | None]]]:
+        """Per claim: the job's new status (queued, or failed when exhausted), None if lost."""
+        extra = {
+            "delays": [validate.seconds(delay, "delay", validate.MAX_DELAY_SECONDS)
+                       if delay is not None else None] * len(claims),
+            "errors": [validate.error_text(error)] * len(claims),
+        }  # fmt: skip
+        return self._fenced(
+            "retry.sql", claims, extra, lambda row: None if row[1] is None else JobStatus(row[1])
+        )
+
+    def fail(
+        self, claims: Sequence[Claim], error: object = None
+    ) -> Operation[list[tuple[Claim, bool]]]:
+        extra = {"errors": [validate.error_text(error)] * len(claims)}
+        return self._fenced("fail.sql", claims, extra, lambda row: bool(row[1]))
+
+    def _fenced(
+        self,
+        name: str,
+        claims: Sequence[Claim],
+        extra: dict[str, Any],
+        result: Callable[[tuple[Any, ...]], T],
+    ) -> Operation[list[tuple[Claim, T]]]:
+        if len({c.job_id for c in claims}) != len(claims):
+            raise InvalidArgument("a batch must not hold the same job twice")
+        params = {
+            "job_ids": [c.job_id for c in claims],
+            "lease_versions": [c.lease_version for c in claims],
+            **extra,
+        }
+
+        def decode(rows: list[Rows]) -> list[tuple[Claim, T]]:
+            by_id = {row[0]: result(row) for row in rows[0]}
+            return [(c, by_id[c.job_id]) for c in claims]
+
+        return Operation((Statement(self.sql(name), params),), decode)
+
+    # The single-claim forms raise LeaseLost instead of reporting it.
+
+    def complete_one(self, claim: Claim) -> Operation[None]:
+        return _only(self.complete([claim]), "complete", lambda ok: None if ok else _LOST)
+
+    def renew_one(self, claim: Claim, lease: float | None = None) -> Operation[datetime]:
+        return _only(self.renew([claim], lease), "renew", lambda until: until or _LOST)
+
+    def retry_one(
+        self, claim: Claim, *, delay: float | None = None, error: object = None
+    ) -> Operation[JobStatus]:
+        return _only(
+            self.retry([claim], delay=delay, error=error), "retry", lambda st: st or _LOST
+        )
+
+    def fail_one(self, claim: Claim, error: object = None) -> Operation[None]:
+        return _only(self.fail([claim], error), "fail", lambda ok: None if ok else _LOST)
+
+    # -- operators ------------------------------------------------------------
+
+    def reap(self, *, limit: int = 1000) -> Operation[ReapResult]:
+        params = {"limit": validate.claim_limit(limit)}
+
+        def decode(rows: list[Rows]) -> ReapResult:
+            return ReapResult(
+                exhausted_queued=tuple(r[0] for r in rows[0] if r[1] == "queued"),
+                expired_running=tuple(r[0] for r in rows[0] if r[1] == "running"),
+            )
+
+        return Operation((Statement(self.sql("reap.sql"), params),), decode)
+
+    def replay(self, job_id: int) -> Operation[bool]:
+        return self._transition("replay.sql", job_id)
+
+    def cancel(self, job_id: int) -> Operation[bool]:
+        return self._transition("cancel.sql", job_id)
+
+    def _transition(self, name: str, job_id: int) -> Operation[bool]:
+        params = {"job_id": _job_id(job_id)}
+
+        def decode(rows: list[Rows]) -> bool:
+            if not rows[0]:
+                raise JobNotFound(f"no job {job_id}")
+            return bool(rows[0][0][1])
+
+        return Operation((Statement(self.sql(name), params),), decode)
+
+    def get(self, job_id: int) -> Operation[Job]:
+        schema = self.schema
+
+        def decode(rows: list[Rows]) -> Job:
+            if not rows[0]:
+                raise JobNotFound(f"no job {job_id}")
+            return _job_from_row(schema, rows[0][0])
+
+        return Operation(
+            (Statement(self.sql("get_job.sql"), {"job_id": _job_id(job_id)}),), decode
+        )
+
+    def list_jobs(
+        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
+    ) -> Operation[list[Job]]:
+        try:
+            state = JobStatus(status)
+        except ValueError:
+            raise InvalidArgument(f"unknown job status {status!r}") from None
+        params = {
+            "status": state.value,
+            "queue": None if queue is None else validate.queue_name(queue),
+            "limit": validate.claim_limit(limit),
+        }
+        schema = self.schema
+        return Operation(
+            (Statement(self.sql("list_jobs.sql"), params),),
+            lambda r: [_job_from_row(schema, row) for row in r[0]],
+        )
+
+    def stats(self, queue: str | None = None) -> Operation[list[QueueStats]]:
+        params = {"queue": None if queue is None else validate.queue_name(queue)}
+
+        def decode(rows: list[Rows]) -> list[QueueStats]:
+            return [
+                QueueStats(
+                    queue=name,
+                    counts=dict(zip(JobStatus, (queued, running, done, failed, cancelled),
+                                    strict=True)),
+                    queued_bytes=queued_bytes,
+                    oldest_ready_age=age,
+                    expired_leases=expired,
+                    paused=paused,
+                )  # fmt: skip
+                for (name, queued, running, done, failed, cancelled, queued_bytes, age, expired,
+                     paused) in rows[0]
+            ]  # fmt: skip
+
+        return Operation((Statement(self.sql("stats.sql"), params),), decode)
+
+    def configure_queue(self, name: str, **settings: Any) -> Operation[QueueSettings]:
+        unknown = set(settings) - set(_SETTINGS)
+        if unknown:
+            raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
+        params: dict[str, Any] = {"name": validate.queue_name(name)}
+        for keyword, (param, check) in _SETTINGS.items():
+            given = settings.get(keyword, _UNSET)
+            params[f"set_{param}"] = given is not _UNSET
+            params[param] = None if given is _UNSET else check(given)
+        if params["backoff_base"] is not None and params["backoff_cap"] is not None:
+            if params["backoff_cap"] < params["backoff_base"]:
+                raise InvalidArgument("backoff_cap must be >= backoff_base")
+        named = {"name": params["name"]}
+        return Operation(
+            (
+                Statement(self.sql("configure_queue_ensure.sql"), named),
+                Statement(self.sql("configure_queue_update.sql"), params),
+                Statement(self.sql("count_backlog.sql"), named),
+                Statement(self.sql("get_queue.sql"), named),
+            ),
+            lambda r: _settings_from_row(r[3][0]),
+        )
+
+    def queue_settings(self, name: str) -> Operation[QueueSettings | None]:
+        params = {"name": validate.queue_name(name)}
+        return Operation(
+            (Statement(self.sql("get_queue.sql"), params),),
+            lambda r: _settings_from_row(r[0][0]) if r[0] else None,
+        )
+
+    # -- schema -----------------------------------------------------------------
+
+    def migration_lock(self) -> Statement:
+        return Statement(self.sql("migrate/lock.sql"), {"schema_name": self.schema})
+
+    def migration_prepare(self) -> Statement:
+        return Statement(self.sql("migrate/prepare.sql"))
+
+    def applied_migrations(self) -> Statement:
+        return Statement(self.sql("migrate/applied.sql"))
+
+    def migration(self, text: str) -> Statement:
+        return Statement(self.render(text))
+
+    def record_migration(self, version: int, name: str) -> Statement:
+        return Statement(self.sql("migrate/record.sql"), {"version": version, "name": name})
+
+    def schema_catalog(self) -> Operation[list[str]]:
+        """A server-independent description of the schema (the golden dump's lines)."""
+        quoted, plain = self._quoted + ".", self.schema + "."
+
+        def normalise(text: str) -> str:
+            return text.replace(quoted, "<schema>.").replace(plain, "<schema>.")
+
+        return Operation(
+            (Statement(self.sql("schema_catalog.sql"), {"schema_name": self.schema}),),
+            lambda r: [f"{kind}: {normalise(text)}" for kind, text in r[0]],
+        )
+
+    def set_clock_offset(self, offset_seconds: float) -> Operation[None]:
+        offset = float(offset_seconds)
+        if offset != offset or abs(offset) > 100 * 365 * 86400:
+            raise InvalidArgument(f"clock offset out of range: {offset_seconds!r}")
+        text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", repr(offset))
+        return Operation((Statement(text),), _ignore)
+
+
+def _settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
+    (name, lease, max_attempts, base, cap, policy, max_jobs, max_bytes, max_payload, paused,
+     backlog_jobs, backlog_bytes) = row  # fmt: skip
+    return QueueSettings(
+        name=name,
+        lease=lease,
+        max_attempts=max_attempts,
+        backoff_base=base,
+        backoff_cap=cap,
+        ordering_policy=OrderingPolicy(policy),
+        max_queued_jobs=max_jobs,
+        max_queued_bytes=max_bytes,
+        max_payload_bytes=max_payload,
+        paused=paused,
+        backlog_jobs=int(backlog_jobs),
+        backlog_bytes=int(backlog_bytes),
+    )
+
+
+_LOST: Any = object()
+R = TypeVar("R")
+
+
+def _only(
+    batch: Operation[list[tuple[Claim, R]]], name: str, outcome: Callable[[R], T]
+) -> Operation[T]:
+    """The one-claim form of a fenced batch: its outcome, or LeaseLost."""
+
+    def decode(rows: list[Rows]) -> T:
+        ((claim, result),) = batch.decode(rows)
+        value = outcome(result)
+        if value is _LOST:
+            raise LeaseLost(claim.job_id, claim.lease_version, name)
+        return value
+
+    return Operation(batch.statements, decode)
+
+
+def _job_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        raise InvalidArgument(f"job id must be a positive integer, got {value!r}")
+    return value

@@ -1,0 +1,126 @@
+"""Plain values that cross the public API: frozen, no I/O."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class OrderingPolicy(enum.StrEnum):
+    """What a permanently failed head job does to the rest of its ordering key."""
+
+    BLOCK = "block"
+    CONTINUE = "continue"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One claimed job: the proof of ownership every later write must show."""
+
+    job_id: int
+    queue: str
+    payload: Any
+    lease_version: int
+    attempts: int
+    max_attempts: int
+    key: str | None
+    seq: int | None
+    lease_until: datetime
+    lease_seconds: float
+    idempotency_key: str
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempts >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job row as operators see it."""
+
+    job_id: int
+    queue: str
+    payload: Any
+    payload_bytes: int
+    status: JobStatus
+    priority: int
+    available_at: datetime
+    lease_until: datetime | None
+    lease_version: int
+    attempts: int
+    max_attempts: int
+    key: str | None
+    seq: int | None
+    idempotency_key: str
+    last_error: str | None
+    history: tuple[dict[str, Any], ...]
+    created_at: datetime
+    claimed_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    name: str
+    lease: float
+    max_attempts: int
+    backoff_base: float
+    backoff_cap: float
+    ordering_policy: OrderingPolicy
+    max_queued_jobs: int | None
+    max_queued_bytes: int | None
+    max_payload_bytes: int | None
+    paused: bool
+    backlog_jobs: int
+    backlog_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    counts: dict[JobStatus, int]
+    queued_bytes: int
+    oldest_ready_age: float | None
+    expired_leases: int
+    paused: bool
+
+    @property
+    def queued(self) -> int:
+        return self.counts[JobStatus.QUEUED]
+
+    @property
+    def running(self) -> int:
+        return self.counts[JobStatus.RUNNING]
+
+    @property
+    def failed(self) -> int:
+        return self.counts[JobStatus.FAILED]
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    """What one reaper pass moved to ``failed``."""
+
+    exhausted_queued: tuple[int, ...] = field(default=())
+    expired_running: tuple[int, ...] = field(default=())
+
+    @property
+    def failed(self) -> tuple[int, ...]:
+        return tuple(sorted(self.exhausted_queued + self.expired_running))
+
+    def __len__(self) -> int:
+        return len(self.exhausted_queued) + len(self.expired_running)

@@ -1,0 +1,160 @@
+"""Checks of caller input, run before anything is sent: bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .errors import InvalidArgument, InvalidJob, PayloadTooLarge
+
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+MAX_KEY_BYTES = 255
+#: Ten years: a delay beyond this is a bug (seconds passed as milliseconds...).
+MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
+MAX_LEASE_SECONDS = 24 * 3600.0
+#: leaseq's own payload cap; queues may set a lower one.
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+PRIORITY_RANGE = range(-32768, 32768)
+SEQ_RANGE = range(-(2**63), 2**63)
+MAX_CLAIM_LIMIT = 10_000
+MAX_ERROR_CHARS = 2000
+
+# A \u0000 escape is one preceded by an even number of backslashes.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPayload:
+    text: str
+    size: int
+
+
+def schema_name(name: str) -> str:
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"schema name must be lowercase letters, digits and _ (max 63), got {name!r}"
+        )
+    return name
+
+
+def queue_name(name: object) -> str:
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        raise InvalidJob(
+            f"queue name must be 1-128 characters of A-Z a-z 0-9 _ . : -, got {name!r}"
+        )
+    return name
+
+
+def ordering(key: object, seq: object) -> tuple[str | None, int | None]:
+    """The stored (key, seq): a key without seq orders by enqueue order."""
+    if key is None:
+        if seq is not None:
+            raise InvalidJob("seq needs an ordering key")
+        return None, None
+    return text_key(key, "ordering key"), 0 if seq is None else integer(seq, "seq", SEQ_RANGE)
+
+
+def text_key(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(f"{what} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise InvalidJob(f"{what} must not contain NUL bytes")
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError as exc:
+        raise InvalidJob(f"{what} is not valid Unicode") from exc
+    if size > MAX_KEY_BYTES:
+        raise InvalidJob(f"{what} is {size} bytes; the limit is {MAX_KEY_BYTES}")
+    return value
+
+
+def integer(value: object, what: str, allowed: range) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise InvalidJob(f"{what} must be an integer in [{allowed.start}, {allowed.stop - 1}]")
+    return value
+
+
+def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
+    number = float(value)
+    low_ok = number >= 0 if allow_zero else number > 0
+    if not math.isfinite(number) or not low_ok or number > maximum:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgument(f"{what} must be {bound} and at most {maximum:g} seconds, got {value!r}")
+    return number
+
+
+def delay(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        return seconds(value, "delay", MAX_DELAY_SECONDS)
+    except InvalidArgument as exc:
+        raise InvalidJob(str(exc)) from None
+
+
+def run_at(value: object) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise InvalidJob("run_at must be a timezone-aware datetime")
+    return value
+
+
+def lease(value: object) -> float | None:
+    if value is None:
+        return None
+    return seconds(value, "lease", MAX_LEASE_SECONDS, allow_zero=False)
+
+
+def payload(value: object, limit: int) -> EncodedPayload:
+    """Encode a payload as compact JSON and check what PostgreSQL would refuse."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+    if _NUL_ESCAPE.search(text):
+        raise InvalidJob("payload contains a NUL character, which PostgreSQL's jsonb refuses")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidJob("payload contains text that is not valid Unicode") from None
+    if size > limit:
+        raise PayloadTooLarge(f"payload is {size} bytes; the limit is {limit}")
+    return EncodedPayload(text, size)
+
+
+def claim_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLAIM_LIMIT:
+        raise InvalidArgument(f"limit must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")
+    return value
+
+
+def error_text(error: object) -> str | None:
+    """Short, sanitized text for the job's last_error: never a DSN password."""
+    if error is None:
+        return None
+    if isinstance(error, BaseException):
+        message = str(error)
+        text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    else:
+        text = str(error)
+    return sanitize(text)
+
+
+_DSN_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"\b(password|passwd|pwd)\s*=\s*('[^']*'|\S+)", re.IGNORECASE)
+
+
+def sanitize(text: str) -> str:
+    text = _DSN_PASSWORD.sub(r"\1***@", text.replace("\x00", ""))
+    text = _KEYWORD_PASSWORD.sub(r"\1=***", text)
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 1] + "…"
+    return text
