@@ -10,4 +10,5 @@ def test_enqueue_claim_complete_round_trip(queue: leaseq.Queue) -> None:
     queue.complete(claim)
     job = queue.get(job_id)
     assert job.status is leaseq.JobStatus.DONE
-    assert job.finished_at is not None and job.lease_until is None
+    assert job.finished_at is not None
+    assert job.lease_until is None

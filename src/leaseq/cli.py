@@ -11,8 +11,12 @@ from .errors import LeaseqError
 
 
 @click.group()
-@click.option("--database-url", envvar="LEASEQ_DATABASE_URL", default=None,
-              help="PostgreSQL URL (else $LEASEQ_DATABASE_URL, $DATABASE_URL, embedded server).")
+@click.option(
+    "--database-url",
+    envvar="LEASEQ_DATABASE_URL",
+    default=None,
+    help="PostgreSQL URL (else $LEASEQ_DATABASE_URL, $DATABASE_URL, embedded server).",
+)
 @click.option("--schema", default="leaseq", show_default=True, help="leaseq's schema.")
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None, schema: str) -> None:

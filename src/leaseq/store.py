@@ -8,6 +8,7 @@ lives in ``sql/*.sql``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,13 +16,12 @@ from functools import cache
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
-from . import validate
-from .errors import InvalidArgument, JobNotFound, LeaseLost
+from . import decoding, validate
+from .errors import InvalidArgument, InvalidJob, JobNotFound, LeaseLost
 from .types import (
     Claim,
     Job,
     JobStatus,
-    OrderingPolicy,
     QueueSettings,
     QueueStats,
     ReapResult,
@@ -70,95 +70,6 @@ def migration_files() -> list[tuple[int, str, str]]:
 
 def _ignore(_: list[Rows]) -> None:
     return None
-
-
-def _claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
-    (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row
-    return Claim(
-        job_id=job_id,
-        queue=queue,
-        payload=payload,
-        lease_version=version,
-        attempts=attempts,
-        max_attempts=max_attempts,
-        key=key,
-        seq=seq,
-        lease_until=until,
-        lease_seconds=lease,
-        idempotency_key=idem or default_idempotency_key(schema, job_id),
-    )
-
-
-def default_idempotency_key(schema: str, job_id: int) -> str:
-    """A job's identity: stable across attempts and replays, unlike lease_version."""
-    return f"{schema}:{job_id}"
-
-
-def _job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
-    (job_id, queue, payload, payload_bytes, status, priority, available_at, lease_until,
-     version, attempts, max_attempts, key, seq, idem, last_error, history, created_at,
-     claimed_at, finished_at) = row  # fmt: skip
-    return Job(
-        job_id=job_id,
-        queue=queue,
-        payload=payload,
-        payload_bytes=payload_bytes,
-        status=JobStatus(status),
-        priority=priority,
-        available_at=available_at,
-        lease_until=lease_until,
-        lease_version=version,
-        attempts=attempts,
-        max_attempts=max_attempts,
-        key=key,
-        seq=seq,
-        idempotency_key=idem or default_idempotency_key(schema, job_id),
-        last_error=last_error,
-        history=tuple(history),
-        created_at=created_at,
-        claimed_at=claimed_at,
-        finished_at=finished_at,
-    )
-
-
-_UNSET: Any = object()
-
-# configure_queue's keyword -> (SQL parameter, validator)
-_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "lease": ("lease", lambda v: validate.seconds(v, "lease", validate.MAX_LEASE_SECONDS,
-                                                  allow_zero=False)),
-    "max_attempts": ("max_attempts", lambda v: _setting_int(v, "max_attempts", range(1, 1001))),
-    "backoff_base": ("backoff_base", lambda v: validate.seconds(v, "backoff_base", 86400.0)),
-    "backoff_cap": ("backoff_cap", lambda v: validate.seconds(v, "backoff_cap", 30 * 86400.0)),
-    "ordering_policy": ("ordering_policy", lambda v: _policy(v).value),
-    "max_queued_jobs": ("max_queued_jobs", lambda v: _limit(v, "max_queued_jobs", 2**62)),
-    "max_queued_bytes": ("max_queued_bytes", lambda v: _limit(v, "max_queued_bytes", 2**62)),
-    "max_payload_bytes": ("max_payload_bytes", lambda v: _limit(v, "max_payload_bytes", 2**31 - 1)),
-    "paused": ("paused", lambda v: _flag(v, "paused")),
-}  # fmt: skip
-
-
-def _setting_int(value: Any, what: str, allowed: range) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
-        raise InvalidArgument(f"{what} must be an integer in [{allowed.start}, {allowed.stop - 1}]")
-    return value
-
-
-def _limit(value: Any, what: str, maximum: int) -> int | None:
-    return None if value is None else _setting_int(value, what, range(1, maximum + 1))
-
-
-def _policy(value: Any) -> OrderingPolicy:
-    try:
-        return OrderingPolicy(value)
-    except ValueError:
-        raise InvalidArgument(f"ordering_policy must be 'block' or 'continue', got {value!r}") from None
-
-
-def _flag(value: Any, what: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{what} must be true or false, got {value!r}")
-    return value
 
 
 class Store:
@@ -223,7 +134,7 @@ class Store:
     ) -> Operation[list[int]]:
         encoded = [validate.payload(p, self.max_payload_bytes) for p in payloads]
         if seqs is not None and len(seqs) != len(encoded):
-            raise validate.InvalidJob("seqs must have one entry per payload")
+            raise InvalidJob("seqs must have one entry per payload")
         ordering = [
             validate.ordering(key, None if seqs is None else seqs[i]) for i in range(len(encoded))
         ]
@@ -248,7 +159,7 @@ class Store:
         delay: float | None, run_at: datetime | None, priority: int, max_attempts: int | None
     ) -> dict[str, Any]:
         if delay is not None and run_at is not None:
-            raise validate.InvalidJob("give delay or run_at, not both")
+            raise InvalidJob("give delay or run_at, not both")
         return {
             "delay": validate.delay(delay),
             "run_at": validate.run_at(run_at),
@@ -260,9 +171,9 @@ class Store:
 
     # -- workers: claim, then fenced writes -----------------------------------
 
-    def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> Operation[
-        list[Claim]
-    ]:
+    def claim(
+        self, queue: str, *, limit: int = 1, lease: float | None = None
+    ) -> Operation[list[Claim]]:
         params = {
             "queue": validate.queue_name(queue),
             "limit": validate.claim_limit(limit),
@@ -271,7 +182,7 @@ class Store:
         schema = self.schema
         return Operation(
             (Statement(self.sql("claim.sql"), params),),
-            lambda r: sorted((_claim_from_row(schema, row) for row in r[0]),
+            lambda r: sorted((decoding.claim_from_row(schema, row) for row in r[0]),
                              key=lambda c: c.job_id),
         )  # fmt: skip
 
@@ -341,9 +252,7 @@ class Store:
     def retry_one(
         self, claim: Claim, *, delay: float | None = None, error: object = None
     ) -> Operation[JobStatus]:
-        return _only(
-            self.retry([claim], delay=delay, error=error), "retry", lambda st: st or _LOST
-        )
+        return _only(self.retry([claim], delay=delay, error=error), "retry", lambda st: st or _LOST)
 
     def fail_one(self, claim: Claim, error: object = None) -> Operation[None]:
         return _only(self.fail([claim], error), "fail", lambda ok: None if ok else _LOST)
@@ -383,11 +292,9 @@ class Store:
         def decode(rows: list[Rows]) -> Job:
             if not rows[0]:
                 raise JobNotFound(f"no job {job_id}")
-            return _job_from_row(schema, rows[0][0])
+            return decoding.job_from_row(schema, rows[0][0])
 
-        return Operation(
-            (Statement(self.sql("get_job.sql"), {"job_id": _job_id(job_id)}),), decode
-        )
+        return Operation((Statement(self.sql("get_job.sql"), {"job_id": _job_id(job_id)}),), decode)
 
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
@@ -404,41 +311,22 @@ class Store:
         schema = self.schema
         return Operation(
             (Statement(self.sql("list_jobs.sql"), params),),
-            lambda r: [_job_from_row(schema, row) for row in r[0]],
+            lambda r: [decoding.job_from_row(schema, row) for row in r[0]],
         )
 
     def stats(self, queue: str | None = None) -> Operation[list[QueueStats]]:
         params = {"queue": None if queue is None else validate.queue_name(queue)}
 
-        def decode(rows: list[Rows]) -> list[QueueStats]:
-            return [
-                QueueStats(
-                    queue=name,
-                    counts=dict(zip(JobStatus, (queued, running, done, failed, cancelled),
-                                    strict=True)),
-                    queued_bytes=queued_bytes,
-                    oldest_ready_age=age,
-                    expired_leases=expired,
-                    paused=paused,
-                )  # fmt: skip
-                for (name, queued, running, done, failed, cancelled, queued_bytes, age, expired,
-                     paused) in rows[0]
-            ]  # fmt: skip
-
-        return Operation((Statement(self.sql("stats.sql"), params),), decode)
+        return Operation(
+            (Statement(self.sql("stats.sql"), params),),
+            lambda r: [decoding.stats_from_row(row) for row in r[0]],
+        )
 
     def configure_queue(self, name: str, **settings: Any) -> Operation[QueueSettings]:
-        unknown = set(settings) - set(_SETTINGS)
-        if unknown:
-            raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
-        params: dict[str, Any] = {"name": validate.queue_name(name)}
-        for keyword, (param, check) in _SETTINGS.items():
-            given = settings.get(keyword, _UNSET)
-            params[f"set_{param}"] = given is not _UNSET
-            params[param] = None if given is _UNSET else check(given)
-        if params["backoff_base"] is not None and params["backoff_cap"] is not None:
-            if params["backoff_cap"] < params["backoff_base"]:
-                raise InvalidArgument("backoff_cap must be >= backoff_base")
+        params: dict[str, Any] = {
+            "name": validate.queue_name(name),
+            **validate.queue_settings(settings),
+        }
         named = {"name": params["name"]}
         return Operation(
             (
@@ -447,14 +335,14 @@ class Store:
                 Statement(self.sql("count_backlog.sql"), named),
                 Statement(self.sql("get_queue.sql"), named),
             ),
-            lambda r: _settings_from_row(r[3][0]),
+            lambda r: decoding.settings_from_row(r[3][0]),
         )
 
     def queue_settings(self, name: str) -> Operation[QueueSettings | None]:
         params = {"name": validate.queue_name(name)}
         return Operation(
             (Statement(self.sql("get_queue.sql"), params),),
-            lambda r: _settings_from_row(r[0][0]) if r[0] else None,
+            lambda r: decoding.settings_from_row(r[0][0]) if r[0] else None,
         )
 
     # -- schema -----------------------------------------------------------------
@@ -488,29 +376,10 @@ class Store:
 
     def set_clock_offset(self, offset_seconds: float) -> Operation[None]:
         offset = float(offset_seconds)
-        if offset != offset or abs(offset) > 100 * 365 * 86400:
+        if not math.isfinite(offset) or abs(offset) > 100 * 365 * 86400:
             raise InvalidArgument(f"clock offset out of range: {offset_seconds!r}")
         text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", repr(offset))
         return Operation((Statement(text),), _ignore)
-
-
-def _settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
-    (name, lease, max_attempts, base, cap, policy, max_jobs, max_bytes, max_payload, paused,
-     backlog_jobs, backlog_bytes) = row  # fmt: skip
-    return QueueSettings(
-        name=name,
-        lease=lease,
-        max_attempts=max_attempts,
-        backoff_base=base,
-        backoff_cap=cap,
-        ordering_policy=OrderingPolicy(policy),
-        max_queued_jobs=max_jobs,
-        max_queued_bytes=max_bytes,
-        max_payload_bytes=max_payload,
-        paused=paused,
-        backlog_jobs=int(backlog_jobs),
-        backlog_bytes=int(backlog_bytes),
-    )
 
 
 _LOST: Any = object()

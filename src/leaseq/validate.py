@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from .errors import InvalidArgument, InvalidJob, PayloadTooLarge
+from .types import OrderingPolicy
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -86,7 +88,9 @@ def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True
     low_ok = number >= 0 if allow_zero else number > 0
     if not math.isfinite(number) or not low_ok or number > maximum:
         bound = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(f"{what} must be {bound} and at most {maximum:g} seconds, got {value!r}")
+        raise InvalidArgument(
+            f"{what} must be {bound} and at most {maximum:g} seconds, got {value!r}"
+        )
     return number
 
 
@@ -158,3 +162,63 @@ def sanitize(text: str) -> str:
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 1] + "…"
     return text
+
+
+# -- queue settings ---------------------------------------------------------------
+
+_UNSET: Any = object()
+
+# configure_queue's keyword -> (SQL parameter, validator)
+_SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "lease": ("lease", lambda v: seconds(v, "lease", MAX_LEASE_SECONDS,
+                                                  allow_zero=False)),
+    "max_attempts": ("max_attempts", lambda v: _setting_int(v, "max_attempts", range(1, 1001))),
+    "backoff_base": ("backoff_base", lambda v: seconds(v, "backoff_base", 86400.0)),
+    "backoff_cap": ("backoff_cap", lambda v: seconds(v, "backoff_cap", 30 * 86400.0)),
+    "ordering_policy": ("ordering_policy", lambda v: _policy(v).value),
+    "max_queued_jobs": ("max_queued_jobs", lambda v: _limit(v, "max_queued_jobs", 2**62)),
+    "max_queued_bytes": ("max_queued_bytes", lambda v: _limit(v, "max_queued_bytes", 2**62)),
+    "max_payload_bytes": ("max_payload_bytes", lambda v: _limit(v, "max_payload_bytes", 2**31 - 1)),
+    "paused": ("paused", lambda v: _flag(v, "paused")),
+}  # fmt: skip
+
+
+def _setting_int(value: Any, what: str, allowed: range) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise InvalidArgument(f"{what} must be an integer in [{allowed.start}, {allowed.stop - 1}]")
+    return value
+
+
+def _limit(value: Any, what: str, maximum: int) -> int | None:
+    return None if value is None else _setting_int(value, what, range(1, maximum + 1))
+
+
+def _policy(value: Any) -> OrderingPolicy:
+    try:
+        return OrderingPolicy(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"ordering_policy must be 'block' or 'continue', got {value!r}"
+        ) from None
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+def queue_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """SQL parameters for configure_queue: each setting, and whether it was given."""
+    unknown = set(settings) - set(_SETTINGS)
+    if unknown:
+        raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
+    params: dict[str, Any] = {}
+    for keyword, (param, check) in _SETTINGS.items():
+        given = settings.get(keyword, _UNSET)
+        params[f"set_{param}"] = given is not _UNSET
+        params[param] = None if given is _UNSET else check(given)
+    base, cap = params["backoff_base"], params["backoff_cap"]
+    if base is not None and cap is not None and cap < base:
+        raise InvalidArgument("backoff_cap must be >= backoff_base")
+    return params

@@ -5,7 +5,7 @@ SELECT 'column' AS kind,
        c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
            || CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END
            || coalesce(' DEFAULT ' || pg_get_expr(d.adbin, d.adrelid), '')
-           || CASE WHEN a.attidentity <> '' THEN ' IDENTITY ' || a.attidentity ELSE '' END
+           || CASE WHEN a.attidentity <> '' THEN ' IDENTITY ' || a.attidentity::text ELSE '' END
 FROM pg_attribute AS a
 JOIN pg_class AS c ON c.oid = a.attrelid
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
@@ -16,7 +16,8 @@ SELECT 'constraint', c.relname || ' ' || pg_get_constraintdef(k.oid)
 FROM pg_constraint AS k
 JOIN pg_class AS c ON c.oid = k.conrelid
 JOIN pg_namespace AS n ON n.oid = c.relnamespace
-WHERE n.nspname = %(schema_name)s
+-- PostgreSQL 18 also lists NOT NULL as constraints; the column lines carry them.
+WHERE n.nspname = %(schema_name)s AND k.contype <> 'n'
 UNION ALL
 SELECT 'index', pg_get_indexdef(i.indexrelid)
 FROM pg_index AS i
@@ -30,7 +31,7 @@ JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema_name)s AND c.reloptions IS NOT NULL
 UNION ALL
 SELECT 'function', p.proname || '(' || pg_get_function_arguments(p.oid) || ') '
-           || pg_get_function_result(p.oid) || ' volatility=' || p.provolatile
+           || pg_get_function_result(p.oid) || ' volatility=' || p.provolatile::text
            || ' language=' || l.lanname || ' body:' || p.prosrc
 FROM pg_proc AS p
 JOIN pg_namespace AS n ON n.oid = p.pronamespace

@@ -1,0 +1,88 @@
+"""Turning result rows into the public dataclasses (no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .types import Claim, Job, JobStatus, OrderingPolicy, QueueSettings, QueueStats
+
+
+def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
+    (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row
+    return Claim(
+        job_id=job_id,
+        queue=queue,
+        payload=payload,
+        lease_version=version,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        key=key,
+        seq=seq,
+        lease_until=until,
+        lease_seconds=lease,
+        idempotency_key=idem or default_idempotency_key(schema, job_id),
+    )
+
+
+def default_idempotency_key(schema: str, job_id: int) -> str:
+    """A job's identity: stable across attempts and replays, unlike lease_version."""
+    return f"{schema}:{job_id}"
+
+
+def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
+    (job_id, queue, payload, payload_bytes, status, priority, available_at, lease_until,
+     version, attempts, max_attempts, key, seq, idem, last_error, history, created_at,
+     claimed_at, finished_at) = row  # fmt: skip
+    return Job(
+        job_id=job_id,
+        queue=queue,
+        payload=payload,
+        payload_bytes=payload_bytes,
+        status=JobStatus(status),
+        priority=priority,
+        available_at=available_at,
+        lease_until=lease_until,
+        lease_version=version,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        key=key,
+        seq=seq,
+        idempotency_key=idem or default_idempotency_key(schema, job_id),
+        last_error=last_error,
+        history=tuple(history),
+        created_at=created_at,
+        claimed_at=claimed_at,
+        finished_at=finished_at,
+    )
+
+
+def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
+    (name, lease, max_attempts, base, cap, policy, max_jobs, max_bytes, max_payload, paused,
+     backlog_jobs, backlog_bytes) = row  # fmt: skip
+    return QueueSettings(
+        name=name,
+        lease=lease,
+        max_attempts=max_attempts,
+        backoff_base=base,
+        backoff_cap=cap,
+        ordering_policy=OrderingPolicy(policy),
+        max_queued_jobs=max_jobs,
+        max_queued_bytes=max_bytes,
+        max_payload_bytes=max_payload,
+        paused=paused,
+        backlog_jobs=int(backlog_jobs),
+        backlog_bytes=int(backlog_bytes),
+    )
+
+
+def stats_from_row(row: tuple[Any, ...]) -> QueueStats:
+    (name, queued, running, done, failed, cancelled, queued_bytes, age, expired, paused) = row
+    counts = (queued, running, done, failed, cancelled)
+    return QueueStats(
+        queue=name,
+        counts=dict(zip(JobStatus, counts, strict=True)),
+        queued_bytes=queued_bytes,
+        oldest_ready_age=age,
+        expired_leases=expired,
+        paused=paused,
+    )

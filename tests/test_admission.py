@@ -1,0 +1,195 @@
+"""Bounded backlog: admission limits and payload caps; enqueue stays O(1)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import BacklogFull, JobStatus, PayloadTooLarge
+
+
+def _job_count(queue: leaseq.Queue) -> int:
+    with queue.db.connection() as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{queue.schema}".job').fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_max_queued_jobs_refuses_and_writes_nothing(queue: leaseq.Queue) -> None:
+    queue.configure_queue("reports", max_queued_jobs=3)
+    ids = [queue.enqueue("reports", {"n": n}) for n in range(3)]
+    with pytest.raises(BacklogFull, match="3 unfinished jobs, limit 3"):
+        queue.enqueue("reports", {"n": 3})
+    with pytest.raises(BacklogFull):
+        queue.enqueue_many("reports", [{"n": 4}])
+    assert _job_count(queue) == 3
+    # Finishing work makes room again; running jobs still count as backlog.
+    (claim,) = queue.claim("reports")
+    with pytest.raises(BacklogFull):
+        queue.enqueue("reports", {"n": 5})
+    queue.complete(claim)
+    queue.enqueue("reports", {"n": 6})
+    assert queue.queue_settings("reports").backlog_jobs == 3  # type: ignore[union-attr]
+    del ids
+
+
+def test_every_way_of_finishing_releases_backlog(queue: leaseq.Queue, clock: Any) -> None:
+    queue.configure_queue("reports", max_queued_jobs=100, max_attempts=1)
+    for _ in range(5):
+        queue.enqueue("reports", {})
+    a, b, c = queue.claim("reports", limit=3, lease=5)
+    queue.complete(a)
+    queue.fail(b, "x")
+    queue.retry(c)  # the last attempt: goes to failed
+    cancelled = queue.enqueue("reports", {})
+    queue.cancel(cancelled)
+    (d,) = queue.claim("reports", limit=1, lease=5)
+    clock.advance(6)
+    queue.reap()  # d's lease expired on its last attempt
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert settings.backlog_jobs == 1  # one job never claimed
+    queue.replay(b.job_id)  # replay counts it again
+    assert queue.queue_settings("reports").backlog_jobs == 2  # type: ignore[union-attr]
+    del d
+
+
+def test_enqueue_many_is_all_or_nothing(queue: leaseq.Queue) -> None:
+    queue.configure_queue("reports", max_queued_jobs=10)
+    queue.enqueue_many("reports", [{}] * 8)
+    with pytest.raises(BacklogFull):
+        queue.enqueue_many("reports", [{}] * 3)
+    assert _job_count(queue) == 8
+    queue.enqueue_many("reports", [{}] * 2)
+
+
+def test_max_queued_bytes(queue: leaseq.Queue) -> None:
+    payload = {"blob": "x" * 90}
+    size = len(json.dumps(payload, separators=(",", ":")))
+    queue.configure_queue("reports", max_queued_bytes=size * 2)
+    queue.enqueue("reports", payload)
+    queue.enqueue("reports", payload)
+    with pytest.raises(BacklogFull, match="bytes"):
+        queue.enqueue("reports", payload)
+    assert queue.queue_settings("reports").backlog_bytes == 2 * size  # type: ignore[union-attr]
+
+
+def test_limit_set_on_a_queue_with_a_backlog_counts_what_is_there(queue: leaseq.Queue) -> None:
+    queue.enqueue_many("reports", [{}] * 5)
+    queue.claim("reports", limit=2)
+    settings = queue.configure_queue("reports", max_queued_jobs=6)
+    assert settings.backlog_jobs == 5
+    queue.enqueue("reports", {})
+    with pytest.raises(BacklogFull):
+        queue.enqueue("reports", {})
+    # Lifting the limit admits again.
+    queue.configure_queue("reports", max_queued_jobs=None)
+    queue.enqueue("reports", {})
+
+
+def test_queue_payload_cap(queue: leaseq.Queue) -> None:
+    queue.configure_queue("reports", max_payload_bytes=50)
+    queue.enqueue("reports", {"ok": "x" * 10})
+    with pytest.raises(PayloadTooLarge, match="exceeds the limit of 50 bytes"):
+        queue.enqueue("reports", {"big": "x" * 100})
+    with pytest.raises(PayloadTooLarge):
+        queue.enqueue_many("reports", [{"ok": 1}, {"big": "x" * 100}])
+    assert _job_count(queue) == 1
+
+
+def test_global_payload_cap_is_checked_before_sending(database_url: str, schema: str) -> None:
+    with leaseq.Queue(database_url, schema=schema, max_payload_bytes=1000) as queue:
+        queue.migrate()
+        with pytest.raises(PayloadTooLarge):
+            queue.enqueue("reports", {"big": "x" * 2000})
+        assert queue.stats() == []  # nothing written, not even the queue row
+
+
+def test_paused_queue_is_not_claimed(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {})
+    queue.configure_queue("reports", paused=True)
+    assert queue.claim("reports") == []
+    assert queue.stats("reports")[0].paused
+    queue.configure_queue("reports", paused=False)
+    assert len(queue.claim("reports")) == 1
+
+
+def test_configure_queue_rejects_bad_settings_and_writes_nothing(queue: leaseq.Queue) -> None:
+    bad: list[dict[str, Any]] = [
+        {"lease": 0},
+        {"lease": -5},
+        {"max_attempts": 0},
+        {"max_attempts": True},
+        {"ordering_policy": "sometimes"},
+        {"max_queued_jobs": 0},
+        {"backoff_base": 10, "backoff_cap": 5},
+        {"paused": "yes"},
+        {"colour": "blue"},
+    ]
+    for settings in bad:
+        with pytest.raises(leaseq.InvalidArgument):
+            queue.configure_queue("reports", **settings)
+    with pytest.raises(leaseq.InvalidJob):
+        queue.configure_queue("bad queue name!", lease=5)
+    assert queue.queue_settings("reports") is None
+
+
+def test_settings_round_trip(queue: leaseq.Queue) -> None:
+    settings = queue.configure_queue(
+        "reports", lease=30, max_attempts=5, backoff_base=2, backoff_cap=60,
+        ordering_policy="continue", max_queued_jobs=1000, max_queued_bytes=10**9,
+        max_payload_bytes=4096, paused=False,
+    )  # fmt: skip
+    assert settings.lease == 30
+    assert settings.max_attempts == 5
+    assert (settings.backoff_base, settings.backoff_cap) == (2, 60)
+    assert settings.ordering_policy is leaseq.OrderingPolicy.CONTINUE
+    assert (settings.max_queued_jobs, settings.max_queued_bytes) == (1000, 10**9)
+    assert settings.max_payload_bytes == 4096
+    # Only the named settings change.
+    assert queue.configure_queue("reports", lease=45).max_attempts == 5
+    job_id = queue.enqueue("reports", {})
+    assert queue.get(job_id).max_attempts == 5
+    (claim,) = queue.claim("reports")
+    assert claim.lease_seconds == 45
+
+
+def _enqueue_buffers(queue: leaseq.Queue) -> int:
+    """Shared buffers the enqueue statement touches, from EXPLAIN (ANALYZE, BUFFERS)."""
+    operation = queue.store.enqueue("big", {"report_id": 1})
+    (statement,) = operation.statements
+    with queue.db.connection() as conn, conn.transaction(force_rollback=True):
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.sql, statement.params
+        ).fetchone()  # type: ignore[misc]
+    top = plan[0]
+    return int(top["Plan"]["Shared Hit Blocks"] + top["Plan"]["Shared Read Blocks"])
+
+
+@pytest.mark.slow
+def test_enqueue_cost_does_not_grow_with_the_backlog(queue: leaseq.Queue) -> None:
+    """No count(*) per enqueue: the same work with 1 or 1,000,000 queued jobs."""
+    queue.configure_queue("big", max_queued_jobs=10_000_000, max_queued_bytes=10**12)
+    queue.enqueue("big", {"report_id": 0})
+    small = _enqueue_buffers(queue)
+    with queue.db.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, available_at,'
+            "  max_attempts, counted)"
+            " SELECT 'big', jsonb_build_object('report_id', i), 16, now(), 20, true"
+            " FROM generate_series(1, 1000000) AS i"
+        )
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".backlog (queue, shard, jobs, bytes)'
+            " VALUES ('big', 1, 1000000, 16000000)"
+        )
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    assert queue.stats("big")[0].counts[JobStatus.QUEUED] == 1_000_001
+    large = _enqueue_buffers(queue)
+    # A deeper b-tree costs a few more pages per index; scanning the backlog
+    # would cost thousands.
+    print(f"enqueue touched {small} buffers with 1 queued job, {large} with 1,000,001")
+    assert large <= small + 25, (small, large)

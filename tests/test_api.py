@@ -1,0 +1,101 @@
+"""The public API: its names, and the async client's parity with the sync one."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus, LeaseLost
+
+from .conftest import AsyncClock
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(leaseq.__all__) == [
+        "AsyncQueue", "BacklogFull", "Claim", "DatabaseUnavailable", "InvalidArgument",
+        "InvalidJob", "Job", "JobNotFound", "JobStatus", "LeaseLost", "LeaseqError",
+        "NotMigrated", "OrderingPolicy", "PayloadTooLarge", "Queue", "QueueSettings",
+        "QueueStats", "ReapResult", "__version__", "database_url",
+    ]  # fmt: skip
+    for name in leaseq.__all__:
+        assert hasattr(leaseq, name)
+
+
+def test_errors_share_one_base() -> None:
+    for error in (leaseq.LeaseLost, leaseq.BacklogFull, leaseq.PayloadTooLarge,
+                  leaseq.InvalidJob, leaseq.JobNotFound, leaseq.NotMigrated):  # fmt: skip
+        assert issubclass(error, leaseq.LeaseqError)
+    assert issubclass(leaseq.InvalidJob, ValueError)
+    assert issubclass(leaseq.PayloadTooLarge, leaseq.InvalidJob)
+
+
+def test_sync_and_async_clients_have_the_same_methods() -> None:
+    def public(cls: type) -> dict[str, inspect.Signature]:
+        return {
+            name: inspect.signature(member)
+            for name, member in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_")
+        }
+
+    sync, asynchronous = public(leaseq.Queue), public(leaseq.AsyncQueue)
+    assert sync.keys() == asynchronous.keys()
+    for name, signature in sync.items():
+        assert list(signature.parameters) == list(asynchronous[name].parameters), name
+        assert inspect.iscoroutinefunction(getattr(leaseq.AsyncQueue, name)), name
+
+
+async def test_async_queue_end_to_end(aqueue: leaseq.AsyncQueue, aclock: AsyncClock) -> None:
+    ids = await aqueue.enqueue_many("reports", [{"n": 1}, {"n": 2}])
+    one = await aqueue.enqueue("reports", {"n": 3}, key="k", seq=1, max_attempts=2)
+    claims = await aqueue.claim("reports", limit=3, lease=10)
+    assert sorted(c.job_id for c in claims) == sorted([*ids, one])
+    first, second, third = claims
+    await aqueue.complete(first)
+    await aqueue.renew(second, lease=20)
+    assert await aqueue.retry(third, delay=0, error="flaky") is JobStatus.QUEUED
+    await aclock.advance(25)
+    with pytest.raises(LeaseLost):
+        await aqueue.complete(second)
+    reclaimed = await aqueue.claim("reports", limit=5, lease=5)
+    assert sorted(c.job_id for c in reclaimed) == sorted([second.job_id, third.job_id])
+    by_id = {c.job_id: c for c in reclaimed}
+    await aqueue.fail(by_id[second.job_id], "permanent")
+    await aclock.advance(10)
+    reaped = await aqueue.reap()
+    assert reaped.expired_running == (third.job_id,)
+    assert await aqueue.replay(second.job_id) is True
+    assert await aqueue.cancel(second.job_id) is True
+    job = await aqueue.get(third.job_id)
+    assert (job.status, job.attempts) == (JobStatus.FAILED, 2)
+    (stats,) = await aqueue.stats()
+    assert stats.counts[JobStatus.DONE] == 1
+    assert stats.counts[JobStatus.FAILED] == 1
+    assert stats.counts[JobStatus.CANCELLED] == 1
+    assert [j.job_id for j in await aqueue.list_jobs("failed")] == [third.job_id]
+    settings = await aqueue.configure_queue("reports", max_attempts=3)
+    assert settings.max_attempts == 3
+    assert (await aqueue.queue_settings("reports")) == settings
+    many = await aqueue.complete_many([first])
+    assert many == [(first, True)]
+    renewed = await aqueue.renew_many([first])
+    assert renewed == [(first, None)]
+
+
+def test_stats_report_what_operators_need(queue: leaseq.Queue, clock: object) -> None:
+    queue.enqueue_many("reports", [{"n": n} for n in range(4)])
+    queue.enqueue("reports", {"later": True}, delay=3600)
+    a, b = queue.claim("reports", limit=2, lease=5)
+    queue.complete(a)
+    clock.advance(30)  # type: ignore[attr-defined]
+    (stats,) = queue.stats("reports")
+    assert stats.counts == {
+        JobStatus.QUEUED: 3, JobStatus.RUNNING: 1, JobStatus.DONE: 1,
+        JobStatus.FAILED: 0, JobStatus.CANCELLED: 0,
+    }  # fmt: skip
+    assert stats.expired_leases == 1
+    assert stats.oldest_ready_age is not None
+    assert 29 < stats.oldest_ready_age < 120
+    assert stats.queued_bytes == 2 * len('{"n":0}') + len('{"later":true}')
+    del b

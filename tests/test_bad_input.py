@@ -1,0 +1,154 @@
+"""Bad input gets a clear, typed error and writes nothing."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import InvalidArgument, InvalidJob, PayloadTooLarge
+
+
+def _nothing_written(queue: leaseq.Queue) -> None:
+    with queue.db.connection() as conn:
+        jobs = conn.execute(f'SELECT count(*) FROM "{queue.schema}".job').fetchone()
+        queues = conn.execute(f'SELECT count(*) FROM "{queue.schema}".queue').fetchone()
+    assert jobs == (0,)
+    assert queues == (0,)
+
+
+class NotJson:
+    pass
+
+
+BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
+    ("empty queue name", {"queue": ""}, InvalidJob),
+    ("queue name with spaces", {"queue": "my queue"}, InvalidJob),
+    ("over-long queue name", {"queue": "q" * 129}, InvalidJob),
+    ("non-string queue name", {"queue": 7}, InvalidJob),
+    ("NUL in queue name", {"queue": "re\x00ports"}, InvalidJob),
+    ("non-JSON payload", {"payload": NotJson()}, InvalidJob),
+    ("set payload", {"payload": {1, 2}}, InvalidJob),
+    ("NaN payload", {"payload": {"x": math.nan}}, InvalidJob),
+    ("NUL in payload value", {"payload": {"x": "a\x00b"}}, InvalidJob),
+    ("NUL in payload key", {"payload": {"a\x00": 1}}, InvalidJob),
+    ("lone surrogate", {"payload": {"x": "\ud800"}}, InvalidJob),
+    ("payload over 1 MiB", {"payload": "x" * (1024 * 1024 + 1)}, PayloadTooLarge),
+    ("negative delay", {"delay": -1}, InvalidJob),
+    ("infinite delay", {"delay": math.inf}, InvalidJob),
+    ("NaN delay", {"delay": math.nan}, InvalidJob),
+    ("absurd delay", {"delay": 10 * 365 * 24 * 3600 + 1}, InvalidJob),
+    ("string delay", {"delay": "10"}, InvalidJob),
+    ("naive run_at", {"run_at": datetime(2030, 1, 1)}, InvalidJob),
+    ("delay and run_at", {"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, InvalidJob),
+    ("over-long key", {"key": "k" * 256}, InvalidJob),
+    ("empty key", {"key": ""}, InvalidJob),
+    ("NUL in key", {"key": "k\x00"}, InvalidJob),
+    ("seq without key", {"seq": 3}, InvalidJob),
+    ("float seq", {"key": "k", "seq": 1.5}, InvalidJob),
+    ("priority out of range", {"priority": 40000}, InvalidJob),
+    ("zero max_attempts", {"max_attempts": 0}, InvalidJob),
+    ("over-long idempotency key", {"idempotency_key": "i" * 256}, InvalidJob),
+]
+
+
+@pytest.mark.parametrize(
+    ("given", "error"), [(b[1], b[2]) for b in BAD_ENQUEUES], ids=[b[0] for b in BAD_ENQUEUES]
+)
+def test_bad_enqueue_is_refused_and_writes_nothing(
+    queue: leaseq.Queue, given: dict[str, Any], error: type[Exception]
+) -> None:
+    arguments: dict[str, Any] = {"queue": "reports", "payload": {"report_id": 1}, **given}
+    with pytest.raises(error):
+        queue.enqueue(arguments.pop("queue"), arguments.pop("payload"), **arguments)
+    _nothing_written(queue)
+
+
+def test_bad_payload_in_a_batch_refuses_the_whole_batch(queue: leaseq.Queue) -> None:
+    with pytest.raises(InvalidJob):
+        queue.enqueue_many("reports", [{"ok": 1}, {"bad": "\x00"}])
+    with pytest.raises(InvalidJob):
+        queue.enqueue_many("reports", [{"ok": 1}], key="k", seqs=[1, 2])
+    _nothing_written(queue)
+
+
+def test_error_leaves_the_callers_transaction_usable(queue: leaseq.Queue, connect: Any) -> None:
+    conn = connect()
+    with conn.transaction():
+        with pytest.raises(InvalidJob):
+            queue.enqueue("reports", {"x": "\x00"}, conn=conn)
+        queue.enqueue("reports", {"x": "fine"}, conn=conn)
+    assert len(queue.claim("reports")) == 1
+
+
+def test_escaped_backslash_before_u0000_text_is_not_a_nul(queue: leaseq.Queue) -> None:
+    job_id = queue.enqueue("reports", {"path": "C:\\u0000dir"})
+    assert queue.get(job_id).payload == {"path": "C:\\u0000dir"}
+
+
+def test_unicode_payload_round_trips(queue: leaseq.Queue) -> None:
+    payload = {"customer": "Zoë Ångström 🧾", "amounts": [1.5, -2, 10**18], "none": None}
+    job_id = queue.enqueue("reports", payload)
+    assert queue.get(job_id).payload == payload
+    assert queue.get(job_id).payload_bytes == len(
+        '{"customer":"Zoë Ångström 🧾","amounts":[1.5,-2,1000000000000000000],"none":null}'.encode()
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"limit": 0}, {"limit": -1}, {"limit": 10_001}, {"limit": 1.5}, {"lease": 0},
+     {"lease": -1}, {"lease": math.inf}, {"lease": 86401}],
+)  # fmt: skip
+def test_bad_claim_arguments(queue: leaseq.Queue, arguments: dict[str, Any]) -> None:
+    queue.enqueue("reports", {})
+    with pytest.raises(InvalidArgument):
+        queue.claim("reports", **arguments)
+    assert queue.stats("reports")[0].counts[leaseq.JobStatus.QUEUED] == 1
+
+
+def test_bad_renew_and_retry_arguments_change_nothing(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    with pytest.raises(InvalidArgument):
+        queue.renew(claim, lease=-3)
+    with pytest.raises(InvalidArgument):
+        queue.retry(claim, delay=-3)
+    assert queue.get(claim.job_id).status is leaseq.JobStatus.RUNNING
+    queue.complete(claim)
+
+
+@pytest.mark.parametrize("job_id", [0, -1, "7", 2**63, True])
+def test_bad_job_ids(queue: leaseq.Queue, job_id: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        queue.get(job_id)
+
+
+@pytest.mark.parametrize("schema", ["Upper", "1starts_with_digit", "semi;colon", "x" * 64, ""])
+def test_bad_schema_names(database_url: str, schema: str) -> None:
+    with pytest.raises(InvalidArgument):
+        leaseq.Queue(database_url, schema=schema)
+
+
+def test_unmigrated_schema_says_so(database_url: str) -> None:
+    with leaseq.Queue(database_url, schema="never_migrated_here") as queue:
+        with pytest.raises(leaseq.NotMigrated, match="leaseq migrate"):
+            queue.enqueue("reports", {})
+        with pytest.raises(leaseq.NotMigrated):
+            queue.claim("reports")
+
+
+def test_error_text_is_short_and_has_no_secrets(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    error = ConnectionError(
+        "could not reach postgresql://app:hunter2@db.internal/prod; password=hunter2 " + "x" * 5000
+    )
+    queue.fail(claim, error)
+    stored = queue.get(claim.job_id).last_error or ""
+    assert "hunter2" not in stored
+    assert stored.startswith("ConnectionError: could not reach postgresql://app:***@db.internal")
+    assert len(stored) <= 2000

@@ -1,0 +1,76 @@
+"""The claim reads the head of its partial indexes, whatever piles up behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import leaseq
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _explain(queue: leaseq.Queue, operation: Any, *, analyze: bool) -> dict[str, Any]:
+    (statement,) = operation.statements
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    with queue.db.connection() as conn, conn.transaction(force_rollback=True):
+        row = conn.execute(f"EXPLAIN ({options}) {statement.sql}", statement.params).fetchone()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+@pytest.fixture
+def finished_rows(queue: leaseq.Queue) -> leaseq.Queue:
+    """100,000 done and failed rows, a few ready jobs and a few running leases."""
+    queue.enqueue_many("reports", [{"n": n} for n in range(5)])
+    queue.claim("reports", limit=2, lease=600)
+    with queue.db.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, status,'
+            "  available_at, max_attempts, attempts, lease_version, finished_at)"
+            " SELECT 'reports', jsonb_build_object('n', i), 10,"
+            "  CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'done' END,"
+            "  now() - interval '1 hour', 20, 1, 1, now()"
+            " FROM generate_series(1, 100000) AS i"
+        )
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    return queue
+
+
+def test_claim_uses_the_partial_indexes(finished_rows: leaseq.Queue) -> None:
+    plan = _explain(finished_rows, finished_rows.store.claim("reports", limit=10), analyze=False)
+    scans = {
+        node.get("Index Name"): node["Node Type"]
+        for node in _nodes(plan)
+        if node.get("Relation Name") == "job"
+    }
+    assert "job_ready_idx" in scans, scans
+    assert "job_lease_idx" in scans, scans
+    assert all(kind != "Seq Scan" for kind in scans.values()), scans
+
+
+def test_claim_reads_a_handful_of_pages_over_100k_finished_rows(
+    finished_rows: leaseq.Queue,
+) -> None:
+    plan = _explain(finished_rows, finished_rows.store.claim("reports", limit=3), analyze=True)
+    touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert plan["Actual Rows"] == 3
+    # 100,000 finished rows span ~1,000 pages: the claim must not visit them.
+    assert touched < 100, touched
+
+
+def test_ordered_claim_uses_the_ordering_index(finished_rows: leaseq.Queue) -> None:
+    queue = finished_rows
+    queue.enqueue_many("reports", [{"n": n} for n in range(3)], key="customer-1")
+    plan = _explain(queue, queue.store.claim("reports", limit=10), analyze=True)
+    index_names = {node.get("Index Name") for node in _nodes(plan)}
+    assert "job_ordering_idx" in index_names, index_names
+    touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    assert touched < 200, touched
