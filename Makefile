@@ -5,9 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint types pytest install clean
+.PHONY: demo test lint types pytest install clean
 
 test: install lint types pytest
+
+# The main job: today the quickstart example (a full demo service comes next).
+demo: install
+	$(BIN)/python examples/quickstart.py
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +22,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 types: install
 	$(BIN)/mypy --strict src

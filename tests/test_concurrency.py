@@ -351,7 +351,7 @@ def test_ordering_key_heads_are_claimed_only_after_completion(queue: leaseq.Queu
 
 @pytest.mark.slow
 def test_expired_leases_are_reclaimed_exactly_once(queue: leaseq.Queue, clock: Clock) -> None:
-    count = 60
+    count = 200
     ids = queue.enqueue_many("work", [{"n": n} for n in range(count)])
     stale = queue.claim("work", limit=count, lease=5)
     assert sorted(c.job_id for c in stale) == ids

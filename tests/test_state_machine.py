@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -50,7 +51,17 @@ clock_steps = st.sampled_from([50, 100, 300])
 keys = st.sampled_from([None, None, "a", "b"])
 seq_steps = st.one_of(st.none(), st.integers(-1, 2))  # None: no seq (stored as 0)
 priorities = st.sampled_from([0, 0, 1])
-max_attempts_choices = st.sampled_from([None, 1, 2, 3])  # None: the queue's default
+max_attempts_choices = st.sampled_from([1, 1, 2, 3, None])  # None: the queue's default
+enqueue_strategies = {
+    "queue": queue_names,
+    "count": st.sampled_from([1, 1, 2, 3]),
+    "key": keys,
+    "seq_step": seq_steps,
+    "delay": enqueue_delays,
+    "priority": priorities,
+    "max_attempts": max_attempts_choices,
+}
+enqueue_arguments = st.fixed_dictionaries(enqueue_strategies)
 
 # (model seconds, stamp): a point in time, ordered as the database orders it.
 Instant = tuple[float, int]
@@ -161,7 +172,8 @@ class QueueMachine(RuleBasedStateMachine):
         )
 
     def lease_expired(self, job: ModelJob) -> bool:
-        assert job.status is RUNNING and job.lease_until is not None
+        assert job.status is RUNNING
+        assert job.lease_until is not None
         return job.lease_until[0] <= self.now
 
     def is_live(self, claim: Claim) -> bool:
@@ -250,68 +262,46 @@ class QueueMachine(RuleBasedStateMachine):
             available_at=job.available_at,
         )
 
-    # -- producers -----------------------------------------------------------------
+    # -- rules ---------------------------------------------------------------------
 
-    @rule(
-        queue=queue_names,
-        key=keys,
-        seq_step=seq_steps,
-        delay=enqueue_delays,
-        priority=priorities,
-        max_attempts=max_attempts_choices,
-    )
+    @initialize(data=st.data(), batches=st.integers(1, 4))
+    def start_with_jobs(self, data: st.DataObject, batches: int) -> None:
+        for _ in range(batches):
+            self.enqueue(**data.draw(enqueue_arguments, label="enqueue"))
+
+    @rule(**enqueue_strategies)
     def enqueue(
         self,
+        *,
         queue: str,
+        count: int,
         key: str | None,
         seq_step: int | None,
         delay: float | None,
         priority: int,
         max_attempts: int | None,
     ) -> None:
-        seq = self.new_seq(queue, key, seq_step)
-        payload = self.new_payload()
-        job_id = self.queue.enqueue(
-            queue, payload, delay=delay, priority=priority, max_attempts=max_attempts,
-            key=key, seq=seq,
-        )  # fmt: skip
-        self.add_job(
-            job_id, queue, payload, priority=priority, max_attempts=max_attempts, key=key,
-            seq=seq, delay=delay, stamp=self.next_stamp(),
-        )  # fmt: skip
-
-    @rule(
-        queue=queue_names,
-        key=keys,
-        count=st.integers(1, 3),
-        delay=enqueue_delays,
-        max_attempts=max_attempts_choices,
-    )
-    def enqueue_many(
-        self,
-        queue: str,
-        key: str | None,
-        count: int,
-        delay: float | None,
-        max_attempts: int | None,
-    ) -> None:
-        seqs = None if key is None else [self.new_seq(queue, key, 1) or 0 for _ in range(count)]
+        """One job with enqueue(), or a batch with enqueue_many()."""
+        seqs = [self.new_seq(queue, key, seq_step) for _ in range(count)]
         payloads = [self.new_payload() for _ in range(count)]
-        ids = self.queue.enqueue_many(
-            queue, payloads, delay=delay, max_attempts=max_attempts, key=key, seqs=seqs
-        )
+        options: dict[str, Any] = {
+            "delay": delay, "priority": priority, "max_attempts": max_attempts, "key": key,
+        }  # fmt: skip
+        if count == 1:
+            ids = [self.queue.enqueue(queue, payloads[0], seq=seqs[0], **options)]
+        else:
+            batch_seqs = None if seqs[0] is None else [seq or 0 for seq in seqs]
+            ids = self.queue.enqueue_many(queue, payloads, seqs=batch_seqs, **options)
         stamp = self.next_stamp()
         assert len(ids) == count == len(set(ids))
         by_payload = {self.queue.get(job_id).payload["n"]: job_id for job_id in ids}
-        for i, payload in enumerate(payloads):
+        for payload, seq in zip(payloads, seqs, strict=True):
             self.add_job(
-                by_payload[payload["n"]], queue, payload, priority=0, max_attempts=max_attempts,
-                key=key, seq=None if seqs is None else seqs[i], delay=delay, stamp=stamp,
+                by_payload[payload["n"]], queue, payload, priority=priority,
+                max_attempts=max_attempts, key=key, seq=seq, delay=delay, stamp=stamp,
             )  # fmt: skip
 
-    # -- workers -------------------------------------------------------------------
-
-    @rule(queue=st.sampled_from(QUEUES), limit=st.integers(1, 3), lease=leases)
+    @rule(queue=queue_names, limit=st.integers(1, 3), lease=leases)
     def claim(self, queue: str, limit: int, lease: float | None) -> None:
         expired, ready = self.claimable(queue)
         eligible = {job.job_id for job in expired + ready}
@@ -349,9 +339,54 @@ class QueueMachine(RuleBasedStateMachine):
             self.claims.append(IssuedClaim(c))
 
     @precondition(lambda self: bool(self.claims))
-    @rule(data=st.data(), live=st.booleans())
-    def complete(self, data: st.DataObject, live: bool) -> None:
+    @rule(
+        action=st.sampled_from(["complete", "renew", "retry", "fail"]),
+        data=st.data(),
+        live=st.booleans(),
+        lease=leases,
+        delay=retry_delays,
+    )
+    def work(
+        self, action: str, data: st.DataObject, live: bool, lease: float | None,
+        delay: float | None,
+    ) -> None:  # fmt: skip
+        """A worker's fenced write with a live claim (if ``live`` and there is one) or any."""
         issued = self.pick_claim(data, live)
+        if action == "complete":
+            self.complete(issued)
+        elif action == "renew":
+            self.renew(issued, lease)
+        elif action == "retry":
+            self.retry(issued, delay)
+        else:
+            self.fail(issued)
+
+    @rule(seconds=clock_steps)
+    def advance_clock(self, seconds: int) -> None:
+        self.now += seconds
+        set_clock_offset(self.queue, self.now)
+
+    @rule(
+        action=st.sampled_from(["reap", "replay", "cancel"]),
+        data=st.data(),
+        prefer=st.booleans(),
+        limit=st.sampled_from([1, 2, 1000]),
+    )
+    def operate(self, action: str, data: st.DataObject, prefer: bool, limit: int) -> None:
+        """An operator's reap, or replay/cancel of a job (preferring ones they apply to)."""
+        if action == "reap":
+            self.reap(limit)
+        elif not self.jobs:
+            with pytest.raises(leaseq.JobNotFound):
+                getattr(self.queue, action)(1)
+        elif action == "replay":
+            self.replay(self.pick_job(data, (FAILED, CANCELLED), prefer))
+        else:
+            self.cancel(self.pick_job(data, (QUEUED, FAILED), prefer))
+
+    # -- what each write must do ---------------------------------------------------
+
+    def complete(self, issued: IssuedClaim) -> None:
         claim = issued.claim
         job = self.jobs[claim.job_id]
         if self.is_live(claim):
@@ -364,10 +399,7 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             self.expect_lost(lambda: self.queue.complete(claim), claim, "complete")
 
-    @precondition(lambda self: bool(self.claims))
-    @rule(data=st.data(), live=st.booleans(), lease=leases)
-    def renew(self, data: st.DataObject, live: bool, lease: float | None) -> None:
-        issued = self.pick_claim(data, live)
+    def renew(self, issued: IssuedClaim, lease: float | None) -> None:
         claim = issued.claim
         job = self.jobs[claim.job_id]
         if not self.is_live(claim):
@@ -383,10 +415,7 @@ class QueueMachine(RuleBasedStateMachine):
         job.lease_until_at = until
         job.lease_seconds = seconds
 
-    @precondition(lambda self: bool(self.claims))
-    @rule(data=st.data(), live=st.booleans(), delay=retry_delays)
-    def retry(self, data: st.DataObject, live: bool, delay: float | None) -> None:
-        issued = self.pick_claim(data, live)
+    def retry(self, issued: IssuedClaim, delay: float | None) -> None:
         claim = issued.claim
         job = self.jobs[claim.job_id]
         if self.is_live(claim):
@@ -416,10 +445,7 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             self.expect_lost(lambda: self.queue.retry(claim, delay=delay), claim, "retry")
 
-    @precondition(lambda self: bool(self.claims))
-    @rule(data=st.data(), live=st.booleans())
-    def fail(self, data: st.DataObject, live: bool) -> None:
-        issued = self.pick_claim(data, live)
+    def fail(self, issued: IssuedClaim) -> None:
         claim = issued.claim
         job = self.jobs[claim.job_id]
         if self.is_live(claim):
@@ -430,14 +456,6 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             self.expect_lost(lambda: self.queue.fail(claim, "late"), claim, "fail")
 
-    # -- time and operators ----------------------------------------------------------
-
-    @rule(seconds=clock_steps)
-    def advance_clock(self, seconds: int) -> None:
-        self.now += seconds
-        set_clock_offset(self.queue, self.now)
-
-    @rule(limit=st.sampled_from([1, 2, 1000]))
     def reap(self, limit: int) -> None:
         exhausted_queued = {
             job.job_id
@@ -460,10 +478,7 @@ class QueueMachine(RuleBasedStateMachine):
         for job_id in result.failed:
             self.release(self.jobs[job_id], FAILED)
 
-    @precondition(lambda self: bool(self.jobs))
-    @rule(data=st.data(), prefer=st.booleans())
-    def replay(self, data: st.DataObject, prefer: bool) -> None:
-        job = self.pick_job(data, (FAILED, CANCELLED), prefer)
+    def replay(self, job: ModelJob) -> None:
         changed = self.queue.replay(job.job_id)
         stamp = self.next_stamp()
         if job.status not in (FAILED, CANCELLED):
@@ -478,10 +493,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert row.available_at == datetime.fromisoformat(row.history[-1]["at"])
         job.available_at = row.available_at
 
-    @precondition(lambda self: bool(self.jobs))
-    @rule(data=st.data(), prefer=st.booleans())
-    def cancel(self, data: st.DataObject, prefer: bool) -> None:
-        job = self.pick_job(data, (QUEUED, FAILED), prefer)
+    def cancel(self, job: ModelJob) -> None:
         changed = self.queue.cancel(job.job_id)
         self.next_stamp()
         if job.status in (QUEUED, FAILED):
@@ -490,34 +502,39 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             assert changed is False, f"cancelled a {job.status} job"
 
-    @rule(operation=st.sampled_from(["get", "replay", "cancel"]))
-    def unknown_job(self, operation: str) -> None:
-        missing = max(self.jobs, default=0) + 1000
-        with pytest.raises(leaseq.JobNotFound):
-            getattr(self.queue, operation)(missing)
-
     # -- invariants --------------------------------------------------------------------
 
     @invariant()
     def every_job_matches_the_model(self) -> None:
-        for model in self.jobs.values():
-            job = self.queue.get(model.job_id)
-            what = self.describe(model.job_id)
-            assert (job.status, job.attempts, job.lease_version) == (
-                model.status,
-                model.attempts,
-                model.lease_version,
-            ), f"database has {job.status}/{job.attempts}/{job.lease_version}; {what}"
-            assert (job.queue, job.key, job.seq, job.priority, job.max_attempts) == (
-                model.queue,
-                model.key,
-                model.seq,
-                model.priority,
-                model.max_attempts,
-            ), what
-            assert job.available_at == model.available_at, what
-            assert job.lease_until == model.lease_until_at, what
-            assert (job.finished_at is not None) == model.status.finished, what
+        # One list_jobs per status instead of a get() per job: the same row decoding, and it
+        # also proves that no job is missing, duplicated or in a second status.
+        rows = {
+            status: {job.job_id: job for job in self.queue.list_jobs(status, limit=10_000)}
+            for status in JobStatus
+        }
+        for status, jobs in rows.items():
+            expected = {job.job_id for job in self.jobs.values() if job.status is status}
+            assert set(jobs) == expected, f"{status} jobs: database {sorted(jobs)}, model " + str(
+                {job_id: self.jobs.get(job_id) for job_id in set(jobs) ^ expected}
+            )
+            for job in jobs.values():
+                model = self.jobs[job.job_id]
+                what = self.describe(job.job_id)
+                found = f"database has attempts={job.attempts} lease_version={job.lease_version}"
+                assert (job.attempts, job.lease_version) == (
+                    model.attempts,
+                    model.lease_version,
+                ), f"{found}; {what}"
+                assert (job.queue, job.key, job.seq, job.priority, job.max_attempts) == (
+                    model.queue,
+                    model.key,
+                    model.seq,
+                    model.priority,
+                    model.max_attempts,
+                ), what
+                assert job.available_at == model.available_at, what
+                assert job.lease_until == model.lease_until_at, what
+                assert (job.finished_at is not None) == model.status.finished, what
 
     @invariant()
     def stats_match_the_model(self) -> None:
