@@ -388,3 +388,53 @@ def test_expired_leases_are_reclaimed_exactly_once(queue: leaseq.Queue, clock: C
     assert all(ok for _, ok in queue.complete_many(fresh))
     assert _statuses(queue) == {JobStatus.DONE: count}
     assert {queue.get(i).lease_version for i in ids} == {2}
+
+
+# -- a retried fenced write that races its own first attempt -----------------------------------
+
+
+def _wait_until_blocked_on_a_lock(connect: Connect, schema: str) -> None:
+    """Wait (bounded) until a leaseq statement on ``schema`` waits for a row lock."""
+    with connect(autocommit=True) as watcher:
+        deadline = time.monotonic() + PROMPT
+        while time.monotonic() < deadline:
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leaseq'"
+                " AND wait_event_type = 'Lock' AND position(%s in query) > 0",
+                (f'"{schema}".job',),
+            ).fetchone()
+            if waiting and waiting[0]:
+                return
+            time.sleep(0.01)
+    pytest.fail("the second write never waited for the first one's row lock")
+
+
+@pytest.mark.parametrize("write", ["complete", "retry"])
+def test_duplicate_write_waiting_for_its_first_attempt_is_accepted(
+    queue: leaseq.Queue, connect: Connect, schema: str, write: str
+) -> None:
+    job_id = queue.enqueue("work", {})
+    (claim,) = queue.claim("work")
+
+    def send(conn: psycopg.Connection[Any] | None = None) -> None:
+        if write == "complete":
+            queue.complete(claim, conn=conn)
+        else:
+            queue.retry(claim, delay=60, conn=conn)
+
+    # The first attempt has written but not yet committed (its commit is in flight)
+    # when the caller, unsure whether it went through, sends the same write again.
+    first = connect()
+    send(first)
+    again = _Background(send)
+    try:
+        _wait_until_blocked_on_a_lock(connect, schema)
+        first.commit()
+        assert again.finished_within(PROMPT)
+    finally:
+        first.rollback()
+        assert again.finished_within(PROMPT)
+    job = queue.get(job_id)
+    assert job.lease_version == claim.lease_version
+    assert job.status is (JobStatus.DONE if write == "complete" else JobStatus.QUEUED)
+    again.value()  # the retry of a write that committed is accepted, as when it comes later

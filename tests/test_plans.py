@@ -16,6 +16,12 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
+def _scan_buffers(plan: dict[str, Any], cte: str) -> int:
+    """Pages read by one of the claim's candidate scans (not by the row updates)."""
+    (node,) = [n for n in _nodes(plan) if n.get("Subplan Name") == f"CTE {cte}"]
+    return int(node["Shared Hit Blocks"] + node["Shared Read Blocks"])
+
+
 def _explain(queue: leaseq.Queue, operation: Any, *, analyze: bool) -> dict[str, Any]:
     (statement,) = operation.statements
     options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
@@ -64,6 +70,8 @@ def test_claim_reads_a_handful_of_pages_over_100k_finished_rows(
     assert plan["Actual Rows"] == 3
     # 100,000 finished rows span ~1,000 pages: the claim must not visit them.
     assert touched < 100, touched
+    assert _scan_buffers(plan, "ready") < 30
+    assert _scan_buffers(plan, "expired") < 30
 
 
 def test_ordered_claim_uses_the_ordering_index(finished_rows: leaseq.Queue) -> None:
@@ -74,3 +82,25 @@ def test_ordered_claim_uses_the_ordering_index(finished_rows: leaseq.Queue) -> N
     assert "job_ordering_idx" in index_names, index_names
     touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     assert touched < 200, touched
+
+
+def test_claim_stops_at_the_head_of_a_large_ready_backlog(queue: leaseq.Queue) -> None:
+    """50,000 ready jobs over several priorities: the claim still reads a few pages."""
+    with queue.db.connection() as conn:
+        queue.enqueue("reports", {"seed": True})
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, priority,'
+            "  available_at, max_attempts)"
+            " SELECT 'reports', jsonb_build_object('n', i), 10, (i % 3)::smallint,"
+            "  now() - (i || ' seconds')::interval, 20"
+            " FROM generate_series(1, 50000) AS i"
+        )
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    plan = _explain(queue, queue.store.claim("reports", limit=10), analyze=True)
+    assert plan["Actual Rows"] == 10
+    assert not any(node["Node Type"] == "Sort" for node in _nodes(plan)), plan
+    # Reading the head of the index: a handful of pages, not the 50,000 rows.
+    assert _scan_buffers(plan, "ready") < 30, _scan_buffers(plan, "ready")
+    # And it takes the most urgent, oldest jobs.
+    claims = queue.claim("reports", limit=3)
+    assert sorted(c.payload["n"] for c in claims) == [49994, 49997, 50000]

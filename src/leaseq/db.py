@@ -144,7 +144,6 @@ class Database:
             min_size=min_size,
             max_size=max_size,
             open=False,
-            check=ConnectionPool.check_connection,
             name="leaseq",
         )
         self._opened = False
@@ -187,7 +186,6 @@ class AsyncDatabase:
             min_size=min_size,
             max_size=max_size,
             open=False,
-            check=AsyncConnectionPool.check_connection,
             name="leaseq",
         )
         self._opened = False

@@ -4,6 +4,8 @@
 -- concurrent claimers never wait for, nor take, each other's rows.
 -- Eligibility is the same in both branches: attempts left, and no earlier
 -- unfinished job of the same ordering key (a failed one counts under 'block').
+-- The queue is compared with the parameter, not with settings.name: only a
+-- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
     SELECT q.name, q.lease_seconds, q.ordering_policy = 'block' AS failed_blocks
     FROM {schema}.queue AS q
@@ -12,7 +14,7 @@ WITH settings AS (
 expired AS (
     SELECT j.job_id
     FROM {schema}.job AS j, settings AS s
-    WHERE j.queue = s.name
+    WHERE j.queue = %(queue)s
       AND j.status = 'running'
       AND j.lease_until <= {schema}.clock()
       AND j.attempts < j.max_attempts
@@ -30,7 +32,7 @@ expired AS (
 ready AS (
     SELECT j.job_id
     FROM {schema}.job AS j, settings AS s
-    WHERE j.queue = s.name
+    WHERE j.queue = %(queue)s
       AND j.status = 'queued'
       AND j.available_at <= {schema}.clock()
       AND j.attempts < j.max_attempts

@@ -49,7 +49,9 @@ CREATE TABLE {schema}.queue (
 
 CREATE TABLE {schema}.job (
     job_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue text NOT NULL REFERENCES {schema}.queue (name),
+    -- No foreign key to queue: its KEY SHARE lock on one hot parent row would
+    -- turn concurrent enqueues into multixact churn. admit() creates the row.
+    queue text NOT NULL,
     payload jsonb NOT NULL,
     payload_bytes integer NOT NULL CHECK (payload_bytes >= 0),
     status text NOT NULL DEFAULT 'queued'
@@ -119,7 +121,7 @@ ALTER TABLE {schema}.job SET (
 -- shards >= 16 take the decrements of finishing jobs, so a worker never waits
 -- for a producer's transaction.
 CREATE TABLE {schema}.backlog (
-    queue text NOT NULL REFERENCES {schema}.queue (name),
+    queue text NOT NULL,
     shard smallint NOT NULL CHECK (shard BETWEEN 0 AND 31),
     jobs bigint NOT NULL DEFAULT 0,
     bytes bigint NOT NULL DEFAULT 0,
