@@ -200,3 +200,15 @@ def test_enqueue_cost_does_not_grow_with_the_backlog(queue: leaseq.Queue) -> Non
     # would cost thousands.
     print(f"enqueue touched {small} buffers with 1 queued job, {large} with 1,000,001")
     assert large <= small + 25, (small, large)
+
+
+@pytest.mark.slow
+def test_enqueue_many_takes_100k_jobs_in_one_call(queue: leaseq.Queue) -> None:
+    payloads = [{"report_id": n} for n in range(100_000)]
+    ids = queue.enqueue_many("bulk", payloads, priority=3)
+    assert len(ids) == 100_000
+    assert ids == sorted(ids)
+    assert queue.stats("bulk")[0].counts[JobStatus.QUEUED] == 100_000
+    # ids come back in payload order
+    assert queue.get(ids[0]).payload == {"report_id": 0}
+    assert queue.get(ids[-1]).payload == {"report_id": 99_999}

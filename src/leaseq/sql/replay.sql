@@ -1,6 +1,7 @@
 -- Put a failed or cancelled job back in its queue with a fresh attempt budget.
--- The job keeps its id (so its idempotency key still matches), its
--- lease_version (fencing tokens only grow) and its history.
+-- The job keeps its id (so its idempotency key still matches) and its history.
+-- lease_version moves on (fencing tokens only grow): no write of a claim from
+-- before the replay can be taken for one of the replayed job's.
 WITH target AS (
     SELECT j.job_id, j.status, j.attempts FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
 ),
@@ -8,6 +9,7 @@ replayed AS (
     UPDATE {schema}.job AS j
     SET status = 'queued',
         attempts = 0,
+        lease_version = j.lease_version + 1,
         available_at = {schema}.clock(),
         finished_at = NULL,
         history = {schema}.history_append(j.history, jsonb_build_object(
