@@ -135,6 +135,24 @@ class Queue(_Base):
     def fail(self, claim: Claim, error: object = None, *, conn: Connection | None = None) -> None:
         self.db.run(self.store.fail_one(claim, error), conn)
 
+    def retry_many(
+        self,
+        claims: Sequence[Claim],
+        *,
+        delays: Sequence[float | None] | None = None,
+        errors: Sequence[object] | None = None,
+    ) -> list[tuple[Claim, JobStatus | None]]:
+        return self.db.run(self.store.retry(claims, delays=delays, errors=errors))
+
+    def fail_many(
+        self, claims: Sequence[Claim], errors: Sequence[object] | None = None
+    ) -> list[tuple[Claim, bool]]:
+        return self.db.run(self.store.fail(claims, errors))
+
+    def release_many(self, claims: Sequence[Claim]) -> list[tuple[Claim, bool]]:
+        """Give unfinished claims back at once, without counting the attempt."""
+        return self.db.run(self.store.release(claims))
+
     def reap(self, *, limit: int = 1000) -> ReapResult:
         return self.db.run(self.store.reap(limit=limit))
 
@@ -263,6 +281,24 @@ class AsyncQueue(_Base):
         self, claim: Claim, error: object = None, *, conn: AsyncConnection | None = None
     ) -> None:
         await self.db.run(self.store.fail_one(claim, error), conn)
+
+    async def retry_many(
+        self,
+        claims: Sequence[Claim],
+        *,
+        delays: Sequence[float | None] | None = None,
+        errors: Sequence[object] | None = None,
+    ) -> list[tuple[Claim, JobStatus | None]]:
+        return await self.db.run(self.store.retry(claims, delays=delays, errors=errors))
+
+    async def fail_many(
+        self, claims: Sequence[Claim], errors: Sequence[object] | None = None
+    ) -> list[tuple[Claim, bool]]:
+        return await self.db.run(self.store.fail(claims, errors))
+
+    async def release_many(self, claims: Sequence[Claim]) -> list[tuple[Claim, bool]]:
+        """Give unfinished claims back at once, without counting the attempt."""
+        return await self.db.run(self.store.release(claims))
 
     async def reap(self, *, limit: int = 1000) -> ReapResult:
         return await self.db.run(self.store.reap(limit=limit))

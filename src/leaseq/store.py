@@ -201,24 +201,33 @@ class Store:
         self,
         claims: Sequence[Claim],
         *,
-        delay: float | None = None,
-        error: object = None,
+        delays: Sequence[float | None] | None = None,
+        errors: Sequence[object] | None = None,
     ) -> Operation[list[tuple[Claim, JobStatus | None]]]:
-        """Per claim: the job's new status (queued, or failed when exhausted), None if lost."""
+        """Per claim: the job's new status (queued, or failed when exhausted), None if lost.
+
+        A None delay takes the queue's backoff.
+        """
         extra = {
-            "delays": [validate.seconds(delay, "delay", validate.MAX_DELAY_SECONDS)
-                       if delay is not None else None] * len(claims),
-            "errors": [validate.error_text(error)] * len(claims),
-        }  # fmt: skip
+            "delays": [
+                None if d is None else validate.seconds(d, "delay", validate.MAX_DELAY_SECONDS)
+                for d in _aligned(delays, claims, "delays")
+            ],
+            "errors": [validate.error_text(e) for e in _aligned(errors, claims, "errors")],
+        }
         return self._fenced(
             "retry.sql", claims, extra, lambda row: None if row[1] is None else JobStatus(row[1])
         )
 
     def fail(
-        self, claims: Sequence[Claim], error: object = None
+        self, claims: Sequence[Claim], errors: Sequence[object] | None = None
     ) -> Operation[list[tuple[Claim, bool]]]:
-        extra = {"errors": [validate.error_text(error)] * len(claims)}
+        extra = {"errors": [validate.error_text(e) for e in _aligned(errors, claims, "errors")]}
         return self._fenced("fail.sql", claims, extra, lambda row: bool(row[1]))
+
+    def release(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
+        """Give unfinished claims back at once (shutdown); the attempt is not counted."""
+        return self._fenced("release.sql", claims, {}, lambda row: bool(row[1]))
 
     def _fenced(
         self,
@@ -252,10 +261,11 @@ class Store:
     def retry_one(
         self, claim: Claim, *, delay: float | None = None, error: object = None
     ) -> Operation[JobStatus]:
-        return _only(self.retry([claim], delay=delay, error=error), "retry", lambda st: st or _LOST)
+        operation = self.retry([claim], delays=[delay], errors=[error])
+        return _only(operation, "retry", lambda status: status or _LOST)
 
     def fail_one(self, claim: Claim, error: object = None) -> Operation[None]:
-        return _only(self.fail([claim], error), "fail", lambda ok: None if ok else _LOST)
+        return _only(self.fail([claim], [error]), "fail", lambda ok: None if ok else _LOST)
 
     # -- operators ------------------------------------------------------------
 
@@ -399,6 +409,14 @@ def _only(
         return value
 
     return Operation(batch.statements, decode)
+
+
+def _aligned(values: Sequence[T] | None, claims: Sequence[Claim], what: str) -> list[T | None]:
+    if values is None:
+        return [None] * len(claims)
+    if len(values) != len(claims):
+        raise InvalidArgument(f"{what} must have one entry per claim")
+    return list(values)
 
 
 def _job_id(value: object) -> int:
