@@ -28,8 +28,9 @@ class _Base:
         *,
         schema: str = "leaseq",
         max_payload_bytes: int | None = None,
+        notify: bool = True,
     ) -> None:
-        self.store = Store(schema, max_payload_bytes=max_payload_bytes)
+        self.store = Store(schema, max_payload_bytes=max_payload_bytes, notify=notify)
         self.dsn = database_url(dsn)
 
     @property
@@ -47,8 +48,9 @@ class Queue(_Base):
         schema: str = "leaseq",
         max_payload_bytes: int | None = None,
         pool_size: int = 10,
+        notify: bool = True,
     ) -> None:
-        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes)
+        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
         self.db = Database(self.dsn, max_size=pool_size)
 
     def __enter__(self) -> Self:
@@ -190,8 +192,9 @@ class AsyncQueue(_Base):
         schema: str = "leaseq",
         max_payload_bytes: int | None = None,
         pool_size: int = 10,
+        notify: bool = True,
     ) -> None:
-        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes)
+        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
         self.db = AsyncDatabase(self.dsn, max_size=pool_size)
 
     async def __aenter__(self) -> Self:

@@ -8,6 +8,7 @@ lives in ``sql/*.sql``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,8 +76,13 @@ def _ignore(_: list[Rows]) -> None:
 class Store:
     """Builds the operations of one leaseq schema."""
 
-    def __init__(self, schema: str = "leaseq", *, max_payload_bytes: int | None = None) -> None:
+    def __init__(
+        self, schema: str = "leaseq", *, max_payload_bytes: int | None = None, notify: bool = True
+    ) -> None:
         self.schema = validate.schema_name(schema)
+        #: LISTEN/NOTIFY channel of this schema; enqueues send the queue's name on it.
+        self.channel = notify_channel(self.schema)
+        self._notify_channel = self.channel if notify else None
         self.max_payload_bytes = max_payload_bytes or validate.DEFAULT_MAX_PAYLOAD_BYTES
         self._quoted = f'"{self.schema}"'
         self._texts: dict[str, str] = {}
@@ -109,6 +115,7 @@ class Store:
         ordering_key, ordering_seq = validate.ordering(key, seq)
         params = {
             "queue": validate.queue_name(queue),
+            "channel": self._notify_channel,
             "payload": encoded.text,
             "payload_bytes": encoded.size,
             **self._schedule(delay, run_at, priority, max_attempts),
@@ -140,6 +147,7 @@ class Store:
         ]
         params = {
             "queue": validate.queue_name(queue),
+            "channel": self._notify_channel,
             "payloads": [e.text for e in encoded],
             "payload_bytes": [e.size for e in encoded],
             "count": len(encoded),
@@ -409,6 +417,15 @@ def _only(
         return value
 
     return Operation(batch.statements, decode)
+
+
+def notify_channel(schema: str) -> str:
+    """A channel name unique per schema within PostgreSQL's 63-byte identifier limit."""
+    name = f"leaseq_{schema}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(schema.encode()).hexdigest()[:16]
+    return f"leaseq_{schema[:38]}_{digest}"
 
 
 def _aligned(values: Sequence[T] | None, claims: Sequence[Claim], what: str) -> list[T | None]:

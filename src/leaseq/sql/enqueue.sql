@@ -2,6 +2,11 @@
 -- LQ001/LQ002 instead of writing anything.
 WITH admitted AS (
     SELECT * FROM {schema}.admit(%(queue)s, 1, %(payload_bytes)s, %(payload_bytes)s)
+),
+-- A wake-up hint for idle workers (NULL channel: none). PostgreSQL folds equal
+-- notifications of one transaction into one, and delivers them at commit.
+notified AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) WHERE %(channel)s::text IS NOT NULL
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
@@ -19,5 +24,5 @@ SELECT
     %(seq)s::bigint,
     %(idempotency_key)s::text,
     admitted.counted
-FROM admitted
+FROM admitted LEFT JOIN notified ON true
 RETURNING job_id

@@ -3,6 +3,11 @@ WITH admitted AS (
     SELECT * FROM {schema}.admit(
         %(queue)s, %(count)s, %(total_bytes)s, %(largest_bytes)s)
 ),
+-- A wake-up hint for idle workers (NULL channel: none). PostgreSQL folds equal
+-- notifications of one transaction into one, and delivers them at commit.
+notified AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) WHERE %(channel)s::text IS NOT NULL
+),
 input AS (
     SELECT *
     FROM unnest(%(payloads)s::text[], %(payload_bytes)s::integer[], %(seqs)s::bigint[])
@@ -23,6 +28,6 @@ SELECT
     %(key)s::text,
     input.seq,
     admitted.counted
-FROM admitted, input
+FROM admitted LEFT JOIN notified ON true, input
 ORDER BY input.position
 RETURNING job_id

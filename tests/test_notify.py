@@ -1,0 +1,45 @@
+"""Enqueue wakes idle workers with a NOTIFY on the schema's channel (a hint only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+import leaseq
+from leaseq.store import notify_channel
+
+
+def _notifications(conn: psycopg.Connection[Any]) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=0.5, stop_after=10)]
+
+
+def test_enqueue_notifies_the_schema_channel_on_commit(queue: leaseq.Queue, connect: Any) -> None:
+    listener = connect(autocommit=True)
+    listener.execute(f'LISTEN "{queue.store.channel}"')
+    producer = connect()
+    with producer.transaction():
+        queue.enqueue("reports", {}, conn=producer)
+        queue.enqueue("reports", {}, conn=producer)  # folded into one by PostgreSQL
+        queue.enqueue_many("emails", [{}, {}], conn=producer)
+    assert sorted(_notifications(listener)) == ["emails", "reports"]
+    with producer.transaction(force_rollback=True):
+        queue.enqueue("reports", {}, conn=producer)
+    assert _notifications(listener) == []  # a rolled-back job wakes nobody
+
+
+def test_notify_can_be_turned_off(database_url: str, schema: str, connect: Any) -> None:
+    with leaseq.Queue(database_url, schema=schema, notify=False) as queue:
+        queue.migrate()
+        listener = connect(autocommit=True)
+        listener.execute(f'LISTEN "{queue.store.channel}"')
+        queue.enqueue("reports", {})
+        assert _notifications(listener) == []
+
+
+def test_channel_names_fit_and_stay_distinct() -> None:
+    long_a, long_b = "a" * 60 + "_x", "a" * 60 + "_y"
+    channels = {notify_channel(s) for s in ("leaseq", long_a, long_b, "a" * 63)}
+    assert len(channels) == 4
+    assert all(len(c.encode()) <= 63 for c in channels)
+    assert notify_channel("leaseq") == "leaseq_leaseq"
