@@ -14,10 +14,11 @@ from .conftest import AsyncClock
 
 def test_public_names_are_pinned() -> None:
     assert sorted(leaseq.__all__) == [
-        "AsyncQueue", "BacklogFull", "Claim", "DatabaseUnavailable", "InvalidArgument",
-        "InvalidJob", "Job", "JobNotFound", "JobStatus", "LeaseLost", "LeaseqError",
-        "NotMigrated", "OrderingPolicy", "PayloadTooLarge", "Queue", "QueueSettings",
-        "QueueStats", "ReapResult", "__version__", "database_url",
+        "App", "AsyncQueue", "BacklogFull", "Backoff", "Claim", "DatabaseUnavailable",
+        "InvalidArgument", "InvalidJob", "Job", "JobContext", "JobNotFound", "JobStatus",
+        "LeaseLost", "LeaseqError", "NotMigrated", "OrderingPolicy", "PayloadTooLarge",
+        "PermanentError", "Queue", "QueueSettings", "QueueStats", "ReapResult", "Retry",
+        "Worker", "__version__", "database_url",
     ]  # fmt: skip
     for name in leaseq.__all__:
         assert hasattr(leaseq, name)

@@ -13,6 +13,7 @@ from .errors import (
     NotMigrated,
     PayloadTooLarge,
 )
+from .retry import Backoff, PermanentError, Retry
 from .types import (
     Claim,
     Job,
@@ -23,10 +24,14 @@ from .types import (
     ReapResult,
 )
 
+from .worker import App, JobContext, Worker
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "AsyncQueue",
+    "Backoff",
     "BacklogFull",
     "Claim",
     "DatabaseUnavailable",
@@ -34,16 +39,20 @@ __all__ = [
     "InvalidJob",
     "Job",
     "JobNotFound",
+    "JobContext",
     "JobStatus",
     "LeaseLost",
     "LeaseqError",
     "NotMigrated",
     "OrderingPolicy",
     "PayloadTooLarge",
+    "PermanentError",
     "Queue",
     "QueueSettings",
     "QueueStats",
     "ReapResult",
+    "Retry",
+    "Worker",
     "__version__",
     "database_url",
 ]

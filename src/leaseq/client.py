@@ -49,9 +49,10 @@ class Queue(_Base):
         max_payload_bytes: int | None = None,
         pool_size: int = 10,
         notify: bool = True,
+        connection_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
-        self.db = Database(self.dsn, max_size=pool_size)
+        self.db = Database(self.dsn, max_size=pool_size, options=connection_options)
 
     def __enter__(self) -> Self:
         return self
@@ -193,9 +194,10 @@ class AsyncQueue(_Base):
         max_payload_bytes: int | None = None,
         pool_size: int = 10,
         notify: bool = True,
+        connection_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
-        self.db = AsyncDatabase(self.dsn, max_size=pool_size)
+        self.db = AsyncDatabase(self.dsn, max_size=pool_size, options=connection_options)
 
     async def __aenter__(self) -> Self:
         return self

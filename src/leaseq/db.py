@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .errors import BacklogFull, InvalidArgument, NotMigrated, PayloadTooLarge
 from .migrate import Plan
@@ -33,6 +33,14 @@ CONNECTION_OPTIONS: dict[str, Any] = {
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
+}
+
+#: Added for worker sessions: a dead server is noticed within ~30 s even while a
+#: write is unacknowledged, and no session idles in a transaction for long.
+WORKER_OPTIONS: dict[str, Any] = {
+    **CONNECTION_OPTIONS,
+    "tcp_user_timeout": 30_000,
+    "options": "-c idle_in_transaction_session_timeout=60000",
 }
 
 _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
@@ -133,14 +141,42 @@ async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
                 return result
 
 
+def is_connection_error(error: BaseException) -> bool:
+    """True for errors after which a retry on a new connection may succeed."""
+    return isinstance(error, psycopg.OperationalError | PoolTimeout | OSError)
+
+
+async def listen(dsn: str, statement: Statement) -> AsyncIterator[str]:
+    """Yield notification payloads from a dedicated connection until it breaks."""
+    async with await psycopg.AsyncConnection.connect(dsn, **WORKER_OPTIONS) as conn:
+        await conn.execute(statement.sql)
+        yield ""  # listening now: the caller may poll for what it missed
+        async for notification in conn.notifies():
+            yield notification.payload
+
+
+@asynccontextmanager
+async def dedicated_connection(dsn: str) -> AsyncIterator[AsyncConnection]:
+    """A connection outside the pools, for session state (advisory locks)."""
+    async with await psycopg.AsyncConnection.connect(dsn, **WORKER_OPTIONS) as conn:
+        yield conn
+
+
 class Database:
     """A lazily opened pool of autocommit connections (sync)."""
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.dsn = dsn
         self._pool = ConnectionPool(
             dsn,
-            kwargs=CONNECTION_OPTIONS,
+            kwargs=options or CONNECTION_OPTIONS,
             min_size=min_size,
             max_size=max_size,
             open=False,
@@ -178,11 +214,18 @@ class Database:
 class AsyncDatabase:
     """A lazily opened pool of autocommit connections (asyncio)."""
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.dsn = dsn
         self._pool = AsyncConnectionPool(
             dsn,
-            kwargs=CONNECTION_OPTIONS,
+            kwargs=options or CONNECTION_OPTIONS,
             min_size=min_size,
             max_size=max_size,
             open=False,
@@ -198,11 +241,16 @@ class AsyncDatabase:
                     await self._pool.open(wait=True, timeout=30)
                     self._opened = True
 
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        await self._ensure_open()
+        async with self._pool.connection() as conn:
+            yield conn
+
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
         if conn is not None:
             return await aexecute(conn, operation)
-        await self._ensure_open()
-        async with self._pool.connection() as own:
+        async with self.connection() as own:
             return await aexecute(own, operation)
 
     async def drive(self, plan: Plan) -> list[int]:

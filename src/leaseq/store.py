@@ -365,6 +365,15 @@ class Store:
 
     # -- schema -----------------------------------------------------------------
 
+    def listen(self) -> Statement:
+        return Statement(self.sql("listen.sql").replace("{channel}", f'"{self.channel}"'))
+
+    def maintenance_lock(self) -> Operation[bool]:
+        params = {"schema_name": self.schema}
+        return Operation(
+            (Statement(self.sql("maintenance_lock.sql"), params),), lambda r: bool(r[0][0][0])
+        )
+
     def migration_lock(self) -> Statement:
         return Statement(self.sql("migrate/lock.sql"), {"schema_name": self.schema})
 

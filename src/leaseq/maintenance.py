@@ -1,0 +1,53 @@
+"""Maintenance with exactly one active instance per schema: the reaper.
+
+Every worker may run it; the one that takes the schema's session advisory lock
+leads, on a dedicated connection that it also reaps through, so leadership ends
+the moment that session does (crash, network loss, server restart) and another
+worker takes over. ``leaseq maintenance`` runs it as its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from . import db
+from .client import AsyncQueue
+from .types import ReapResult
+
+log = logging.getLogger("leaseq.maintenance")
+
+
+class Maintenance:
+    def __init__(self, queue: AsyncQueue, *, interval: float = 5.0, batch: int = 1000) -> None:
+        self.queue = queue
+        self.interval = interval
+        self.batch = batch
+        self.leading = False
+        self.reaped = 0
+
+    async def run(self) -> None:
+        """Lead when possible, reap every ``interval`` seconds; never returns."""
+        while True:
+            try:
+                async with db.dedicated_connection(self.queue.dsn) as conn:
+                    self.leading = await db.aexecute(conn, self.queue.store.maintenance_lock())
+                    while self.leading:
+                        await self._reap(conn)
+                        await asyncio.sleep(self.interval)
+            except Exception as exc:
+                if not db.is_connection_error(exc):
+                    raise
+                log.warning("maintenance connection lost (%s)", exc)
+            finally:
+                self.leading = False
+            await asyncio.sleep(self.interval)
+
+    async def _reap(self, conn: db.AsyncConnection) -> None:
+        while True:  # bounded batches until nothing is left
+            result: ReapResult = await db.aexecute(conn, self.queue.store.reap(limit=self.batch))
+            if result:
+                self.reaped += len(result)
+                log.info("reaper failed %d exhausted jobs: %s", len(result), list(result.failed))
+            if len(result) < self.batch:
+                return

@@ -1,0 +1,66 @@
+"""Pure retry policies: backoff and error classification (no I/O, no clocks)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .errors import InvalidArgument
+
+
+class Retry(Exception):  # noqa: N818 - raised by handlers as a request, not an error
+    """Raise from a handler to ask for another attempt (after ``delay`` seconds)."""
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason)
+
+
+class PermanentError(Exception):
+    """Raise (or subclass) to fail the job now: retrying cannot help."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Bounded exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
+
+    base: float = 1.0
+    cap: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.base <= self.cap:
+            raise InvalidArgument("backoff needs 0 <= base <= cap")
+
+    def ceiling(self, attempt: int) -> float:
+        return min(self.cap, self.base * 2.0 ** min(max(attempt - 1, 0), 62))
+
+    def delay(self, attempt: int, uniform: Callable[[], float] = random.random) -> float:
+        return uniform() * self.ceiling(attempt)
+
+
+class Verdict(Enum):
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPolicy:
+    """Which exceptions are worth another attempt.
+
+    ``fail_on`` (and PermanentError) fail the job at once. If ``retry_on`` is
+    given, only those exceptions are retried and every other one fails; without
+    it every other exception is transient.
+    """
+
+    retry_on: tuple[type[BaseException], ...] = field(default=())
+    fail_on: tuple[type[BaseException], ...] = field(default=())
+
+    def classify(self, error: BaseException) -> Verdict:
+        if isinstance(error, PermanentError | InvalidArgument) or isinstance(error, self.fail_on):
+            return Verdict.FAIL
+        if self.retry_on and not isinstance(error, self.retry_on):
+            return Verdict.FAIL
+        return Verdict.RETRY

@@ -1,0 +1,105 @@
+"""Registering handlers: an App maps queue names to tasks and their settings."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .. import validate
+from ..errors import InvalidArgument
+from ..retry import Backoff, ErrorPolicy
+
+Handler = Callable[..., Any]
+H = TypeVar("H", bound=Handler)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A handler and its per-task settings (None: the queue's setting)."""
+
+    queue: str
+    handler: Handler
+    is_async: bool
+    max_attempts: int | None
+    backoff: Backoff | None
+    lease: float | None
+    timeout: float | None
+    errors: ErrorPolicy
+
+    def retry_delay(self, attempt: int) -> float | None:
+        """The task's own backoff, or None for the queue's (computed by the database)."""
+        return None if self.backoff is None else self.backoff.delay(attempt)
+
+    def attempts_left(self, attempts: int, job_max_attempts: int) -> bool:
+        limit = job_max_attempts if self.max_attempts is None else self.max_attempts
+        return attempts < min(limit, job_max_attempts)
+
+
+class App:
+    """The handlers a worker runs, one per queue."""
+
+    def __init__(self, dsn: str | None = None, *, schema: str = "leaseq") -> None:
+        self.dsn = dsn
+        self.schema = validate.schema_name(schema)
+        self.tasks: dict[str, Task] = {}
+
+    def task(
+        self,
+        queue: str,
+        *,
+        max_attempts: int | None = None,
+        backoff: Backoff | tuple[float, float] | None = None,
+        lease: float | None = None,
+        timeout: float | None = None,
+        retry_on: tuple[type[BaseException], ...] = (),
+        fail_on: tuple[type[BaseException], ...] = (),
+    ) -> Callable[[H], H]:
+        """Register the decorated function as the handler of ``queue``.
+
+        It receives a :class:`~leaseq.worker.JobContext`; ``async def`` handlers run
+        on the event loop, plain ones in a thread pool.
+        """
+        validate.queue_name(queue)
+        if queue in self.tasks:
+            raise InvalidArgument(f"queue {queue!r} already has a handler")
+        if max_attempts is not None:
+            validate.integer(max_attempts, "max_attempts", range(1, 1001))
+        if isinstance(backoff, tuple):
+            backoff = Backoff(*backoff)
+        settings = (
+            validate.lease(lease),
+            None if timeout is None else validate.seconds(timeout, "timeout", 7 * 86400.0),
+        )
+
+        def register(handler: H) -> H:
+            self.tasks[queue] = Task(
+                queue=queue,
+                handler=handler,
+                is_async=inspect.iscoroutinefunction(handler),
+                max_attempts=max_attempts,
+                backoff=backoff,
+                lease=settings[0],
+                timeout=settings[1],
+                errors=ErrorPolicy(retry_on=retry_on, fail_on=fail_on),
+            )
+            return handler
+
+        return register
+
+
+def load_app(reference: str) -> App:
+    """Import ``module:attribute`` (the CLI's MODULE:APP argument)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise InvalidArgument(f"expected MODULE:APP, got {reference!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgument(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise InvalidArgument(f"{reference!r} is not a leaseq App")
+    return app

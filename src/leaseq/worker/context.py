@@ -1,0 +1,108 @@
+"""What a handler receives: the job, its fencing token, and a lost-lease signal."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, NoReturn
+
+from ..client import AsyncQueue, Queue
+from ..db import AsyncConnection, Connection
+from ..errors import LeaseLost
+from ..retry import Retry
+from ..types import Claim
+
+
+class JobContext:
+    """One attempt of one job, as its handler sees it.
+
+    ``lost`` is set when this attempt no longer owns the job (its lease could not
+    be renewed, its timeout passed, or the worker is shutting down): stop work
+    that can be stopped; nothing this attempt reports will be acknowledged.
+    """
+
+    def __init__(self, claim: Claim, sync_queue: Queue, async_queue: AsyncQueue) -> None:
+        self.claim = claim
+        self.lost = threading.Event()
+        self.lost_reason: str | None = None
+        self.completed = False
+        self._sync = sync_queue
+        self._async = async_queue
+
+    @property
+    def job_id(self) -> int:
+        return self.claim.job_id
+
+    @property
+    def queue(self) -> str:
+        return self.claim.queue
+
+    @property
+    def payload(self) -> Any:
+        return self.claim.payload
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across attempts and replays: the key for outside effects."""
+        return self.claim.idempotency_key
+
+    @property
+    def attempts(self) -> int:
+        return self.claim.attempts
+
+    @property
+    def max_attempts(self) -> int:
+        return self.claim.max_attempts
+
+    @property
+    def lease_version(self) -> int:
+        """A fencing token that grows with every claim, for destinations that accept one."""
+        return self.claim.lease_version
+
+    @property
+    def key(self) -> str | None:
+        return self.claim.key
+
+    @property
+    def seq(self) -> int | None:
+        return self.claim.seq
+
+    def retry(self, delay: float | None = None, reason: str = "retry requested") -> NoReturn:
+        """Ask for another attempt (after ``delay`` seconds, else the backoff)."""
+        raise Retry(delay, reason)
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
+    def _check_owned(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(self.claim.job_id, self.claim.lease_version, "transaction")
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A transaction for the handler's effect that also completes the job.
+
+        Write your business rows on the yielded connection; on leaving the block
+        the fenced completion runs in the same transaction, then it commits. If
+        this attempt lost its lease, the completion raises LeaseLost and the
+        effect rolls back with it: effects in this database happen once.
+        """
+        self._check_owned()
+        with self._sync.db.connection() as conn:
+            with conn.transaction():
+                yield conn
+                self._sync.complete(self.claim, conn=conn)
+            self.completed = True
+
+    @asynccontextmanager
+    async def atransaction(self) -> AsyncIterator[AsyncConnection]:
+        """The async twin of :meth:`transaction`, for ``async def`` handlers."""
+        self._check_owned()
+        async with self._async.db.connection() as conn:
+            async with conn.transaction():
+                yield conn
+                await self._async.complete(self.claim, conn=conn)
+            self.completed = True

@@ -1,0 +1,113 @@
+"""Batched acknowledgements: completions, retries, failures and releases.
+
+Handlers finish one by one; their outcomes are flushed together, one statement
+per kind per flush, each still fenced and reported per job. A flush that hits
+a connection error is retried: complete, retry and release are safe to repeat
+(a resend of a committed write is reported as accepted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client import AsyncQueue
+from ..db import is_connection_error
+from ..types import Claim
+
+log = logging.getLogger("leaseq.worker")
+
+
+class Kind(enum.Enum):
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+    RELEASE = "release"
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: Kind
+    claim: Claim
+    delay: float | None = None
+    error: object = None
+    accepted: asyncio.Future[bool] = field(default_factory=asyncio.Future)
+
+
+class Outcomes:
+    """Collects outcomes and flushes them in batches."""
+
+    def __init__(self, queue: AsyncQueue, *, max_batch: int = 500, linger: float = 0.002) -> None:
+        self._queue = queue
+        self._pending: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._max_batch = max_batch
+        self._linger = linger
+
+    async def report(
+        self, kind: Kind, claim: Claim, *, delay: float | None = None, error: object = None
+    ) -> bool:
+        """Queue an outcome and wait for its flush: True if accepted, False if the lease was lost."""
+        outcome = Outcome(kind, claim, delay, error)
+        self._pending.put_nowait(outcome)
+        return await outcome.accepted
+
+    async def run(self) -> None:
+        while True:
+            batch = [await self._pending.get()]
+            if self._linger:
+                await asyncio.sleep(self._linger)  # let concurrent finishes join the flush
+            while len(batch) < self._max_batch and not self._pending.empty():
+                batch.append(self._pending.get_nowait())
+            await self._flush(batch)
+
+    async def drain(self) -> None:
+        """Flush whatever is pending (at shutdown, after run() was cancelled)."""
+        batch: list[Outcome] = []
+        while not self._pending.empty():
+            batch.append(self._pending.get_nowait())
+        if batch:
+            await self._flush(batch)
+
+    async def _flush(self, batch: list[Outcome]) -> None:
+        for kind in Kind:
+            group = [o for o in batch if o.kind is kind]
+            if group:
+                await self._flush_kind(kind, group)
+
+    async def _flush_kind(self, kind: Kind, group: list[Outcome]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                results = await self._send(kind, group)
+                break
+            except Exception as exc:
+                if not is_connection_error(exc):
+                    for outcome in group:
+                        if not outcome.accepted.done():
+                            outcome.accepted.set_exception(exc)
+                    return
+                log.warning("flushing %d %s outcomes failed (%s); retrying", len(group),
+                            kind.value, exc)  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        for outcome, accepted in zip(group, results, strict=True):
+            if not outcome.accepted.done():
+                outcome.accepted.set_result(accepted)
+
+    async def _send(self, kind: Kind, group: list[Outcome]) -> list[bool]:
+        claims = [o.claim for o in group]
+        result: list[tuple[Claim, Any]]
+        if kind is Kind.COMPLETE:
+            result = await self._queue.complete_many(claims)
+        elif kind is Kind.RETRY:
+            result = await self._queue.retry_many(
+                claims, delays=[o.delay for o in group], errors=[o.error for o in group]
+            )
+        elif kind is Kind.FAIL:
+            result = await self._queue.fail_many(claims, [o.error for o in group])
+        else:
+            result = await self._queue.release_many(claims)
+        return [value is not None and value is not False for _, value in result]
