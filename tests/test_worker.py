@@ -231,20 +231,18 @@ async def test_lost_lease_stops_the_handler_and_is_not_acknowledged(
 
     # One attempt only, so nobody reclaims the job once its lease is gone.
     job_id = await aqueue.enqueue("work", {}, max_attempts=1)
-    running = Running(
-        leaseq.Worker(
-            app, dsn=database_url, poll_interval=0.1, renew_fraction=0.3, maintenance=False
-        )  # fmt: skip
+    worker = leaseq.Worker(
+        app, dsn=database_url, poll_interval=0.1, renew_fraction=0.3, maintenance=False
     )
+    running = Running(worker)
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
     # Block the renewal: hold the job's row lock while the lease runs out.
-    async with aqueue.db.connection() as blocker:
-        async with blocker.transaction():
-            await blocker.execute(
-                f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job_id,)
-            )
-            await aset_clock_offset(aqueue, 6)  # the 5 s lease is over
-            await asyncio.sleep(2.0)  # the heartbeat's renewal is waiting on our lock
+    async with aqueue.db.connection() as blocker, blocker.transaction():
+        await blocker.execute(
+            f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job_id,)
+        )
+        await aset_clock_offset(aqueue, 6)  # the 5 s lease is over
+        await asyncio.sleep(2.0)  # the heartbeat's renewal is waiting on our lock
     await _until(lambda: _lost(running.worker))
     await asyncio.sleep(0.3)
     await running.stop()

@@ -23,7 +23,6 @@ from .types import (
     QueueStats,
     ReapResult,
 )
-
 from .worker import App, JobContext, Worker
 
 __version__ = "0.1.0"
@@ -31,15 +30,15 @@ __version__ = "0.1.0"
 __all__ = [
     "App",
     "AsyncQueue",
-    "Backoff",
     "BacklogFull",
+    "Backoff",
     "Claim",
     "DatabaseUnavailable",
     "InvalidArgument",
     "InvalidJob",
     "Job",
-    "JobNotFound",
     "JobContext",
+    "JobNotFound",
     "JobStatus",
     "LeaseLost",
     "LeaseqError",

@@ -10,7 +10,7 @@ from enum import Enum
 from .errors import InvalidArgument
 
 
-class Retry(Exception):  # noqa: N818 - raised by handlers as a request, not an error
+class Retry(Exception):
     """Raise from a handler to ask for another attempt (after ``delay`` seconds)."""
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
@@ -59,7 +59,7 @@ class ErrorPolicy:
     fail_on: tuple[type[BaseException], ...] = field(default=())
 
     def classify(self, error: BaseException) -> Verdict:
-        if isinstance(error, PermanentError | InvalidArgument) or isinstance(error, self.fail_on):
+        if isinstance(error, (PermanentError, InvalidArgument, *self.fail_on)):
             return Verdict.FAIL
         if self.retry_on and not isinstance(error, self.retry_on):
             return Verdict.FAIL

@@ -49,7 +49,7 @@ class Outcomes:
     async def report(
         self, kind: Kind, claim: Claim, *, delay: float | None = None, error: object = None
     ) -> bool:
-        """Queue an outcome and wait for its flush: True if accepted, False if the lease was lost."""
+        """Queue an outcome and wait for its flush: True if accepted, False if lease was lost."""
         outcome = Outcome(kind, claim, delay, error)
         self._pending.put_nowait(outcome)
         return await outcome.accepted
