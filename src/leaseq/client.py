@@ -50,9 +50,12 @@ class Queue(_Base):
         pool_size: int = 10,
         notify: bool = True,
         connection_options: dict[str, Any] | None = None,
+        connect_timeout: float = 30.0,
     ) -> None:
         super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
-        self.db = Database(self.dsn, max_size=pool_size, options=connection_options)
+        self.db = Database(
+            self.dsn, max_size=pool_size, options=connection_options, open_timeout=connect_timeout
+        )
 
     def __enter__(self) -> Self:
         return self
@@ -162,6 +165,9 @@ class Queue(_Base):
     def replay(self, job_id: int) -> bool:
         return self.db.run(self.store.replay(job_id))
 
+    def replay_failed(self, queue: str) -> list[int]:
+        return self.db.run(self.store.replay_failed(queue))
+
     def cancel(self, job_id: int) -> bool:
         return self.db.run(self.store.cancel(job_id))
 
@@ -195,9 +201,12 @@ class AsyncQueue(_Base):
         pool_size: int = 10,
         notify: bool = True,
         connection_options: dict[str, Any] | None = None,
+        connect_timeout: float = 30.0,
     ) -> None:
         super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
-        self.db = AsyncDatabase(self.dsn, max_size=pool_size, options=connection_options)
+        self.db = AsyncDatabase(
+            self.dsn, max_size=pool_size, options=connection_options, open_timeout=connect_timeout
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -310,6 +319,9 @@ class AsyncQueue(_Base):
 
     async def replay(self, job_id: int) -> bool:
         return await self.db.run(self.store.replay(job_id))
+
+    async def replay_failed(self, queue: str) -> list[int]:
+        return await self.db.run(self.store.replay_failed(queue))
 
     async def cancel(self, job_id: int) -> bool:
         return await self.db.run(self.store.cancel(job_id))

@@ -16,9 +16,16 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from .errors import BacklogFull, InvalidArgument, NotMigrated, PayloadTooLarge
+from .errors import (
+    BacklogFull,
+    DatabaseUnavailable,
+    InvalidArgument,
+    NotMigrated,
+    PayloadTooLarge,
+)
 from .migrate import Plan
 from .store import Operation, Rows, Statement
+from .validate import sanitize
 
 T = TypeVar("T")
 
@@ -162,6 +169,16 @@ async def dedicated_connection(dsn: str) -> AsyncIterator[AsyncConnection]:
         yield conn
 
 
+def _unreachable(dsn: str) -> DatabaseUnavailable:
+    """Why the pool could not open: one direct attempt tells the real reason."""
+    try:
+        psycopg.connect(dsn, connect_timeout=5, **CONNECTION_OPTIONS).close()
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return DatabaseUnavailable(f"cannot connect to the database: {sanitize(reason)}")
+    return DatabaseUnavailable("cannot connect to the database: timed out")
+
+
 class Database:
     """A lazily opened pool of autocommit connections (sync)."""
 
@@ -172,8 +189,10 @@ class Database:
         min_size: int = 1,
         max_size: int = 10,
         options: dict[str, Any] | None = None,
+        open_timeout: float = 30.0,
     ) -> None:
         self.dsn = dsn
+        self.open_timeout = open_timeout
         self._pool = ConnectionPool(
             dsn,
             kwargs=options or CONNECTION_OPTIONS,
@@ -190,7 +209,11 @@ class Database:
         if not self._opened:
             with self._lock:
                 if not self._opened:
-                    self._pool.open(wait=True, timeout=30)
+                    try:
+                        self._pool.open(wait=True, timeout=self.open_timeout)
+                    except PoolTimeout:
+                        self._pool.close()
+                        raise _unreachable(self.dsn) from None
                     self._opened = True
         with self._pool.connection() as conn:
             yield conn
@@ -221,8 +244,10 @@ class AsyncDatabase:
         min_size: int = 1,
         max_size: int = 10,
         options: dict[str, Any] | None = None,
+        open_timeout: float = 30.0,
     ) -> None:
         self.dsn = dsn
+        self.open_timeout = open_timeout
         self._pool = AsyncConnectionPool(
             dsn,
             kwargs=options or CONNECTION_OPTIONS,
@@ -238,7 +263,11 @@ class AsyncDatabase:
         if not self._opened:
             async with self._lock:
                 if not self._opened:
-                    await self._pool.open(wait=True, timeout=30)
+                    try:
+                        await self._pool.open(wait=True, timeout=self.open_timeout)
+                    except PoolTimeout:
+                        await self._pool.close()
+                        raise _unreachable(self.dsn) from None
                     self._opened = True
 
     @asynccontextmanager

@@ -291,6 +291,14 @@ class Store:
     def replay(self, job_id: int) -> Operation[bool]:
         return self._transition("replay.sql", job_id)
 
+    def replay_failed(self, queue: str) -> Operation[list[int]]:
+        """Replay every failed job of ``queue``; returns their ids."""
+        params = {"queue": validate.queue_name(queue)}
+        return Operation(
+            (Statement(self.sql("replay_failed.sql"), params),),
+            lambda r: sorted(row[0] for row in r[0]),
+        )
+
     def cancel(self, job_id: int) -> Operation[bool]:
         return self._transition("cancel.sql", job_id)
 

@@ -82,6 +82,12 @@ class JobContext:
             raise LeaseLost(self.claim.job_id, self.claim.lease_version, "transaction")
 
     @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A pooled autocommit connection, for writes that are not the job's effect."""
+        with self._sync.db.connection() as conn:
+            yield conn
+
+    @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A transaction for the handler's effect that also completes the job.
 

@@ -1,0 +1,97 @@
+"""``leaseq worker --processes N``: N worker processes, restarted when they crash.
+
+Children are started with the ``spawn`` method (no inherited connections or
+threads). SIGTERM/SIGINT are forwarded to them so each stops gracefully; a
+second signal kills them. A child that exits on its own is restarted after a
+backoff that grows while it keeps crashing.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("leaseq.supervisor")
+
+
+class Supervisor:
+    def __init__(
+        self,
+        processes: int,
+        target: Callable[..., None],
+        args: tuple[Any, ...],
+        *,
+        shutdown_timeout: float = 60.0,
+    ) -> None:
+        self.processes = processes
+        self.target = target
+        self.args = args
+        self.shutdown_timeout = shutdown_timeout
+        self.restarts = 0
+        self._context = multiprocessing.get_context("spawn")
+        self._children: dict[int, BaseProcess] = {}
+        self._failures: dict[int, int] = {}
+        self._started_at: dict[int, float] = {}
+        self._stopping = False
+        self._signals = 0
+
+    def _start(self, slot: int) -> None:
+        child = self._context.Process(
+            target=self.target, args=self.args, name=f"leaseq-worker-{slot}"
+        )
+        child.start()
+        self._children[slot] = child
+        self._started_at[slot] = time.monotonic()
+        log.info("started worker %d (pid %s)", slot, child.pid)
+
+    def _backoff(self, slot: int, child: BaseProcess) -> float:
+        """Restart at once after a long run; back off while a child keeps crashing."""
+        ran = time.monotonic() - self._started_at[slot]
+        failures = 1 if ran > 60 else self._failures.get(slot, 0) + 1
+        self._failures[slot] = failures
+        delay: float = min(0.5 * 2.0 ** (failures - 1), 30.0)
+        log.warning("worker %d (pid %s) exited with %s; restarting in %.1fs",
+                    slot, child.pid, child.exitcode, delay)  # fmt: skip
+        return delay
+
+    def _on_signal(self, signum: int, _: FrameType | None) -> None:
+        self._signals += 1
+        self._stopping = True
+        for child in self._children.values():
+            if child.pid is not None and child.is_alive():
+                os.kill(child.pid, signal.SIGKILL if self._signals > 1 else signum)
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for slot in range(self.processes):
+                self._start(slot)
+            restart_at: dict[int, float] = {}
+            while not self._stopping:
+                time.sleep(0.2)
+                for slot, child in list(self._children.items()):
+                    if child.is_alive() or self._stopping:
+                        continue
+                    if slot not in restart_at:
+                        restart_at[slot] = time.monotonic() + self._backoff(slot, child)
+                    elif time.monotonic() >= restart_at[slot]:
+                        del restart_at[slot]
+                        self.restarts += 1
+                        self._start(slot)
+            deadline = time.monotonic() + self.shutdown_timeout
+            for child in self._children.values():
+                child.join(max(deadline - time.monotonic(), 0))
+                if child.is_alive() and child.pid is not None:
+                    os.kill(child.pid, signal.SIGKILL)
+                    child.join(5)
+            return 0
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

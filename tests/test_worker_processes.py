@@ -1,0 +1,173 @@
+"""Real worker processes: kill -9, SIGTERM, a second signal, a crashing child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+
+from .conftest import ROOT
+from .worker_app import TABLES
+
+
+@pytest.fixture
+def setup_tables(queue: leaseq.Queue) -> leaseq.Queue:
+    with queue.db.connection() as conn:
+        for statement in TABLES:
+            conn.execute(statement.format(schema=f'"{queue.schema}"'))
+    return queue
+
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def spawn_worker(database_url: str, schema: str) -> Iterator[Spawn]:
+    started: list[subprocess.Popen[str]] = []
+
+    def spawn(*arguments: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "leaseq.cli", "worker", "tests.worker_app:app",
+             "--schema", schema, "--poll-interval", "0.2", *arguments],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        started.append(process)
+        return process
+
+    yield spawn
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        if process.stdout:
+            process.stdout.close()
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not reached within {timeout}s")
+        time.sleep(0.1)
+
+
+def _scalar(queue: leaseq.Queue, sql: str, *params: Any) -> Any:
+    with queue.db.connection() as conn:
+        row = conn.execute(sql.replace("{schema}", f'"{queue.schema}"'), params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _attempts_logged(queue: leaseq.Queue, job_id: int) -> int:
+    return int(
+        _scalar(queue, "SELECT count(*) FROM {schema}.attempt_log WHERE job_id = %s", job_id)
+    )
+
+
+def _effects(queue: leaseq.Queue) -> dict[int, int]:
+    with queue.db.connection() as conn:
+        rows = conn.execute(
+            f'SELECT job_id, count(*) FROM "{queue.schema}".effect GROUP BY job_id'
+        ).fetchall()
+    return {job_id: count for job_id, count in rows}
+
+
+def test_kill_9_mid_job_is_recovered_by_another_worker(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn
+) -> None:
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 60})
+    first = spawn_worker("--lease", "2", "--concurrency", "1")
+    _wait(lambda: _attempts_logged(queue, job_id) == 1, what="first attempt started")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    assert queue.get(job_id).status is JobStatus.RUNNING  # its lease is still held
+    second = spawn_worker("--lease", "2", "--concurrency", "1")
+    _wait(lambda: queue.get(job_id).status is JobStatus.DONE, what="job done by the second")
+    job = queue.get(job_id)
+    assert (job.attempts, job.lease_version) == (2, 2)
+    assert job.history[0]["outcome"] == "lease_expired"
+    assert _effects(queue) == {job_id: 1}
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(30) == 0
+
+
+def test_repeated_crashes_end_failed_and_crashed_children_restart(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn
+) -> None:
+    queue = setup_tables
+    crasher = queue.enqueue("work", {"crash": True}, max_attempts=3)
+    normal = queue.enqueue_many("work", [{} for _ in range(10)])
+    supervisor = spawn_worker("--processes", "2", "--lease", "1", "--maintenance-interval", "0.3")
+    _wait(lambda: queue.get(crasher).status is JobStatus.FAILED, timeout=60,
+          what="the crashing job failed")  # fmt: skip
+    _wait(lambda: all(queue.get(i).status is JobStatus.DONE for i in normal),
+          what="the other jobs done")  # fmt: skip
+    job = queue.get(crasher)
+    assert job.attempts == 3
+    assert _attempts_logged(queue, crasher) == 3  # each attempt killed its process
+    assert "lease expired" in (job.last_error or "")
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(60) == 0
+    output = supervisor.stdout.read() if supervisor.stdout else ""
+    assert output.count("restarting") >= 3, output
+    assert _effects(queue) == dict.fromkeys(normal, 1)
+
+
+def test_sigterm_finishes_or_releases_running_jobs(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn
+) -> None:
+    queue = setup_tables
+    short = queue.enqueue_many("work", [{"sleep": 0.5} for _ in range(2)])
+    long = queue.enqueue_many("work", [{"sleep": 120} for _ in range(2)])
+    worker = spawn_worker("--concurrency", "4", "--shutdown-grace", "2")
+    _wait(lambda: all(_attempts_logged(queue, i) == 1 for i in short + long),
+          what="all four jobs started")  # fmt: skip
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    for job_id in short:
+        assert queue.get(job_id).status is JobStatus.DONE
+    for job_id in long:
+        job = queue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+        assert job.history[-1]["outcome"] == "released"
+    (stats,) = queue.stats("work")
+    assert stats.running == 0
+
+
+def test_second_signal_exits_at_once(setup_tables: leaseq.Queue, spawn_worker: Spawn) -> None:
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 120})
+    worker = spawn_worker("--shutdown-grace", "60")
+    _wait(lambda: _attempts_logged(queue, job_id) == 1, what="job started")
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert worker.poll() is None  # still within its grace period
+    worker.send_signal(signal.SIGINT)
+    assert worker.wait(15) != 0
+    # Not released: its lease will expire and another worker will recover it.
+    assert queue.get(job_id).status is JobStatus.RUNNING
+
+
+def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "leaseq.cli", "worker", "tests.no_such_module:app"],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error: cannot import 'tests.no_such_module'")
+    assert len(result.stderr.strip().splitlines()) == 1

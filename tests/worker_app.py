@@ -1,0 +1,47 @@
+"""A leaseq App for tests that run real worker processes (`leaseq worker`).
+
+Every handler call is logged in ``attempt_log`` (autocommit, so crashes keep
+it); the business effect goes to ``effect`` in the same transaction as the
+completion. The schema comes from LEASEQ_SCHEMA.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import leaseq
+
+SCHEMA = os.environ.get("LEASEQ_SCHEMA", "leaseq")
+app = leaseq.App(schema=SCHEMA)
+
+TABLES = (
+    "CREATE TABLE IF NOT EXISTS {schema}.attempt_log"
+    " (job_id bigint, attempt int, pid int, at timestamptz DEFAULT clock_timestamp())",
+    "CREATE TABLE IF NOT EXISTS {schema}.effect (idempotency_key text, job_id bigint)",
+)
+
+
+@app.task("work")
+def work(job: leaseq.JobContext) -> None:
+    """payload: sleep (seconds, first attempt only unless 'always'), crash (kill -9 self)."""
+    with job.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{SCHEMA}".attempt_log (job_id, attempt, pid) VALUES (%s, %s, %s)',
+            (job.job_id, job.attempts, os.getpid()),
+        )
+    payload = job.payload
+    if payload.get("crash"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if payload.get("sleep") and (job.attempts == 1 or payload.get("always")):
+        deadline = time.monotonic() + payload["sleep"]
+        while time.monotonic() < deadline and not job.lost.is_set():
+            time.sleep(0.05)
+        if job.lost.is_set():
+            return
+    with job.transaction() as conn:
+        conn.execute(
+            f'INSERT INTO "{SCHEMA}".effect (idempotency_key, job_id) VALUES (%s, %s)',
+            (job.idempotency_key, job.job_id),
+        )
