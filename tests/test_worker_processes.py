@@ -82,7 +82,7 @@ def _effects(queue: leaseq.Queue) -> dict[int, int]:
         rows = conn.execute(
             f'SELECT job_id, count(*) FROM "{queue.schema}".effect GROUP BY job_id'
         ).fetchall()
-    return {job_id: count for job_id, count in rows}
+    return dict(rows)
 
 
 def test_kill_9_mid_job_is_recovered_by_another_worker(
