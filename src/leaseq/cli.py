@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
@@ -25,7 +26,8 @@ from .worker import Worker, load_app
 from .worker.supervisor import Supervisor
 
 F = TypeVar("F", bound=Callable[..., Any])
-console = Console()
+# Piped output (CI logs, scripts) gets room for whole tables instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def database_options(command: F) -> F:
@@ -49,7 +51,27 @@ def open_queue(database_url: str | None, schema: str) -> Iterator[Queue]:
         yield queue
 
 
-@click.group()
+class CommandError(click.ClickException):
+    """A leaseq error or an unreachable database: one line on stderr, exit 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+class LeaseqGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LeaseqError as exc:
+            raise CommandError(str(exc)) from exc
+        except Exception as exc:
+            if db.is_connection_error(exc):
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+                raise CommandError(f"cannot reach the database: {reason}") from exc
+            raise
+
+
+@click.group(cls=LeaseqGroup)
 @click.version_option(package_name="leaseq")
 def cli() -> None:
     """leaseq: reliable background jobs on PostgreSQL."""
@@ -173,8 +195,11 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
         ]  # fmt: skip
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table("queue", *(s.value for s in JobStatus), "queued bytes", "oldest ready",
-                  "expired leases", title="leaseq status")  # fmt: skip
+    table = Table(title="leaseq status", box=box.SIMPLE_HEAD)
+    width = max((len(s.queue) + 9 for s in stats), default=5)
+    table.add_column("queue", no_wrap=True, min_width=width)
+    for heading in (*(state.value for state in JobStatus), "bytes", "oldest", "expired"):
+        table.add_column(heading, justify="right", no_wrap=True)
     for s in stats:
         age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
         name = s.queue + (" (paused)" if s.paused else "")
@@ -195,7 +220,8 @@ def failed(queue_name: str | None, limit: int, database_url: str | None, schema:
 
 
 def _print_jobs(jobs: list[Job], title: str) -> None:
-    table = Table("job", "queue", "attempts", "finished", "last error", title=title)
+    table = Table("job", "queue", "attempts", "finished", title=title, box=box.SIMPLE_HEAD)
+    table.add_column("last error", overflow="fold")
     for job in jobs:
         finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
         table.add_row(str(job.job_id), job.queue, f"{job.attempts}/{job.max_attempts}",
@@ -288,21 +314,7 @@ def _configure_logging() -> None:
 
 
 def main() -> None:
-    try:
-        cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except LeaseqError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except Exception as exc:
-        if db.is_connection_error(exc):
-            click.echo(f"error: cannot reach the database: {exc}".rstrip(), err=True)
-            sys.exit(2)
-        raise
+    cli()
 
 
 if __name__ == "__main__":

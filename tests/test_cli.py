@@ -1,0 +1,129 @@
+"""The `leaseq` command end to end (the worker command: test_worker_processes.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner, Result
+
+import leaseq
+from leaseq import JobStatus
+from leaseq.cli import cli
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture
+def invoke(database_url: str, schema: str) -> Invoke:
+    runner = CliRunner()
+
+    def run(*arguments: str, ok: bool = True) -> Result:
+        result = runner.invoke(
+            cli, [*arguments, "--database-url", database_url, "--schema", schema],
+            catch_exceptions=False,
+        )  # fmt: skip
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    return run
+
+
+def test_migrate_enqueue_status(invoke: Invoke, queue: leaseq.Queue) -> None:
+    assert "up to date" in invoke("migrate").output
+    job_id = int(invoke("enqueue", "reports", '{"report_id": 1}', "--priority", "5").output)
+    invoke("enqueue", "reports", "{}", "--delay", "60", "--key", "k", "--seq", "2")
+    job = queue.get(job_id)
+    assert (job.payload, job.priority) == ({"report_id": 1}, 5)
+    (status,) = json.loads(invoke("status", "--json").output)
+    assert status["queue"] == "reports"
+    assert (status["queued"], status["running"], status["failed"]) == (2, 0, 0)
+    assert status["queued_bytes"] == len('{"report_id":1}') + 2
+    assert status["oldest_ready_age"] >= 0
+    table = invoke("status").output
+    assert "reports" in table
+    assert "queued" in table
+
+
+def test_failed_replay_cancel_and_reap(invoke: Invoke, queue: leaseq.Queue, clock: object) -> None:
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(3)], max_attempts=1)
+    claims = queue.claim("reports", limit=3, lease=5)
+    queue.fail(claims[0], "customer not found")
+    queue.fail(claims[1], "template missing")
+    clock.advance(6)  # type: ignore[attr-defined]
+    assert "failed 1 exhausted jobs" in invoke("reap").output
+    listing = invoke("failed").output
+    assert "customer not found" in listing
+    assert "template missing" in listing
+    assert str(ids[2]) in listing
+    assert f"replayed job {ids[0]}" in invoke("replay", str(ids[0])).output
+    assert queue.get(ids[0]).status is JobStatus.QUEUED
+    assert "replayed 2 jobs" in invoke("replay", "--queue", "reports", "--all-failed").output
+    assert f"cancelled job {ids[1]}" in invoke("cancel", str(ids[1])).output
+    assert queue.get(ids[1]).status is JobStatus.CANCELLED
+
+
+def test_queue_configure(invoke: Invoke, queue: leaseq.Queue) -> None:
+    output = invoke(
+        "queue", "configure", "reports", "--max-attempts", "4", "--max-queued", "2",
+        "--ordering-policy", "continue", "--lease", "30", "--pause",
+    ).output  # fmt: skip
+    assert "max_attempts=4" in output
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert (settings.max_attempts, settings.max_queued_jobs, settings.lease) == (4, 2, 30)
+    assert settings.paused
+    invoke("queue", "configure", "reports", "--resume")
+    assert not queue.queue_settings("reports").paused  # type: ignore[union-attr]
+    invoke("enqueue", "reports", "{}")
+    invoke("enqueue", "reports", "{}")
+    full = invoke("enqueue", "reports", "{}", ok=False)
+    assert full.exit_code == 1
+    assert full.output.startswith("error: queue reports is full: 2 unfinished jobs, limit 2")
+
+
+def _leaseq(*arguments: str, database_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "leaseq.cli", *arguments],
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (("enqueue", "reports", "{not json"), "error: payload is not valid JSON"),
+        (("enqueue", "bad queue!", "{}"), "error: queue name must be"),
+        (("enqueue", "reports", "{}", "--delay", "-5"), "error: delay must be >= 0"),
+        (("replay",), "error: give a JOB_ID, or --queue Q --all-failed"),
+        (("cancel", "424242"), "error: no job 424242"),
+        (("queue", "configure", "reports", "--max-attempts", "0"), "error: max_attempts must"),
+    ],
+)
+def test_errors_are_one_clear_line(
+    database_url: str, queue: leaseq.Queue, arguments: tuple[str, ...], message: str
+) -> None:
+    result = _leaseq(*arguments, "--schema", queue.schema, database_url=database_url)
+    assert result.returncode == 1, result
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert queue.stats() == []  # nothing was written
+
+
+def test_unreachable_database_is_one_clear_line() -> None:
+    result = _leaseq("status", database_url="postgresql://postgres@127.0.0.1:1/nowhere")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: cannot connect to the database")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_unmigrated_schema_is_one_clear_line(database_url: str) -> None:
+    result = _leaseq("status", "--schema", "not_migrated_yet", database_url=database_url)
+    assert result.returncode == 1
+    assert "leaseq migrate" in result.stderr
