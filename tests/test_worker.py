@@ -309,3 +309,47 @@ async def test_claims_never_exceed_free_slots(
     assert peak == 5
     (stats,) = await aqueue.stats("work")
     assert stats.counts[JobStatus.DONE] == 60
+
+
+async def test_worker_sessions_carry_fault_settings(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = _app(schema)
+    seen: dict[str, str] = {}
+
+    @app.task("probe")
+    def handler(job: leaseq.JobContext) -> None:
+        with job.connection() as conn:
+            row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+            seen["idle_in_transaction_session_timeout"] = str(row[0]) if row else ""
+
+    await aqueue.enqueue("probe", {})
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1))
+    await _until(lambda: _all_finished(aqueue, "probe"))
+    await running.stop()
+    assert seen["idle_in_transaction_session_timeout"] == "1min"
+
+
+async def test_one_maintenance_leader_reaps(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    from leaseq.maintenance import Maintenance
+
+    job_id = await aqueue.enqueue("work", {}, max_attempts=1)
+    (claim,) = await aqueue.claim("work", lease=0.5)
+    keepers = [Maintenance(aqueue, interval=0.2) for _ in range(3)]
+    tasks = [asyncio.create_task(k.run()) for k in keepers]
+    try:
+        await _until(lambda: _job_failed(aqueue, job_id))
+        await asyncio.sleep(0.5)
+        assert sum(k.leading for k in keepers) == 1
+        assert sum(k.reaped for k in keepers) == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    del claim
+
+
+async def _job_failed(queue: leaseq.AsyncQueue, job_id: int) -> bool:
+    return (await queue.get(job_id)).status is JobStatus.FAILED
