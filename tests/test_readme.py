@@ -14,7 +14,7 @@ from .conftest import ROOT
 
 def test_readme_quickstart_runs(database_url: str, schema: str) -> None:
     readme = (ROOT / "README.md").read_text()
-    (code,) = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    code = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)[0]  # the quickstart
     # The README uses the default schema "leaseq"; run it in this test's schema
     # (and search_path) so parallel tests and a user's own data stay apart.
     code = code.replace("leaseq.Queue()", f'leaseq.Queue(schema="{schema}")')
