@@ -179,6 +179,19 @@ def _unreachable(dsn: str) -> DatabaseUnavailable:
     return DatabaseUnavailable("cannot connect to the database: timed out")
 
 
+def _pool_settings(
+    dsn: str, min_size: int, max_size: int, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
+        "conninfo": dsn,
+        "kwargs": options or CONNECTION_OPTIONS,
+        "min_size": min_size,
+        "max_size": max_size,
+        "open": False,
+        "name": "leaseq",
+    }
+
+
 class Database:
     """A lazily opened pool of autocommit connections (sync)."""
 
@@ -193,14 +206,7 @@ class Database:
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
-        self._pool = ConnectionPool(
-            dsn,
-            kwargs=options or CONNECTION_OPTIONS,
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            name="leaseq",
-        )
+        self._pool = ConnectionPool(**_pool_settings(dsn, min_size, max_size, options))
         self._opened = False
         self._lock = threading.Lock()
 
@@ -209,12 +215,12 @@ class Database:
         if not self._opened:
             with self._lock:
                 if not self._opened:
+                    # The pool stays open on a timeout and keeps trying in the background.
+                    self._opened = True
                     try:
                         self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
-                        self._pool.close()
                         raise _unreachable(self.dsn) from None
-                    self._opened = True
         with self._pool.connection() as conn:
             yield conn
 
@@ -248,14 +254,7 @@ class AsyncDatabase:
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
-        self._pool = AsyncConnectionPool(
-            dsn,
-            kwargs=options or CONNECTION_OPTIONS,
-            min_size=min_size,
-            max_size=max_size,
-            open=False,
-            name="leaseq",
-        )
+        self._pool = AsyncConnectionPool(**_pool_settings(dsn, min_size, max_size, options))
         self._opened = False
         self._lock = asyncio.Lock()
 
@@ -263,12 +262,11 @@ class AsyncDatabase:
         if not self._opened:
             async with self._lock:
                 if not self._opened:
+                    self._opened = True
                     try:
                         await self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
-                        await self._pool.close()
                         raise _unreachable(self.dsn) from None
-                    self._opened = True
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
