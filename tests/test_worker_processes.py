@@ -171,3 +171,25 @@ def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> 
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: cannot import 'tests.no_such_module'")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_maintenance_as_its_own_process(queue: leaseq.Queue, clock: Any, database_url: str) -> None:
+    job_id = queue.enqueue("work", {}, max_attempts=1)
+    queue.claim("work", lease=5)
+    clock.advance(6)  # the only attempt's lease ran out
+    process = subprocess.Popen(
+        [sys.executable, "-m", "leaseq.cli", "maintenance", "--interval", "0.2",
+         "--schema", queue.schema],
+        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _wait(lambda: queue.get(job_id).status is JobStatus.FAILED, what="reaped")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        if process.stdout:
+            process.stdout.close()

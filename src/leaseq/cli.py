@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -151,8 +153,13 @@ def maintenance(interval: float, database_url: str | None, schema: str) -> None:
     _configure_logging()
 
     async def run() -> None:
+        main = asyncio.current_task()
+        assert main is not None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(signum, main.cancel)
         async with AsyncQueue(database_url, schema=schema, pool_size=1) as queue:
-            await Maintenance(queue, interval=interval).run()
+            with contextlib.suppress(asyncio.CancelledError):
+                await Maintenance(queue, interval=interval).run()
 
     asyncio.run(run())
 
