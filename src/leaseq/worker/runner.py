@@ -111,6 +111,7 @@ class Worker:
         self.stats = WorkerStats()
         # Keyed by claim, not job: this worker may reclaim a job whose lease it lost.
         self._running: dict[tuple[int, int], _Running] = {}
+        self._latest: dict[int, _Running] = {}  # the newest attempt of each job here
         self._zombies = 0  # sync handlers still running after their attempt ended
         self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
@@ -209,7 +210,13 @@ class Worker:
     # -- claiming ------------------------------------------------------------------
 
     def _free_slots(self) -> int:
-        return self.concurrency - len(self._running) - self._zombies
+        # A handler that has returned frees its slot at once: its acknowledgement
+        # is flushed while the next claim runs. Unacknowledged jobs are capped at
+        # `concurrency` too, so a slow database cannot make the worker hoard.
+        acknowledging = sum(1 for r in self._running.values() if r.acknowledging)
+        working = len(self._running) - acknowledging
+        return min(self.concurrency - working - self._zombies,
+                   self.concurrency - acknowledging)  # fmt: skip
 
     async def _claim_loop(self) -> None:
         start = 0
@@ -244,10 +251,12 @@ class Worker:
         self.stats.claim_seconds += time.perf_counter() - started
         self.stats.claimed += len(claims)
         for claim in claims:
-            for stale in [r for r in self._running.values() if r.claim.job_id == claim.job_id]:
+            stale = self._latest.get(claim.job_id)
+            if stale is not None:
                 self._lose(stale, "the lease expired and the job was claimed again")
             running = _Running(claim, JobContext(claim, self._sync, self._async))
             self._running[(claim.job_id, claim.lease_version)] = running
+            self._latest[claim.job_id] = running
             running.task = asyncio.create_task(self._execute(running, task))
         if claims:
             self._job_started.set()
@@ -262,41 +271,13 @@ class Worker:
 
     async def _execute(self, running: _Running, task: Task) -> None:
         context, claim = running.context, running.claim
-        kind: Kind | None = None
-        delay: float | None = None
-        error: object = None
         try:
-            try:
-                if task.is_async:
-                    await asyncio.wait_for(task.handler(context), task.timeout)
-                else:
-                    await self._run_in_thread(running, task)
-                kind = None if context.completed else Kind.COMPLETE
-            except Retry as request:
-                kind, delay, error = self._retry_or_fail(task, claim, request.delay, request.reason)
-            except TimeoutError:
-                self.stats.timeouts += 1
-                context.mark_lost("timed out")
-                reason = f"timed out after {task.timeout:g}s"
-                kind, delay, error = self._retry_or_fail(task, claim, None, reason)
-            except LeaseLost:
-                kind = None
-            except asyncio.CancelledError:
-                if running.lost:
-                    kind = None
-                elif self._releasing:
-                    kind = Kind.RELEASE
-                else:
-                    raise
-            except Exception as exc:
-                if task.errors.classify(exc) is Verdict.FAIL:
-                    kind, error = Kind.FAIL, exc
-                else:
-                    kind, delay, error = self._retry_or_fail(task, claim, None, exc)
+            kind, delay, error = await self._outcome_of(running, task)
             if running.lost:
                 kind = None  # never acknowledge the result of a lost lease
             if kind is not None:
                 running.acknowledging = True
+                self._wakeup.set()  # the slot is free for the next claim
                 if await self._outcomes.report(kind, claim, delay=delay, error=error):
                     self._count(kind)
                 else:
@@ -307,7 +288,41 @@ class Worker:
             log.exception("job %d: could not record its outcome", claim.job_id)
         finally:
             self._running.pop((claim.job_id, claim.lease_version), None)
+            if self._latest.get(claim.job_id) is running:
+                del self._latest[claim.job_id]
             self._wakeup.set()
+
+    async def _outcome_of(
+        self, running: _Running, task: Task
+    ) -> tuple[Kind | None, float | None, object]:
+        """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
+        context, claim = running.context, running.claim
+        try:
+            if task.is_async and task.timeout is None:
+                await task.handler(context)
+            elif task.is_async:
+                await asyncio.wait_for(task.handler(context), task.timeout)
+            else:
+                await self._run_in_thread(running, task)
+            return (None if context.completed else Kind.COMPLETE), None, None
+        except Retry as request:
+            return self._retry_or_fail(task, claim, request.delay, request.reason)
+        except TimeoutError:
+            self.stats.timeouts += 1
+            context.mark_lost("timed out")
+            return self._retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
+        except LeaseLost:
+            return None, None, None
+        except asyncio.CancelledError:
+            if running.lost:
+                return None, None, None
+            if self._releasing:
+                return Kind.RELEASE, None, None
+            raise
+        except Exception as exc:
+            if task.errors.classify(exc) is Verdict.FAIL:
+                return Kind.FAIL, None, exc
+            return self._retry_or_fail(task, claim, None, exc)
 
     async def _run_in_thread(self, running: _Running, task: Task) -> None:
         future = asyncio.get_running_loop().run_in_executor(
@@ -327,7 +342,7 @@ class Worker:
 
     def _retry_or_fail(
         self, task: Task, claim: Claim, delay: float | None, error: object
-    ) -> tuple[Kind, float | None, object]:
+    ) -> tuple[Kind | None, float | None, object]:
         if not task.attempts_left(claim.attempts, claim.max_attempts):
             return Kind.FAIL, None, error
         return Kind.RETRY, delay if delay is not None else task.retry_delay(claim.attempts), error
