@@ -70,7 +70,7 @@ def test_two_schemas_are_independent(database_url: str, schema: str) -> None:
 
 
 def test_migrations_are_numbered_without_gaps() -> None:
-    from leaseq.store import migration_files
+    from leaseq.statement import migration_files
 
     versions = [version for version, _, _ in migration_files()]
     assert versions == list(range(1, len(versions) + 1))

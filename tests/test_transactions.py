@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,14 @@ async def test_async_enqueue_in_callers_transaction(
     assert [c.payload for c in claims] == [{"n": 2}]
 
 
+def _wait_backend_gone(queue: leaseq.Queue, pid: int) -> None:
+    deadline = time.monotonic() + 10
+    with queue.db.connection() as conn:
+        while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the dead client's backend lingers"
+            time.sleep(0.02)
+
+
 def _handler(queue: leaseq.Queue, conn: psycopg.Connection[Any], table: str, claim: Any) -> None:
     """The business effect keyed by the idempotency key, then the guarded completion."""
     conn.execute(
@@ -90,7 +99,9 @@ def test_crash_before_commit_then_retry_leaves_one_business_row(
     doomed = connect()
     doomed.execute("BEGIN")
     _handler(queue, doomed, reports, first)
+    backend = doomed.info.backend_pid
     doomed.close()  # the worker dies before COMMIT: effect and completion vanish together
+    _wait_backend_gone(queue, backend)  # the server notices the lost client asynchronously
     assert _report_count(queue, reports) == 0
     clock.advance(11)
     (retry,) = queue.claim("reports")

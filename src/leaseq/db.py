@@ -24,7 +24,7 @@ from .errors import (
     PayloadTooLarge,
 )
 from .migrate import Plan
-from .store import Operation, Rows, Statement
+from .statement import Operation, Rows, Statement
 from .validate import sanitize
 
 T = TypeVar("T")

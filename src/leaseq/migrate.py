@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from .store import Statement, Store, migration_files
+from .statement import Statement, migration_files
+from .store import Store
 
 Plan = Generator[Statement, list[tuple[Any, ...]], list[int]]
 

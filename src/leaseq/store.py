@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from functools import cache
-from importlib import resources
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from . import decoding, validate
 from .errors import InvalidArgument, InvalidJob, JobNotFound, LeaseLost
+from .statement import Operation, Rows, Statement, T, sql_text
 from .types import (
     Claim,
     Job,
@@ -27,46 +25,6 @@ from .types import (
     QueueStats,
     ReapResult,
 )
-
-T = TypeVar("T")
-Rows = list[tuple[Any, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    sql: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Operation(Generic[T]):
-    """Statements run in one transaction (or in the caller's), then decoded.
-
-    ``decode`` gets the rows of every statement, in order.
-    """
-
-    statements: tuple[Statement, ...]
-    decode: Callable[[list[Rows]], T]
-
-    @property
-    def single(self) -> bool:
-        return len(self.statements) == 1
-
-
-@cache
-def sql_text(name: str) -> str:
-    return resources.files("leaseq").joinpath("sql", name).read_text(encoding="utf-8")
-
-
-def migration_files() -> list[tuple[int, str, str]]:
-    """(version, name, text) of every shipped migration, in order."""
-    folder = resources.files("leaseq").joinpath("sql", "migrations")
-    found = []
-    for entry in folder.iterdir():
-        if entry.name.endswith(".sql"):
-            version = int(entry.name.split("_", 1)[0])
-            found.append((version, entry.name.removesuffix(".sql"), entry.read_text("utf-8")))
-    return sorted(found)
 
 
 def _ignore(_: list[Rows]) -> None:
@@ -219,9 +177,9 @@ class Store:
         extra = {
             "delays": [
                 None if d is None else validate.seconds(d, "delay", validate.MAX_DELAY_SECONDS)
-                for d in _aligned(delays, claims, "delays")
+                for d in validate.aligned(delays, claims, "delays")
             ],
-            "errors": [validate.error_text(e) for e in _aligned(errors, claims, "errors")],
+            "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
         }
         return self._fenced(
             "retry.sql", claims, extra, lambda row: None if row[1] is None else JobStatus(row[1])
@@ -230,7 +188,9 @@ class Store:
     def fail(
         self, claims: Sequence[Claim], errors: Sequence[object] | None = None
     ) -> Operation[list[tuple[Claim, bool]]]:
-        extra = {"errors": [validate.error_text(e) for e in _aligned(errors, claims, "errors")]}
+        extra = {
+            "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")]
+        }
         return self._fenced("fail.sql", claims, extra, lambda row: bool(row[1]))
 
     def release(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
@@ -303,7 +263,7 @@ class Store:
         return self._transition("cancel.sql", job_id)
 
     def _transition(self, name: str, job_id: int) -> Operation[bool]:
-        params = {"job_id": _job_id(job_id)}
+        params = {"job_id": validate.job_id(job_id)}
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
@@ -320,7 +280,9 @@ class Store:
                 raise JobNotFound(f"no job {job_id}")
             return decoding.job_from_row(schema, rows[0][0])
 
-        return Operation((Statement(self.sql("get_job.sql"), {"job_id": _job_id(job_id)}),), decode)
+        return Operation(
+            (Statement(self.sql("get_job.sql"), {"job_id": validate.job_id(job_id)}),), decode
+        )
 
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
@@ -443,17 +405,3 @@ def notify_channel(schema: str) -> str:
         return name
     digest = hashlib.sha256(schema.encode()).hexdigest()[:16]
     return f"leaseq_{schema[:38]}_{digest}"
-
-
-def _aligned(values: Sequence[T] | None, claims: Sequence[Claim], what: str) -> list[T | None]:
-    if values is None:
-        return [None] * len(claims)
-    if len(values) != len(claims):
-        raise InvalidArgument(f"{what} must have one entry per claim")
-    return list(values)
-
-
-def _job_id(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        raise InvalidArgument(f"job id must be a positive integer, got {value!r}")
-    return value

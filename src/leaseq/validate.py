@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import InvalidArgument, InvalidJob, PayloadTooLarge
 from .types import OrderingPolicy
+
+T = TypeVar("T")
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -222,3 +224,18 @@ def queue_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     if base is not None and cap is not None and cap < base:
         raise InvalidArgument("backoff_cap must be >= backoff_base")
     return params
+
+
+def aligned(values: Sequence[T] | None, claims: Sequence[Any], what: str) -> list[T | None]:
+    """Per-claim values of a batch: one each, or None for all."""
+    if values is None:
+        return [None] * len(claims)
+    if len(values) != len(claims):
+        raise InvalidArgument(f"{what} must have one entry per claim")
+    return list(values)
+
+
+def job_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        raise InvalidArgument(f"job id must be a positive integer, got {value!r}")
+    return value

@@ -3,7 +3,8 @@
 from ..retry import Backoff, PermanentError, Retry
 from .app import App, Task, load_app
 from .context import JobContext
-from .runner import Worker, WorkerStats
+from .runner import Worker
+from .state import WorkerStats
 
 __all__ = [
     "App",

@@ -25,7 +25,6 @@ import signal
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from .. import db
 from ..client import AsyncQueue, Queue
@@ -37,35 +36,10 @@ from ..types import Claim
 from .app import App, Task
 from .context import JobContext
 from .outcomes import Kind, Outcomes
+from .state import Running as _Running
+from .state import WorkerStats
 
 log = logging.getLogger("leaseq.worker")
-
-
-@dataclass
-class WorkerStats:
-    """What a worker did; the numbers operators ask for."""
-
-    claimed: int = 0
-    completed: int = 0
-    retried: int = 0
-    failed: int = 0
-    released: int = 0
-    lost_leases: int = 0
-    timeouts: int = 0
-    claim_statements: int = 0
-    claim_seconds: float = 0.0
-    listen_reconnects: int = 0
-    database_errors: int = 0
-
-
-@dataclass
-class _Running:
-    claim: Claim
-    context: JobContext
-    task: asyncio.Task[None] | None = None
-    renewed_at: float = field(default_factory=time.monotonic)
-    lost: bool = False
-    acknowledging: bool = False
 
 
 class Worker:

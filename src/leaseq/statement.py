@@ -1,0 +1,49 @@
+"""Statements and operations: what the store builds and the db module runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    sql: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Operation(Generic[T]):
+    """Statements run in one transaction (or in the caller's), then decoded.
+
+    ``decode`` gets the rows of every statement, in order.
+    """
+
+    statements: tuple[Statement, ...]
+    decode: Callable[[list[Rows]], T]
+
+    @property
+    def single(self) -> bool:
+        return len(self.statements) == 1
+
+
+@cache
+def sql_text(name: str) -> str:
+    return resources.files("leaseq").joinpath("sql", name).read_text(encoding="utf-8")
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    """(version, name, text) of every shipped migration, in order."""
+    folder = resources.files("leaseq").joinpath("sql", "migrations")
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name.removesuffix(".sql"), entry.read_text("utf-8")))
+    return sorted(found)
