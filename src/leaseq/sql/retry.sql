@@ -1,8 +1,8 @@
 -- Give a batch of claims back for another attempt, each fenced by
 -- (job_id, lease_version) and a live lease. A NULL delay takes the queue's
 -- backoff; a job with no attempts left goes to 'failed' instead.
--- A retry that already committed (same lease_version, back in 'queued': only a
--- retry of this claim leaves it so) matches too and changes nothing, so a
+-- A retry that already committed (same lease_version, back in 'queued', its
+-- last history entry a retry) matches too and changes nothing, so a
 -- resend after an ambiguous commit is accepted, even while the first retry is
 -- still committing (the UPDATE re-checks the row after waiting for its lock).
 WITH claimed AS (
@@ -37,7 +37,9 @@ retried AS (
       AND q.name = j.queue
       AND j.lease_version = c.lease_version
       AND ((j.status = 'running' AND j.lease_until > {schema}.clock())
-           OR (j.status = 'queued' AND j.lease_version > 0))
+           -- This claim's own retry, already committed; not a release, which
+           -- also leaves the job queued under the same version.
+           OR (j.status = 'queued' AND j.history -> -1 ->> 'outcome' = 'retry'))
     RETURNING j.job_id, j.status
 )
 SELECT c.job_id, retried.status
