@@ -353,3 +353,23 @@ async def test_one_maintenance_leader_reaps(
 
 async def _job_failed(queue: leaseq.AsyncQueue, job_id: int) -> bool:
     return (await queue.get(job_id)).status is JobStatus.FAILED
+
+
+async def test_a_crashed_service_stops_the_worker_loudly(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = _app(schema)
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        return None
+
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1)
+
+    async def broken_heartbeat() -> None:
+        raise ValueError("boom")
+
+    worker._heartbeat = broken_heartbeat  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="a worker service crashed") as crashed:
+        await asyncio.wait_for(worker.run(), 20)
+    assert isinstance(crashed.value.__cause__, ValueError)

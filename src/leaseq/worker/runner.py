@@ -139,12 +139,16 @@ class Worker:
         try:
             await self._claim_loop()
             await self._shutdown()
+        except asyncio.CancelledError:
+            if self._crashed is None:
+                raise  # a second signal, or our caller cancelled us
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            # Bounded: with the database away, pending outcomes are left to lease expiry.
             with contextlib.suppress(Exception):
-                await self._outcomes.drain()
+                await asyncio.wait_for(self._outcomes.drain(), 10)
             self._executor.shutdown(wait=False, cancel_futures=True)
             await self._async.close()
             self._sync.close()
@@ -175,10 +179,12 @@ class Worker:
         self._releasing = True
         tasks = []
         for running in list(self._running.values()):
-            running.context.mark_lost("worker shutting down")
-            if running.task is not None:
+            if running.task is None:
+                continue
+            tasks.append(running.task)
+            if not running.acknowledging:  # finished ones just wait for their flush
+                running.context.mark_lost("worker shutting down")
                 running.task.cancel()
-                tasks.append(running.task)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- claiming ------------------------------------------------------------------
