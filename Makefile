@@ -9,14 +9,14 @@ STAMP := $(VENV)/.installed
 
 test: install lint types pytest
 
-# The main job: today the quickstart example (a full demo service comes next).
+# The main job: the report service, its workers and a burst of requests.
 demo: install
-	$(BIN)/python examples/quickstart.py
+	$(BIN)/leaseq demo
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,demo]'
 	touch $(STAMP)
 
 install: $(STAMP)

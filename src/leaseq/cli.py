@@ -146,6 +146,29 @@ def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
 
 
 @cli.command()
+@click.option("--once", is_flag=True, help="Exit after the burst (for tests and CI).")
+@click.option("--requests", default=60, show_default=True, help="Report requests to submit.")
+@click.option("--processes", default=2, show_default=True, help="Worker processes.")
+@click.option("--concurrency", default=4, show_default=True, help="Jobs per worker process.")
+@click.option("--kill-worker", is_flag=True, help="SIGKILL one worker in the middle of the burst.")
+@click.option("--port", default=8000, show_default=True, help="HTTP port on 127.0.0.1 (0: any).")
+@click.option(
+    "--database-url",
+    default=None,
+    help="Else $LEASEQ_DATABASE_URL, $DATABASE_URL, else the embedded server under ./.leaseq/.",
+)
+def demo(database_url: str | None, **options: Any) -> None:
+    """Run the report-generation demo: HTTP service, workers, a burst of requests."""
+    try:
+        from .demo.run import run_demo  # noqa: PLC0415 - needs the optional demo extra
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"the demo needs its extra: pip install 'leaseq[demo]' ({exc.name} is missing)"
+        ) from exc
+    sys.exit(run_demo(database_url, **options))
+
+
+@cli.command()
 @click.option("--interval", type=float, default=5.0, show_default=True)
 @database_options
 def maintenance(interval: float, database_url: str | None, schema: str) -> None:

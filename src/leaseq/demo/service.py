@@ -1,0 +1,125 @@
+"""The demo's HTTP service: save a report request and its job in one transaction."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+import leaseq
+from leaseq.db import aexecute
+
+from . import QUEUE, SCHEMA, sql
+
+KINDS = ("standard", "flaky", "broken", "ordered")
+CUSTOMER = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}")
+PERIOD = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
+
+
+class Invalid(Exception):
+    pass
+
+
+def parse(body: Any) -> tuple[str, str, str]:
+    """customer, period (YYYY-MM) and kind, or Invalid with a clear message."""
+    if not isinstance(body, dict):
+        raise Invalid("expected a JSON object with customer, period and kind")
+    unknown = set(body) - {"customer", "period", "kind"}
+    if unknown:
+        raise Invalid(f"unknown fields: {', '.join(sorted(unknown))}")
+    customer, period, kind = body.get("customer"), body.get("period"), body.get("kind", "standard")
+    if not isinstance(customer, str) or not CUSTOMER.fullmatch(customer):
+        raise Invalid(
+            "customer: 1-64 letters, digits, spaces, _ . - (starting with a letter/digit)"
+        )
+    if not isinstance(period, str) or not PERIOD.fullmatch(period):
+        raise Invalid("period: a month as YYYY-MM")
+    if kind not in KINDS:
+        raise Invalid(f"kind: one of {', '.join(KINDS)}")
+    return customer, period, kind
+
+
+def create_app(database_url: str) -> Starlette:
+    queue = leaseq.AsyncQueue(database_url, schema=SCHEMA, pool_size=10)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await queue.close()
+
+    async def submit(request: Request) -> Response:
+        try:
+            customer, period, kind = parse(await request.json())
+        except ValueError:
+            return JSONResponse({"error": "the body is not valid JSON"}, status_code=422)
+        except Invalid as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+        async with queue.db.connection() as conn, conn.transaction():
+            rows = await aexecute(
+                conn, sql.query("insert_request", customer=customer, period=period, kind=kind)
+            )
+            report_id = rows[0][0]
+            payload = {"report_id": report_id, "customer": customer, "period": period,
+                       "kind": kind}  # fmt: skip
+            ordering: dict[str, Any] = {}
+            if kind == "ordered":  # one customer's ordered reports run in period order
+                year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
+                ordering = {"key": customer, "seq": int(year) * 12 + int(month)}
+            job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
+            await aexecute(conn, sql.query("set_request_job", id=report_id, job_id=job_id))
+        status_url = f"/reports/{report_id}"
+        return JSONResponse({"id": report_id, "status_url": status_url}, status_code=202,
+                            headers={"Location": status_url})  # fmt: skip
+
+    async def status(request: Request) -> Response:
+        report_id = _report_id(request)
+        rows = await queue.db.run(sql.query("get_request", id=report_id)) if report_id else []
+        if not rows:
+            return JSONResponse({"error": "no such report"}, status_code=404)
+        _, customer, period, kind, job_id, has_report = rows[0]
+        job = await queue.get(job_id)
+        body: dict[str, Any] = {
+            "id": report_id, "customer": customer, "period": period, "kind": kind,
+            "status": job.status.value, "attempts": job.attempts,
+            "last_error": job.last_error,
+        }  # fmt: skip
+        if has_report:
+            body["report_url"] = f"/reports/{report_id}/html"
+        return JSONResponse(body)
+
+    async def report_html(request: Request) -> Response:
+        report_id = _report_id(request)
+        rows = await queue.db.run(sql.query("get_report_html", id=report_id)) if report_id else []
+        if not rows:
+            return JSONResponse({"error": "no such report (yet)"}, status_code=404)
+        return HTMLResponse(rows[0][0])
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    return Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/reports", submit, methods=["POST"]),
+            Route("/reports/{report_id}", status),
+            Route("/reports/{report_id}/html", report_html),
+        ],
+        lifespan=lifespan,
+    )
+
+
+def app_from_environment() -> Starlette:
+    """For `uvicorn --factory`: the database comes from LEASEQ_DEMO_DATABASE_URL."""
+    return create_app(os.environ["LEASEQ_DEMO_DATABASE_URL"])
+
+
+def _report_id(request: Request) -> int | None:
+    text = request.path_params["report_id"]
+    return int(text) if text.isdigit() and len(text) < 18 else None

@@ -1,0 +1,1 @@
+SELECT html FROM {schema}.report WHERE report_id = %(id)s

@@ -1,0 +1,140 @@
+"""The demo behind the README's first command, end to end, and its HTTP validation."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import leaseq
+from leaseq.demo import QUEUE, SCHEMA, run
+from leaseq.demo.service import create_app
+
+from .conftest import ROOT
+
+# The end-to-end run gets a schema of its own, apart from the in-process tests'.
+E2E_SCHEMA = "leaseq_demo_e2e"
+
+
+def _line(output: str, label: str) -> str:
+    match = re.search(rf"{re.escape(label)}\s*│\s*(.+?)\s*│", output)
+    assert match, f"no '{label}' line in:\n{output}"
+    return match.group(1)
+
+
+def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "leaseq.cli", "demo", "--once", "--kill-worker",
+         "--requests", "40", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_DEMO_SCHEMA": E2E_SCHEMA,
+             "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    output = result.stdout
+    assert result.returncode == 0, output + result.stderr
+    assert "all checks hold" in output
+    assert _line(output, "requests accepted (HTTP 202)") == "40 of 40"
+    assert _line(output, "reports done") == "40 of 40"
+    assert _line(output, "duplicate reports") == "0"
+    assert _line(output, "duplicate notifications") == "0"
+    assert _line(output, "ordered reports out of order") == "0"
+    assert _line(output, "worker killed with SIGKILL mid-burst") == "yes"
+    failed = _line(output, "failed (broken kind), then replayed after the fix")
+    assert failed == "3 failed -> all done"
+    # And the database agrees, independently of the demo's own summary.
+    with leaseq.Queue(database_url, schema=E2E_SCHEMA) as queue:
+        (stats,) = queue.stats(QUEUE)
+        assert stats.counts[leaseq.JobStatus.DONE] == 40
+        with queue.db.connection() as conn:
+            counts = conn.execute(
+                f'SELECT (SELECT count(*) FROM "{E2E_SCHEMA}".report_request),'
+                f' (SELECT count(*) FROM "{E2E_SCHEMA}".report)'
+            ).fetchone()
+            recovered = conn.execute(
+                f'SELECT count(*) FROM "{E2E_SCHEMA}".job, jsonb_array_elements(history) h'
+                " WHERE h ->> 'outcome' = 'lease_expired'"
+            ).fetchone()
+        assert counts == (40, 40)
+        assert recovered is not None
+        assert recovered[0] >= 1  # the killed worker's jobs came back after their leases
+
+
+@pytest.fixture
+def client(database_url: str) -> Iterator[tuple[TestClient, leaseq.Queue]]:
+    with leaseq.Queue(database_url, schema=SCHEMA) as queue:
+        run.prepare(queue)
+        with TestClient(create_app(database_url)) as http:
+            yield http, queue
+
+
+def _written(queue: leaseq.Queue) -> tuple[int, int]:
+    with queue.db.connection() as conn:
+        requests = conn.execute(f'SELECT count(*) FROM "{SCHEMA}".report_request').fetchone()
+        jobs = conn.execute(f'SELECT count(*) FROM "{SCHEMA}".job').fetchone()
+    assert requests is not None
+    assert jobs is not None
+    return int(requests[0]), int(jobs[0])
+
+
+INVALID: list[tuple[Any, str]] = [
+    ({"period": "2026-11", "kind": "standard"}, "customer:"),
+    ({"customer": "", "period": "2026-11"}, "customer:"),
+    ({"customer": "x" * 65, "period": "2026-11"}, "customer:"),
+    ({"customer": "acme", "period": "2026-13"}, "period: a month as YYYY-MM"),
+    ({"customer": "acme", "period": 202611}, "period: a month as YYYY-MM"),
+    ({"customer": "acme", "period": "2026-11", "kind": "urgent"}, "kind: one of"),
+    ({"customer": "acme", "period": "2026-11", "colour": "red"}, "unknown fields: colour"),
+    (["acme", "2026-11"], "expected a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), INVALID)
+def test_invalid_requests_get_422_and_write_nothing(
+    client: tuple[TestClient, leaseq.Queue], body: Any, message: str
+) -> None:
+    http, queue = client
+    response = http.post("/reports", json=body)
+    assert response.status_code == 422
+    assert message in response.json()["error"]
+    assert _written(queue) == (0, 0)
+
+
+def test_malformed_json_gets_422(client: tuple[TestClient, leaseq.Queue]) -> None:
+    http, queue = client
+    response = http.post(
+        "/reports", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json() == {"error": "the body is not valid JSON"}
+    assert _written(queue) == (0, 0)
+
+
+def test_accepted_request_and_status(client: tuple[TestClient, leaseq.Queue]) -> None:
+    http, queue = client
+    response = http.post("/reports", json={"customer": "acme", "period": "2026-11"})
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status_url"] == f"/reports/{body['id']}"
+    assert response.headers["location"] == body["status_url"]
+    assert _written(queue) == (1, 1)  # the request row and its job, together
+    status = http.get(body["status_url"]).json()
+    assert status["status"] == "queued"
+    assert (status["attempts"], status["last_error"]) == (0, None)
+    assert "report_url" not in status
+    assert http.get(f"{body['status_url']}/html").status_code == 404
+    assert http.get("/reports/999999").status_code == 404
+    assert http.get("/reports/abc").status_code == 404
+
+
+def test_ordered_requests_carry_their_key(client: tuple[TestClient, leaseq.Queue]) -> None:
+    http, queue = client
+    http.post("/reports", json={"customer": "acme", "period": "2026-02", "kind": "ordered"})
+    (claim,) = queue.claim(QUEUE)
+    assert (claim.key, claim.seq) == ("acme", 2026 * 12 + 2)
