@@ -101,7 +101,13 @@ def serving(database_url: str, port: int, logs: Path) -> Iterator[str]:
     # Accepted connections inherit this: no Nagle delay between headers and body.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        raise leaseq.InvalidArgument(
+            f"cannot serve on 127.0.0.1:{port} ({exc.strerror}); try --port 0"
+        ) from None
     sock.listen(128)
     base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     log = open(logs / "service.log", "wb")  # noqa: SIM115
@@ -110,6 +116,7 @@ def serving(database_url: str, port: int, logs: Path) -> Iterator[str]:
          "--factory", "--fd", str(sock.fileno()), "--log-level", "warning"],
         env={**os.environ, "LEASEQ_DEMO_DATABASE_URL": database_url},
         pass_fds=[sock.fileno()], stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,  # Ctrl-C reaches the demo, which stops its children once
     )  # fmt: skip
     log.close()
     try:
@@ -157,7 +164,7 @@ class Workers:
              "--schema", SCHEMA, "--concurrency", str(self.concurrency),
              "--poll-interval", "0.5", "--shutdown-grace", "10"],
             env={**os.environ, "DATABASE_URL": self.database_url},
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         log.close()
         self.processes.append(process)
