@@ -65,7 +65,7 @@ enqueue_strategies: dict[str, st.SearchStrategy[Any]] = {
     "max_attempts": max_attempts_choices,
 }
 enqueue_arguments = st.fixed_dictionaries(enqueue_strategies)
-worker_actions = st.sampled_from(["complete", "renew", "retry", "fail", "release"])
+worker_actions = st.sampled_from(["complete", "renew", "retry", "retry", "fail", "fail", "release"])
 # live: owns its job; stale: its job runs under a newer claim or its lease expired; old: any
 # other (its job finished or went back to the queue); any: uniformly from all claims.
 claim_kinds = st.sampled_from(["live", "live", "stale", "old", "any"])
@@ -140,6 +140,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.stamp = 0
         self.jobs: dict[int, ModelJob] = {}
         self.claims: list[IssuedClaim] = []
+        self.last_written: list[IssuedClaim] = []  # the claims of the latest fenced write
         self.last_seq: dict[tuple[str, str], int] = {}
         self.payloads = 0
 
@@ -414,6 +415,14 @@ class QueueMachine(RuleBasedStateMachine):
         batch form and 1-3 claims of distinct jobs."""
         self.write(action, self.pick_claims(data, kind, batch), data, lease, batch=batch)
 
+    @precondition(lambda self: bool(self.last_written))
+    @rule(action=worker_actions, data=st.data(), lease=leases)
+    def follow_up(self, action: str, data: st.DataObject, lease: float | None) -> None:
+        """The next write with the claims of the latest one: the same write again (a resend
+        after an ambiguous commit) or another one (a worker that did not see its answer)."""
+        issued = self.last_written
+        self.write(action, issued, data, lease, batch=len(issued) > 1)
+
     def write(
         self,
         action: str,
@@ -423,6 +432,7 @@ class QueueMachine(RuleBasedStateMachine):
         *,
         batch: bool,
     ) -> None:
+        self.last_written = issued
         if action == "complete":
             self.complete(issued, batch)
         elif action == "renew":
