@@ -373,3 +373,24 @@ async def test_a_crashed_service_stops_the_worker_loudly(
     with pytest.raises(RuntimeError, match="a worker service crashed") as crashed:
         await asyncio.wait_for(worker.run(), 20)
     assert isinstance(crashed.value.__cause__, ValueError)
+
+
+async def test_an_error_after_the_completing_transaction_changes_nothing(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = _app(schema)
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        async with job.atransaction():
+            pass
+        raise RuntimeError("cleanup failed after the commit")
+
+    job_id = await aqueue.enqueue("work", {})
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1))
+    await _until(lambda: _all_finished(aqueue, "work"))
+    await running.stop()
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.DONE, 1)
+    assert running.worker.stats.lost_leases == 0
+    assert running.worker.stats.completed == 1

@@ -300,6 +300,9 @@ class Worker:
                 return Kind.RELEASE, None, None
             raise
         except Exception as exc:
+            if context.completed:  # the job's transaction already completed it
+                log.warning("job %d raised after completing: %r", claim.job_id, exc)
+                return None, None, None
             if task.errors.classify(exc) is Verdict.FAIL:
                 return Kind.FAIL, None, exc
             return self._retry_or_fail(task, claim, None, exc)
