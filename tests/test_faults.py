@@ -130,7 +130,8 @@ async def test_killed_listen_connection_is_reestablished(
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             cursor = await conn.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE application_name = 'leaseq' AND query LIKE 'LISTEN%%'"
+                " WHERE application_name = 'leaseq' AND btrim(query, E' \\n') = %s",
+                (aqueue.store.listen().sql.strip(),),  # this test's channel only
             )
             assert await cursor.fetchone() == (1,)
         # Right after the kill, a job still starts within one (jittered) poll interval.

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 import leaseq
-from leaseq.store import notify_channel
+from leaseq.statement import notify_channel
 
 
 def _notifications(conn: psycopg.Connection[Any]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -47,3 +48,12 @@ def migration_files() -> list[tuple[int, str, str]]:
             version = int(entry.name.split("_", 1)[0])
             found.append((version, entry.name.removesuffix(".sql"), entry.read_text("utf-8")))
     return sorted(found)
+
+
+def notify_channel(schema: str) -> str:
+    """A channel name unique per schema within PostgreSQL's 63-byte identifier limit."""
+    name = f"leaseq_{schema}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(schema.encode()).hexdigest()[:16]
+    return f"leaseq_{schema[:38]}_{digest}"

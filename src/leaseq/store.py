@@ -8,7 +8,6 @@ lives in ``sql/*.sql``.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 
 from . import decoding, validate
 from .errors import InvalidArgument, InvalidJob, JobNotFound, LeaseLost
-from .statement import Operation, Rows, Statement, T, sql_text
+from .statement import Operation, Rows, Statement, T, notify_channel, sql_text
 from .types import (
     Claim,
     Job,
@@ -249,26 +248,25 @@ class Store:
         return Operation((Statement(self.sql("reap.sql"), params),), decode)
 
     def replay(self, job_id: int) -> Operation[bool]:
-        return self._transition("replay.sql", job_id)
+        params = {"job_id": validate.job_id(job_id), "queue": None}
+        return self._transition("replay.sql", job_id, params)
 
     def replay_failed(self, queue: str) -> Operation[list[int]]:
         """Replay every failed job of ``queue``; returns their ids."""
-        params = {"queue": validate.queue_name(queue)}
+        params = {"job_id": None, "queue": validate.queue_name(queue)}
         return Operation(
-            (Statement(self.sql("replay_failed.sql"), params),),
-            lambda r: sorted(row[0] for row in r[0]),
+            (Statement(self.sql("replay.sql"), params),),
+            lambda r: [row[0] for row in r[0] if row[2]],
         )
 
     def cancel(self, job_id: int) -> Operation[bool]:
-        return self._transition("cancel.sql", job_id)
+        return self._transition("cancel.sql", job_id, {"job_id": validate.job_id(job_id)})
 
-    def _transition(self, name: str, job_id: int) -> Operation[bool]:
-        params = {"job_id": validate.job_id(job_id)}
-
+    def _transition(self, name: str, job_id: int, params: dict[str, Any]) -> Operation[bool]:
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
                 raise JobNotFound(f"no job {job_id}")
-            return bool(rows[0][0][1])
+            return bool(rows[0][0][2])
 
         return Operation((Statement(self.sql(name), params),), decode)
 
@@ -396,12 +394,3 @@ def _only(
         return value
 
     return Operation(batch.statements, decode)
-
-
-def notify_channel(schema: str) -> str:
-    """A channel name unique per schema within PostgreSQL's 63-byte identifier limit."""
-    name = f"leaseq_{schema}"
-    if len(name) <= 63:
-        return name
-    digest = hashlib.sha256(schema.encode()).hexdigest()[:16]
-    return f"leaseq_{schema[:38]}_{digest}"

@@ -14,5 +14,5 @@ cancelled AS (
     WHERE j.job_id = t.job_id AND j.status IN ('queued', 'failed')
     RETURNING j.job_id
 )
-SELECT t.status, cancelled.job_id IS NOT NULL AS changed
+SELECT t.job_id, t.status, cancelled.job_id IS NOT NULL AS changed
 FROM target AS t LEFT JOIN cancelled ON cancelled.job_id = t.job_id

@@ -35,6 +35,7 @@ from ..retry import Retry, Verdict
 from ..types import Claim
 from .app import App, Task
 from .context import JobContext
+from .listener import listen_for_work
 from .outcomes import Kind, Outcomes
 from .state import Running as _Running
 from .state import WorkerStats
@@ -126,7 +127,10 @@ class Worker:
         self._outcomes = Outcomes(self._async)
         services = {"outcomes": self._outcomes.run(), "heartbeat": self._heartbeat()}
         if self.listen:
-            services["listen"] = self._listen()
+            services["listen"] = listen_for_work(
+                self.listen_dsn, self._async.store.listen(), set(self.queues),
+                wake=self._wakeup.set, stats=self.stats,
+            )  # fmt: skip
         if self.maintenance:
             services["maintenance"] = Maintenance(
                 self._async, interval=self.maintenance_interval
@@ -383,23 +387,3 @@ class Worker:
     def _heartbeat_tick(self) -> float:
         shortest = min((r.claim.lease_seconds for r in self._running.values()), default=60.0)
         return min(max(shortest * self.renew_fraction / 4, 0.05), 1.0)
-
-    # -- wake-ups ----------------------------------------------------------------------
-
-    async def _listen(self) -> None:
-        queues = set(self.queues)
-        delay = 0.1
-        while True:
-            try:
-                async for payload in db.listen(self.listen_dsn, self._async.store.listen()):
-                    delay = 0.1
-                    # "" = (re)connected: poll once for what was missed meanwhile.
-                    if payload == "" or payload in queues:
-                        self._wakeup.set()
-            except Exception as exc:
-                if not db.is_connection_error(exc):
-                    raise
-                log.info("LISTEN connection lost (%s); reconnecting", exc)
-            self.stats.listen_reconnects += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
