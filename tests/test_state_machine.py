@@ -66,9 +66,10 @@ enqueue_strategies: dict[str, st.SearchStrategy[Any]] = {
 }
 enqueue_arguments = st.fixed_dictionaries(enqueue_strategies)
 worker_actions = st.sampled_from(["complete", "renew", "retry", "retry", "fail", "fail", "release"])
-# live: owns its job; stale: its job runs under a newer claim or its lease expired; old: any
-# other (its job finished or went back to the queue); any: uniformly from all claims.
-claim_kinds = st.sampled_from(["live", "live", "stale", "old", "any"])
+# live: owns its job; superseded: a newer claim (or a replay) moved the job's lease_version on;
+# same_version: not live but nothing moved the version on (its lease expired, or its job was
+# completed, retried, failed or released with it); any: uniformly from all claims.
+claim_kinds = st.sampled_from(["live", "live", "superseded", "same_version", "any"])
 
 # (model seconds, stamp): a point in time, ordered as the database orders it.
 Instant = tuple[float, int]
@@ -219,8 +220,9 @@ class QueueMachine(RuleBasedStateMachine):
     def claim_kind(self, issued: IssuedClaim) -> str:
         if self.is_live(issued.claim):
             return "live"
-        # Its job runs under a newer claim or its lease has expired: the fencing cases.
-        return "stale" if self.jobs[issued.claim.job_id].status is RUNNING else "old"
+        if self.jobs[issued.claim.job_id].lease_version > issued.claim.lease_version:
+            return "superseded"
+        return "same_version"
 
     def pick_claims(self, data: st.DataObject, kind: str, batch: bool) -> list[IssuedClaim]:
         """One claim, or 1-3 claims of distinct jobs: of ``kind`` if there are any."""
