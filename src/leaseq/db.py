@@ -150,7 +150,7 @@ async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
 
 def is_connection_error(error: BaseException) -> bool:
     """True for errors after which a retry on a new connection may succeed."""
-    return isinstance(error, psycopg.OperationalError | PoolTimeout | OSError)
+    return isinstance(error, psycopg.OperationalError | PoolTimeout | OSError | DatabaseUnavailable)
 
 
 async def listen(dsn: str, statement: Statement) -> AsyncIterator[str]:
