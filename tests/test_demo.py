@@ -129,6 +129,9 @@ def test_accepted_request_and_status(client: tuple[TestClient, leaseq.Queue]) ->
     assert (status["attempts"], status["last_error"]) == (0, None)
     assert "report_url" not in status
     assert http.get(f"{body['status_url']}/html").status_code == 404
+    page = http.get(body["status_url"], headers={"accept": "text/html"})
+    assert page.headers["content-type"].startswith("text/html")
+    assert "queued" in page.text
     assert http.get("/reports/999999").status_code == 404
     assert http.get("/reports/abc").status_code == 404
 
@@ -138,3 +141,24 @@ def test_ordered_requests_carry_their_key(client: tuple[TestClient, leaseq.Queue
     http.post("/reports", json={"customer": "acme", "period": "2026-02", "kind": "ordered"})
     (claim,) = queue.claim(QUEUE)
     assert (claim.key, claim.seq) == ("acme", 2026 * 12 + 2)
+
+
+def test_finished_report_is_served(
+    client: tuple[TestClient, leaseq.Queue], database_url: str
+) -> None:
+    from leaseq.demo import jobs
+    from leaseq.worker import JobContext
+
+    http, queue = client
+    body = http.post("/reports", json={"customer": "acme", "period": "2026-11"}).json()
+    (claim,) = queue.claim(QUEUE)
+    context = JobContext(claim, queue, leaseq.AsyncQueue(database_url, schema=SCHEMA))
+    jobs.generate_report(context)  # the worker's handler, run here
+    assert context.completed
+    status = http.get(body["status_url"]).json()
+    assert status["status"] == "done"
+    assert status["report_url"] == f"/reports/{body['id']}/html"
+    page = http.get(body["status_url"], headers={"accept": "text/html"})
+    assert "Sales report: acme, 2026-11" in page.text
+    assert "<svg" in page.text
+    assert page.text == http.get(status["report_url"]).text

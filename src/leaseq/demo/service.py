@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 from collections.abc import AsyncIterator
@@ -92,6 +93,17 @@ def create_app(database_url: str) -> Starlette:
         }  # fmt: skip
         if has_report:
             body["report_url"] = f"/reports/{report_id}/html"
+        if "text/html" in request.headers.get("accept", ""):  # a browser: show the report
+            if has_report:
+                return await report_html(request)
+            rows_html = "".join(
+                f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                for k, v in body.items()
+            )
+            return HTMLResponse(
+                f"<!doctype html><meta http-equiv='refresh' content='2'>"
+                f"<h1>Report {report_id}</h1><table>{rows_html}</table>"
+            )
         return JSONResponse(body)
 
     async def report_html(request: Request) -> Response:
