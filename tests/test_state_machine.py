@@ -2,8 +2,9 @@
 
 A Hypothesis ``RuleBasedStateMachine`` enqueues, claims, completes, renews, retries,
 fails, releases, reaps, replays and cancels jobs in two queues (one per ordering
-policy), with live and stale claims, one at a time and in batches; it moves the
-database clock, and after every step compares every job row with the model.
+policy). Fenced writes use live, superseded and expired claims, one at a time and in
+batches, and are resent as after an ambiguous commit. It moves the database clock, and
+after every step compares every job row (and the queue stats) with the model.
 
 Time model: the model clock only moves in multiples of 50 s, and every lease and
 delay is 20 s past a multiple of 50 s, so a deadline is never within 20 s of "now"
@@ -75,7 +76,7 @@ claim_kinds = st.sampled_from(["live", "live", "superseded", "same_version", "an
 Instant = tuple[float, int]
 
 SETTINGS = settings(
-    max_examples=50,
+    max_examples=40,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
