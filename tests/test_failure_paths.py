@@ -284,3 +284,15 @@ def _write(queue: leaseq.Queue, operation: str, claim: leaseq.Claim) -> None:
         queue.retry(claim, delay=0)
     else:
         queue.fail(claim, "stale")
+
+
+def test_replay_failed_touches_only_its_queue(queue: leaseq.Queue) -> None:
+    mine = queue.enqueue("reports", {}, max_attempts=1)
+    other = queue.enqueue("emails", {}, max_attempts=1)
+    for name in ("reports", "emails"):
+        (claim,) = queue.claim(name)
+        queue.fail(claim, "broken")
+    assert queue.replay_failed("reports") == [mine]
+    assert queue.get(mine).status is JobStatus.QUEUED
+    assert queue.get(other).status is JobStatus.FAILED
+    assert queue.replay_failed("reports") == []
