@@ -6,7 +6,6 @@ the queue is empty. No assertion depends on how fast anything runs.
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import queue as queue_module
 import random
@@ -332,17 +331,17 @@ def test_ordering_key_heads_are_claimed_only_after_completion(queue: leaseq.Queu
         history = [(kind, seq) for kind, k, seq in events if k == key]
         expected = [(kind, seq) for seq in sorted(seqs[key]) for kind in ("claim", "done")]
         assert history == expected, f"key {key!r}: claims and completions interleaved wrongly"
-        # The database agrees: each job's claim started after its predecessor finished.
+        # The database agrees on the jobs and their single attempts. (Its timestamps
+        # cannot order a claim after a completion: statement_timestamp() is when a
+        # statement arrived, not when it took its snapshot, so a claim that arrived
+        # a moment before a completion committed may rightly see it committed.)
         jobs = sorted(
             (j for j in queue.list_jobs("done", queue="work", limit=1000) if j.key == key),
             key=lambda j: j.seq or 0,
         )
         assert [j.seq for j in jobs] == sorted(seqs[key])
         assert all(j.attempts == 1 for j in jobs)
-        for previous, job in itertools.pairwise(jobs):
-            assert previous.finished_at is not None
-            assert job.claimed_at is not None
-            assert job.claimed_at >= previous.finished_at
+        assert all(j.lease_version == 1 for j in jobs)
     assert _statuses(queue) == {JobStatus.DONE: total}
 
 
