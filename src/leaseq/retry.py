@@ -7,14 +7,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from . import validate
 from .errors import InvalidArgument
 
 
 class Retry(Exception):
-    """Raise from a handler to ask for another attempt (after ``delay`` seconds)."""
+    """Raise from a handler to ask for another attempt (after ``delay`` seconds).
+
+    The delay is checked here, where the handler asks, so a bad one raises
+    InvalidArgument in the handler (a permanent error: the job fails with it recorded)
+    instead of poisoning the worker's batched acknowledgement later.
+    """
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested") -> None:
-        self.delay = delay
+        self.delay = (
+            None if delay is None else validate.seconds(delay, "delay", validate.MAX_DELAY_SECONDS)
+        )
         self.reason = reason
         super().__init__(reason)
 
@@ -33,6 +41,8 @@ class Backoff:
     def __post_init__(self) -> None:
         if not 0 <= self.base <= self.cap:
             raise InvalidArgument("backoff needs 0 <= base <= cap")
+        # Every delay it returns must be one a retry accepts.
+        validate.seconds(self.cap, "backoff cap", validate.MAX_DELAY_SECONDS)
 
     def ceiling(self, attempt: int) -> float:
         return min(self.cap, self.base * 2.0 ** min(max(attempt - 1, 0), 62))

@@ -3,7 +3,9 @@
 Handlers finish one by one; their outcomes are flushed together, one statement
 per kind per flush, each still fenced and reported per job. A flush that hits
 a connection error is retried: complete, retry and release are safe to repeat
-(a resend of a committed write is reported as accepted).
+(a resend of a committed write is reported as accepted). A batch refused for
+any other reason wrote nothing; its outcomes are then sent one by one, so one
+that cannot be sent fails alone, on its own job's report.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import validate
 from ..client import AsyncQueue
 from ..db import is_connection_error
 from ..types import Claim
@@ -49,8 +52,11 @@ class Outcomes:
     async def report(
         self, kind: Kind, claim: Claim, *, delay: float | None = None, error: object = None
     ) -> bool:
-        """Queue an outcome and wait for its flush: True if accepted, False if lease was lost."""
-        outcome = Outcome(kind, claim, delay, error)
+        """Queue an outcome and wait for its flush: True if accepted, False if lease was lost.
+
+        Raises what prevented this outcome (and only this one) from being sent.
+        """
+        outcome = Outcome(kind, claim, delay, _error_text(error))
         self._pending.put_nowait(outcome)
         return await outcome.accepted
 
@@ -78,24 +84,36 @@ class Outcomes:
                 await self._flush_kind(kind, group)
 
     async def _flush_kind(self, kind: Kind, group: list[Outcome]) -> None:
+        try:
+            results = await self._send_until_delivered(kind, group)
+        except Exception as exc:
+            if len(group) == 1:
+                _settle(group[0], exc)
+                return
+            # Something in the batch cannot be sent (a value the statement refuses, and
+            # a refused statement writes nothing): send each on its own, so only the
+            # poisoned outcomes fail, on their own jobs.
+            log.warning("a batch of %d %s outcomes was refused (%s); sending them one by one",
+                        len(group), kind.value, exc)  # fmt: skip
+            for outcome in group:
+                await self._flush_kind(kind, [outcome])
+            return
+        for outcome, accepted in zip(group, results, strict=True):
+            _settle(outcome, accepted)
+
+    async def _send_until_delivered(self, kind: Kind, group: list[Outcome]) -> list[bool]:
+        """Send, retrying connection errors (resending a committed write is accepted)."""
         delay = 0.05
         while True:
             try:
-                results = await self._send(kind, group)
-                break
+                return await self._send(kind, group)
             except Exception as exc:
                 if not is_connection_error(exc):
-                    for outcome in group:
-                        if not outcome.accepted.done():
-                            outcome.accepted.set_exception(exc)
-                    return
+                    raise
                 log.warning("flushing %d %s outcomes failed (%s); retrying", len(group),
                             kind.value, exc)  # fmt: skip
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        for outcome, accepted in zip(group, results, strict=True):
-            if not outcome.accepted.done():
-                outcome.accepted.set_result(accepted)
 
     async def _send(self, kind: Kind, group: list[Outcome]) -> list[bool]:
         claims = [o.claim for o in group]
@@ -111,3 +129,20 @@ class Outcomes:
         else:
             result = await self._queue.release_many(claims)
         return [value is not None and value is not False for _, value in result]
+
+
+def _settle(outcome: Outcome, result: bool | BaseException) -> None:
+    if outcome.accepted.done():  # its reporter gave up waiting (cancelled)
+        return
+    if isinstance(result, BaseException):
+        outcome.accepted.set_exception(result)
+    else:
+        outcome.accepted.set_result(result)
+
+
+def _error_text(error: object) -> str | None:
+    """The error's text, read now: an exception whose str() fails must not poison a batch."""
+    try:
+        return validate.error_text(error)
+    except Exception:
+        return f"{type(error).__name__} (its message could not be read)"
