@@ -17,7 +17,7 @@ from typing import Any, Self
 from . import migrate as migrations
 from .config import database_url
 from .db import AsyncConnection, AsyncDatabase, Connection, Database
-from .store import Store
+from .store import RenewalBusy, Store
 from .types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult
 
 
@@ -121,11 +121,16 @@ class Queue(_Base):
         return self.db.run(self.store.complete(claims), conn)
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
+        """Extend the lease: its new end, or LeaseLost. Waits while another transaction
+        holds the job's row locked, so the answer is definite."""
         return self.db.run(self.store.renew_one(claim, lease))
 
     def renew_many(
         self, claims: Sequence[Claim], *, lease: float | None = None
-    ) -> list[tuple[Claim, datetime | None]]:
+    ) -> list[tuple[Claim, datetime | RenewalBusy | None]]:
+        """Per claim: the new lease end; RENEWAL_BUSY (row locked by another transaction
+        right now, lease still live and unchanged: renew again soon); None if lost.
+        Never waits for a locked row, so one cannot delay the others' renewal."""
         return self.db.run(self.store.renew(claims, lease))
 
     def retry(
@@ -274,11 +279,13 @@ class AsyncQueue(_Base):
         return await self.db.run(self.store.complete(claims), conn)
 
     async def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
+        """See :meth:`Queue.renew`: waits for a locked row; LeaseLost if lost."""
         return await self.db.run(self.store.renew_one(claim, lease))
 
     async def renew_many(
         self, claims: Sequence[Claim], *, lease: float | None = None
-    ) -> list[tuple[Claim, datetime | None]]:
+    ) -> list[tuple[Claim, datetime | RenewalBusy | None]]:
+        """See :meth:`Queue.renew_many`: renewed, RENEWAL_BUSY or None, never waiting."""
         return await self.db.run(self.store.renew(claims, lease))
 
     async def retry(

@@ -8,6 +8,7 @@ lives in ``sql/*.sql``.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -28,6 +29,17 @@ from .types import (
 
 def _ignore(_: list[Rows]) -> None:
     return None
+
+
+class RenewalBusy(enum.Enum):
+    """A batch renewal's third answer, beside a new lease_until (renewed) and None (lost)."""
+
+    BUSY = "busy"
+
+
+#: Per claim of a batch renewal: the job's row is locked by another transaction right
+#: now and the lease is still live; nothing changed. Renew again shortly.
+RENEWAL_BUSY = RenewalBusy.BUSY
 
 
 class Store:
@@ -157,10 +169,15 @@ class Store:
 
     def renew(
         self, claims: Sequence[Claim], lease: float | None = None
-    ) -> Operation[list[tuple[Claim, datetime | None]]]:
-        """Per claim: the new lease_until, or None if the lease was lost."""
+    ) -> Operation[list[tuple[Claim, datetime | RenewalBusy | None]]]:
+        """Per claim: the new lease_until; RENEWAL_BUSY if another transaction holds the
+        job's row locked right now while its lease is still live (unchanged: try again);
+        None if the lease was lost. Never waits for a locked row."""
         leases = [validate.lease(lease)] * len(claims)
-        return self._fenced("renew.sql", claims, {"leases": leases}, lambda row: row[1])
+        return self._fenced(
+            "renew.sql", claims, {"leases": leases},
+            lambda row: RENEWAL_BUSY if row[2] else row[1],
+        )  # fmt: skip
 
     def retry(
         self,
@@ -223,7 +240,21 @@ class Store:
         return _only(self.complete([claim]), "complete", lambda ok: None if ok else _LOST)
 
     def renew_one(self, claim: Claim, lease: float | None = None) -> Operation[datetime]:
-        return _only(self.renew([claim], lease), "renew", lambda until: until or _LOST)
+        """The new lease_until, or LeaseLost. Unlike the batch it waits for a locked row
+        (as the other single-claim writes do), so the answer is never "busy"."""
+        params = {
+            "job_id": claim.job_id,
+            "lease_version": claim.lease_version,
+            "lease": validate.lease(lease),
+        }
+
+        def decode(rows: list[Rows]) -> datetime:
+            if not rows[0]:
+                raise LeaseLost(claim.job_id, claim.lease_version, "renew")
+            until: datetime = rows[0][0][0]
+            return until
+
+        return Operation((Statement(self.sql("renew_one.sql"), params),), decode)
 
     def retry_one(
         self, claim: Claim, *, delay: float | None = None, error: object = None
