@@ -3,6 +3,9 @@
 In order: an explicit URL (``--database-url`` / ``dsn=``), ``LEASEQ_DATABASE_URL``,
 ``DATABASE_URL``; else an embedded PostgreSQL kept under ``.leaseq/`` in the
 working directory. leaseq never guesses ``localhost:5432``.
+
+Every URL decided here is remembered by :mod:`leaseq.redact`, so its password
+never appears in what leaseq prints, logs, stores or raises.
 """
 
 from __future__ import annotations
@@ -10,19 +13,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .redact import remember_dsn
+
 ENV_VARIABLES = ("LEASEQ_DATABASE_URL", "DATABASE_URL")
 EMBEDDED_DIRECTORY = ".leaseq"
 
 
 def configured_database_url(explicit: str | None = None) -> str | None:
     """The URL the user asked for, if any."""
-    if explicit:
-        return explicit
-    for name in ENV_VARIABLES:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
+    given = [url for url in (explicit, *map(os.environ.get, ENV_VARIABLES)) if url]
+    for url in given:  # the ones not chosen are this process's secrets all the same
+        remember_dsn(url)
+    return given[0] if given else None
 
 
 def database_url(
@@ -39,4 +41,6 @@ def database_url(
     # Imported late: only the embedded case needs pgserver and its dependencies.
     from .embedded import start_embedded  # noqa: PLC0415
 
-    return start_embedded((base or Path.cwd()) / EMBEDDED_DIRECTORY, keep_running=keep_running)
+    url = start_embedded((base or Path.cwd()) / EMBEDDED_DIRECTORY, keep_running=keep_running)
+    remember_dsn(url)
+    return url

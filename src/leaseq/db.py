@@ -24,6 +24,7 @@ from .errors import (
     PayloadTooLarge,
 )
 from .migrate import Plan
+from .redact import redact
 from .statement import Operation, Rows, Statement
 from .validate import sanitize
 
@@ -64,16 +65,32 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
+    """Driver errors as leaseq's typed errors; the others scrubbed of secrets."""
     try:
         yield
     except psycopg.Error as exc:
+        _scrub(exc)
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
         if kind is None:
             raise
-        message = exc.diag.message_primary or str(exc)
+        message = redact(exc.diag.message_primary or str(exc))
         if kind is NotMigrated:
             message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
         raise kind(message) from exc
+
+
+def _scrub(error: BaseException) -> None:
+    """Redact the texts of ``error`` and of the errors chained to it, in place.
+
+    The driver's errors reach callers as they are (their types mean something:
+    see is_connection_error), but libpq may quote a DSN's password in them.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.args = tuple(redact(a) if isinstance(a, str) else a for a in current.args)
+        current = current.__cause__ or current.__context__
 
 
 def _rows(cursor: psycopg.Cursor[Any]) -> Rows:
@@ -155,7 +172,7 @@ def is_connection_error(error: BaseException) -> bool:
 
 async def listen(dsn: str, statement: Statement) -> AsyncIterator[str]:
     """Yield notification payloads from a dedicated connection until it breaks."""
-    async with await psycopg.AsyncConnection.connect(dsn, **WORKER_OPTIONS) as conn:
+    async with await _connect_outside_pools(dsn) as conn:
         await conn.execute(statement.sql)
         yield ""  # listening now: the caller may poll for what it missed
         async for notification in conn.notifies():
@@ -165,12 +182,21 @@ async def listen(dsn: str, statement: Statement) -> AsyncIterator[str]:
 @asynccontextmanager
 async def dedicated_connection(dsn: str) -> AsyncIterator[AsyncConnection]:
     """A connection outside the pools, for session state (advisory locks)."""
-    async with await psycopg.AsyncConnection.connect(dsn, **WORKER_OPTIONS) as conn:
+    async with await _connect_outside_pools(dsn) as conn:
         yield conn
 
 
+async def _connect_outside_pools(dsn: str) -> AsyncConnection:
+    # libpq quotes a password it cannot percent-decode in its error: scrub it.
+    with translated_errors():
+        return await psycopg.AsyncConnection.connect(dsn, **WORKER_OPTIONS)
+
+
 def _unreachable(dsn: str) -> DatabaseUnavailable:
-    """Why the pool could not open: one direct attempt tells the real reason."""
+    """Why the pool could not open: one direct attempt tells the real reason.
+
+    The reason is scrubbed (sanitize): libpq may quote the DSN's password in it.
+    """
     try:
         psycopg.connect(dsn, connect_timeout=5, **CONNECTION_OPTIONS).close()
     except psycopg.Error as exc:

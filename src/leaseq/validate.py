@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from .errors import InvalidArgument, InvalidJob, PayloadTooLarge
+from .redact import redact
 from .types import OrderingPolicy
 
 T = TypeVar("T")
@@ -143,24 +144,35 @@ def claim_limit(value: object) -> int:
 
 
 def error_text(error: object) -> str | None:
-    """Short, sanitized text for the job's last_error: never a DSN password."""
+    """Short, sanitized text for the job's last_error and history; never raises.
+
+    A worker flushes the outcomes of many jobs in one statement: one error that
+    cannot be rendered must still give a text, not fail the whole batch.
+    """
     if error is None:
         return None
-    if isinstance(error, BaseException):
-        message = str(error)
-        text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    else:
-        text = str(error)
-    return sanitize(text)
+    return sanitize(_describe(error))
 
 
-_DSN_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
-_KEYWORD_PASSWORD = re.compile(r"\b(password|passwd|pwd)\s*=\s*('[^']*'|\S+)", re.IGNORECASE)
+def _describe(error: object) -> str:
+    try:
+        if isinstance(error, BaseException):
+            message = str(error)
+            return f"{type(error).__name__}: {message}" if message else type(error).__name__
+        return str(error)
+    except Exception:
+        pass
+    try:
+        return repr(error)
+    except Exception:
+        return f"{type(error).__name__} (its text could not be rendered)"
 
 
 def sanitize(text: str) -> str:
-    text = _DSN_PASSWORD.sub(r"\1***@", text.replace("\x00", ""))
-    text = _KEYWORD_PASSWORD.sub(r"\1=***", text)
+    """Text PostgreSQL stores as is (no NUL, valid UTF-8), without secrets, truncated."""
+    text = text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+    # Redacted whole, then truncated: a cut must not leave half a secret unmatched.
+    text = redact(text)
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 1] + "…"
     return text

@@ -1,0 +1,172 @@
+"""Secrets leaseq was given, and text scrubbed of them before it leaves leaseq.
+
+Every DSN leaseq is handed is passed to :func:`remember_dsn` (``config.database_url``
+is the funnel); :func:`redact` then replaces its password wherever it appears,
+whatever surrounds it, and also masks the common shapes any password takes in
+error texts and logs (``password=…``, ``'password': '…'``, URL userinfo...),
+whoever's it is.
+
+DSNs are parsed here, without the driver, following libpq's rules (URL and
+``key=value`` forms), so that even a DSN libpq refuses to parse is remembered:
+libpq quotes such a DSN's password in its error message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from urllib.parse import quote, unquote
+
+PLACEHOLDER = "***"
+
+#: Shorter secrets are not replaced verbatim: one or two characters occur in
+#: almost every text, so replacing them would shred every message while hiding
+#: nothing (two printable characters are fewer than 10,000 guesses). From three
+#: characters on, a verbatim occurrence is rare enough in an error text to be
+#: worth masking. Short passwords are still masked in the shapes below.
+MIN_SECRET_CHARS = 3
+
+#: Keywords whose values libpq treats as secrets.
+_SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
+
+_lock = threading.Lock()
+#: Longest first, so that a secret containing another is replaced as a whole.
+#: Replaced as a whole tuple under the lock; readers take it without the lock.
+_secrets: tuple[str, ...] = ()
+
+# The shapes. Each is linear in the text: scans stop at a character that also
+# starts the next possible match, and nothing can fail after an unbounded scan.
+#
+# URL userinfo, as libpq reads it: the password runs from the user's ':' to '@'
+# and cannot contain '/' (a raw '/' ends the authority).
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]+@")
+# key=value, key: value, 'key': 'value', "key":"value", key => value, where the
+# key ends in password/passwd/pwd (PGPASSWORD, db_password, sslpassword...); its
+# closing quote may be escaped (a dict's repr inside a string's repr, JSON in JSON).
+# A quoted value may lack its closing quote (a truncated text): masked to the end.
+_KEY_VALUE = re.compile(
+    r"""
+    (?P<key>\b\w*(?:password|passwd|pwd)(?:\\*['"])?\s*(?:=>?|:)\s*)
+    (?P<value>'(?:[^'\\]|\\.)*'? | "(?:[^"\\]|\\.)*"? | \S+)
+    """,
+    re.IGNORECASE | re.VERBOSE | re.DOTALL,
+)
+
+
+def remember(secret: str) -> None:
+    """Mask ``secret`` (and the escaped forms repr, JSON and URLs give it) from now on."""
+    global _secrets  # noqa: PLW0603 - one process-wide registry, by design
+    forms = {
+        secret,
+        repr(secret)[1:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        quote(secret, safe=""),
+    }
+    forms = {form for form in forms if len(form) >= MIN_SECRET_CHARS}
+    with _lock:
+        if not forms.issubset(_secrets):
+            _secrets = tuple(sorted(forms.union(_secrets), key=len, reverse=True))
+
+
+def remember_dsn(dsn: str) -> None:
+    """Remember the passwords in ``dsn``, and ``PGPASSWORD``, which libpq uses with it."""
+    for secret in dsn_secrets(dsn):
+        remember(secret)
+    from_environment = os.environ.get("PGPASSWORD")
+    if from_environment:
+        remember(from_environment)
+
+
+def redact(text: str) -> str:
+    """``text`` without any remembered secret and without password-shaped values."""
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, PLACEHOLDER)
+    text = _URL_PASSWORD.sub(rf"\1{PLACEHOLDER}@", text)
+    return _KEY_VALUE.sub(_mask_value, text)
+
+
+def _mask_value(match: re.Match[str]) -> str:
+    value = match["value"]
+    quote_mark = value[0] if value[0] in "'\"" else ""
+    return f"{match['key']}{quote_mark}{PLACEHOLDER}{quote_mark}"
+
+
+# -- parsing DSNs ----------------------------------------------------------------------
+
+
+def dsn_secrets(dsn: str) -> set[str]:
+    """The secret values in a DSN, as written and as decoded, in URL or keyword form."""
+    if re.match(r"\s*[A-Za-z][A-Za-z0-9+.-]*://", dsn):
+        return _url_secrets(dsn.split("://", 1)[1])
+    return _keyword_secrets(dsn)
+
+
+def _url_secrets(rest: str) -> set[str]:
+    found: set[str] = set()
+    # libpq: credentials are what precedes the first '@', unless a '/' comes first.
+    slash, at = rest.find("/"), rest.find("@")
+    if at >= 0 and (slash < 0 or at < slash):
+        found |= _userinfo_password(rest[:at])
+    # urllib's reading (the last '@' before the query), in case the password holds a
+    # raw '@' or '/': libpq then misreads the URL, and may quote parts of it.
+    userinfo, separator, _ = rest.partition("?")[0].rpartition("@")
+    if separator:
+        found |= _userinfo_password(userinfo)
+    # Query parameters are libpq keywords too: ?password=...
+    for parameter in rest.partition("?")[2].split("&"):
+        key, separator, value = parameter.partition("=")
+        if separator and unquote(key).strip().lower() in _SECRET_KEYWORDS:
+            found |= {value, unquote(value)}
+    return {secret for secret in found if secret}
+
+
+def _userinfo_password(userinfo: str) -> set[str]:
+    _, colon, password = userinfo.partition(":")
+    return {password, unquote(password)} if colon else set()
+
+
+def _keyword_secrets(dsn: str) -> set[str]:
+    """Secret values of ``key = value`` pairs, tokenised as libpq does: values are
+    bare words or single-quoted, with backslash escapes in both."""
+    found: set[str] = set()
+    position, end = 0, len(dsn)
+    while position < end:
+        while position < end and dsn[position].isspace():
+            position += 1
+        start = position
+        while position < end and not dsn[position].isspace() and dsn[position] != "=":
+            position += 1
+        key = dsn[start:position]
+        while position < end and dsn[position].isspace():
+            position += 1
+        if position >= end or dsn[position] != "=":
+            continue  # libpq refuses this DSN; read on for a later password=...
+        position += 1
+        while position < end and dsn[position].isspace():
+            position += 1
+        raw, value, position = _keyword_value(dsn, position)
+        if key.lower() in _SECRET_KEYWORDS:
+            found |= {raw, value}
+    return {secret for secret in found if secret}
+
+
+def _keyword_value(dsn: str, position: int) -> tuple[str, str, int]:
+    """The value at ``position`` as written and as meant, and where it ends."""
+    quoted = position < len(dsn) and dsn[position] == "'"
+    start = position = position + 1 if quoted else position
+    chars: list[str] = []
+    while position < len(dsn):
+        char = dsn[position]
+        if (quoted and char == "'") or (not quoted and char.isspace()):
+            break
+        if char == "\\" and position + 1 < len(dsn):
+            position += 1
+            char = dsn[position]
+        chars.append(char)
+        position += 1
+    raw = dsn[start:position]
+    return raw, "".join(chars), position + 1 if quoted else position
