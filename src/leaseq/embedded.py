@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import warnings
 from pathlib import Path
 
 from .errors import DatabaseUnavailable
+from .logs import get_logger
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def start_embedded(directory: Path, *, keep_running: bool = True) -> str:

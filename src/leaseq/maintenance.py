@@ -9,13 +9,13 @@ worker takes over. ``leaseq maintenance`` runs it as its own process.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from . import db
 from .client import AsyncQueue
+from .logs import get_logger
 from .types import ReapResult
 
-log = logging.getLogger("leaseq.maintenance")
+log = get_logger("leaseq.maintenance")
 
 
 class Maintenance:

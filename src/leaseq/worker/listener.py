@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from .. import db
+from ..logs import get_logger
 from ..statement import Statement
 from .state import WorkerStats
 
-log = logging.getLogger("leaseq.worker")
+log = get_logger("leaseq.worker")
 
 
 async def listen_for_work(

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import validate
 from ..client import AsyncQueue
 from ..db import is_connection_error
+from ..logs import get_logger
 from ..types import Claim
 
-log = logging.getLogger("leaseq.worker")
+log = get_logger("leaseq.worker")
 
 
 class Kind(enum.Enum):

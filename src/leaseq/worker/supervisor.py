@@ -8,7 +8,6 @@ backoff that grows while it keeps crashing.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import signal
@@ -18,7 +17,9 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
-log = logging.getLogger("leaseq.supervisor")
+from ..logs import get_logger
+
+log = get_logger("leaseq.supervisor")
 
 
 class Supervisor:
