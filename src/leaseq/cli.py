@@ -1,4 +1,8 @@
-"""The ``leaseq`` command: a thin shell over the client, worker and maintenance."""
+"""The ``leaseq`` command: a thin shell over the client, worker and maintenance.
+
+Everything it prints that it did not write itself (errors, tracebacks, log
+records, stored job errors) goes through :func:`leaseq.redact.redact` first.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -18,11 +23,15 @@ from rich import box
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
+from rich.text import Text
 
 from . import db
 from .client import AsyncQueue, Queue
+from .config import configured_database_url
 from .errors import InvalidArgument, LeaseqError
+from .logs import RedactingFilter
 from .maintenance import Maintenance
+from .redact import redact, remember_dsn
 from .types import Job, JobStatus
 from .worker import Worker, load_app
 from .worker.supervisor import Supervisor
@@ -32,6 +41,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 console = Console(width=None if sys.stdout.isatty() else 200)
 
 
+def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A URL option's password is known to redact before anything can fail."""
+    if value:
+        remember_dsn(value)
+    return value
+
+
 def database_options(command: F) -> F:
     """--database-url and --schema on every command, with the library's fallbacks."""
     command = click.option(
@@ -39,7 +55,7 @@ def database_options(command: F) -> F:
         help="The schema leaseq's tables live in.",
     )(command)  # fmt: skip
     return click.option(
-        "--database-url", default=None,
+        "--database-url", default=None, callback=_remember_url,
         help="PostgreSQL URL. Default: $LEASEQ_DATABASE_URL, $DATABASE_URL, else the "
         "embedded server under ./.leaseq/.",
     )(command)  # fmt: skip
@@ -57,7 +73,7 @@ class CommandError(click.ClickException):
     """A leaseq error or an unreachable database: one line on stderr, exit 1."""
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(f"error: {redact(self.message)}", err=True)
 
 
 class LeaseqGroup(click.Group):
@@ -65,18 +81,30 @@ class LeaseqGroup(click.Group):
         try:
             return super().invoke(ctx)
         except LeaseqError as exc:
-            raise CommandError(str(exc)) from exc
+            raise CommandError(redact(str(exc))) from exc
         except Exception as exc:
             if db.is_connection_error(exc):
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                raise CommandError(f"cannot reach the database: {reason}") from exc
+                raise CommandError(f"cannot reach the database: {redact(reason)}") from exc
             raise
+
+
+@contextmanager
+def scrubbed_crash() -> Iterator[None]:
+    """An unexpected error still ends the process with its traceback, but scrubbed:
+    it may quote a DSN (libpq quotes a password it cannot percent-decode)."""
+    try:
+        yield
+    except Exception:
+        sys.stderr.write(redact(traceback.format_exc()))
+        sys.exit(1)
 
 
 @click.group(cls=LeaseqGroup)
 @click.version_option(package_name="leaseq")
 def cli() -> None:
     """leaseq: reliable background jobs on PostgreSQL."""
+    configured_database_url()  # remembers the environment's URLs before anything can fail
 
 
 @cli.command()
@@ -101,7 +129,10 @@ def migrate(database_url: str | None, schema: str) -> None:
     show_default=True,
     help="LISTEN for wake-ups; --no-listen for PgBouncer transaction pooling.",
 )
-@click.option("--listen-database-url", default=None, help="A direct URL just for LISTEN.")
+@click.option(
+    "--listen-database-url", default=None, callback=_remember_url,
+    help="A direct URL just for LISTEN.",
+)  # fmt: skip
 @click.option("--shutdown-grace", type=float, default=30.0, show_default=True)
 @click.option(
     "--maintenance/--no-maintenance",
@@ -119,9 +150,18 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
     if processes == 1:
         _run_worker(app_reference, options)
         return
-    supervisor = Supervisor(processes, _run_worker, (app_reference, options),
+    supervisor = Supervisor(processes, _run_worker_process, (app_reference, options),
                             shutdown_timeout=options["shutdown_grace"] + 30)  # fmt: skip
     sys.exit(supervisor.run())
+
+
+def _run_worker_process(app_reference: str, options: dict[str, Any]) -> None:
+    """A child of --processes: a fresh process, whose crash nobody above it scrubs."""
+    configured_database_url(options["database_url"])  # remembers it, and the environment's
+    if options["listen_database_url"]:
+        remember_dsn(options["listen_database_url"])
+    with scrubbed_crash():
+        _run_worker(app_reference, options)
 
 
 def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
@@ -155,6 +195,7 @@ def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
 @click.option(
     "--database-url",
     default=None,
+    callback=_remember_url,
     help="Else $LEASEQ_DATABASE_URL, $DATABASE_URL, else the embedded server under ./.leaseq/.",
 )
 def demo(database_url: str | None, **options: Any) -> None:
@@ -255,7 +296,7 @@ def _print_jobs(jobs: list[Job], title: str) -> None:
     for job in jobs:
         finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
         table.add_row(str(job.job_id), job.queue, f"{job.attempts}/{job.max_attempts}",
-                      finished, job.last_error or "")  # fmt: skip
+                      finished, Text(redact(job.last_error or "")))  # fmt: skip
     console.print(table)
 
 
@@ -336,15 +377,18 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
 
 
 def _configure_logging() -> None:
+    handler = RichHandler(console=Console(stderr=True), show_path=False)
+    # leaseq's own loggers scrub their records; this catches everyone else's
+    # (the driver's pool, asyncio's "exception was never retrieved"...).
+    handler.addFilter(RedactingFilter())
     logging.basicConfig(
-        level=os.environ.get("LEASEQ_LOG_LEVEL", "INFO"),
-        format="%(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+        level=os.environ.get("LEASEQ_LOG_LEVEL", "INFO"), format="%(message)s", handlers=[handler]
     )
 
 
 def main() -> None:
-    cli()
+    with scrubbed_crash():
+        cli()
 
 
 if __name__ == "__main__":
