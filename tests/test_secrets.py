@@ -547,3 +547,133 @@ def test_cli_connection_errors_are_scrubbed(
     assert result.exit_code == 1
     assert "cannot reach the database: lost postgresql://" in result.output
     assert_clean(result.output, secured.secrets())
+
+
+# -- redact itself (no database) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("PGPASSWORD=hunter2 psql", "PGPASSWORD=*** psql"),
+        ("{'user': 'app', 'password': 'hunter2'}", "{'user': 'app', 'password': '***'}"),
+        ('{"password":"hunter2","user":"app"}', '{"password":"***","user":"app"}'),
+        ('{"password" : "hun\\"ter2"}', '{"password" : "***"}'),
+        ("config: password: hunter2\nnext: 1", "config: password: ***\nnext: 1"),
+        ("host=db password='it\\'s secret' user=app", "host=db password='***' user=app"),
+        ("DB_PASSWD => hunter2", "DB_PASSWD => ***"),
+        ("sslpassword=hunter2&x=1", "sslpassword=***"),
+        ("RuntimeError('{\\'password\\': \\'hunter2\\'}')", "RuntimeError('{\\'password\\': ***"),
+        ("postgresql://app:hunter2@db/prod", "postgresql://app:***@db/prod"),
+        ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
+        ('{"password": "truncated…', '{"password": "***"'),
+        # Texts that only look like it stay as they are.
+        ('FATAL:  password authentication failed for user "app"', None),
+        ("fe_sendauth: no password supplied", None),
+        ("http://host:8080/path@2x.png", None),
+        ("postgresql://postgres:@/postgres?host=/tmp/pg", None),
+        ("postgresql://[::1]:5432/db", None),
+    ],
+)
+def test_redact_masks_password_shapes(text: str, expected: str | None) -> None:
+    from leaseq.redact import redact
+
+    assert redact(text) == (text if expected is None else expected)
+
+
+def _libpq_quoted(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def test_remember_dsn_reads_every_form_libpq_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leaseq.redact import dsn_secrets, redact, remember_dsn
+
+    secret = f"{_random(8)} p@ss/w:rd%'\\"
+    encoded = quote(secret, safe="")
+    dsns = [
+        f"postgresql://app:{encoded}@db:5432/prod",
+        f"postgres://app:{encoded}@h1,h2/prod?sslmode=require",
+        f"postgresql://app@db/prod?password={encoded}",
+        f"host=db user=app password={_libpq_quoted(secret)}",
+        f"password={_random(8)}\\ x host=db",
+    ]
+    for dsn in dsns:
+        password = psycopg.conninfo.conninfo_to_dict(dsn)["password"]
+        assert isinstance(password, str)
+        assert password in dsn_secrets(dsn), dsn
+    # Even a DSN libpq refuses gives its password away: libpq quotes it in the error.
+    typo = f"{_random(8)}%zz"
+    assert typo in dsn_secrets(f"postgresql://app:{typo}@db/prod")
+    from_environment = _random()
+    monkeypatch.setenv("PGPASSWORD", from_environment)
+    remember_dsn(dsns[0])
+    forms = [secret, encoded, repr(secret), json.dumps(secret), from_environment]
+    redacted = redact(" / ".join(forms))
+    assert redacted.count("***") == len(forms)
+    assert_clean(redacted, [secret, encoded, repr(secret)[1:-1], json.dumps(secret)[1:-1]])
+
+
+def test_short_secrets_are_masked_in_shapes_only() -> None:
+    from leaseq.redact import MIN_SECRET_CHARS, redact, remember
+
+    remember("x" * (MIN_SECRET_CHARS - 1))
+    assert redact("xx marks the spot; password=xx") == "xx marks the spot; password=***"
+
+
+def test_the_longest_remembered_secret_is_replaced_whole() -> None:
+    from leaseq.redact import redact, remember
+
+    short = _random()
+    remember(short)
+    remember(f"{short}-and-more")
+    assert redact(f"a {short}-and-more b {short}") == "a *** b ***"
+
+
+def test_secrets_remembered_from_many_threads_are_all_kept() -> None:
+    import threading
+
+    from leaseq.redact import redact, remember
+
+    many = [_random() for _ in range(200)]
+    threads = [threading.Thread(target=remember, args=(secret,)) for secret in many]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert redact(" ".join(many)) == " ".join(["***"] * len(many))
+
+
+def test_stored_error_text_is_scrubbed_before_it_is_cut() -> None:
+    from leaseq.redact import remember
+    from leaseq.validate import MAX_ERROR_CHARS, error_text
+
+    secret = _random(40)
+    remember(secret)
+    text = error_text("x" * (MAX_ERROR_CHARS - 20) + secret + "y" * 100)
+    assert text is not None
+    assert len(text) == MAX_ERROR_CHARS
+    assert secret[:20] not in text
+    assert error_text(f"password: '{'z' * 5000}") == "password: '***'"
+
+
+def test_error_text_never_raises() -> None:
+    from leaseq.validate import error_text
+
+    class Hopeless(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    # (a bare value is masked up to the next space: its closing quote goes with it)
+    assert error_text(Unprintable("password=hunter2")) == "Unprintable('password=***"
+    assert error_text(Hopeless()) == "Hopeless (its text could not be rendered)"
+    assert error_text("bad \ud800 surrogate and \x00 NUL") == "bad ? surrogate and  NUL"
+
+
+def test_a_log_record_that_cannot_be_formatted_is_still_logged(logs: CapturedLogs) -> None:
+    logging.getLogger("leaseq.worker").warning("%d jobs for %s", "not a number", "password=x")
+    assert "password=***" in logs.text()
+    assert "cannot be formatted" in logs.text()
