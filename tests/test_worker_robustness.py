@@ -25,6 +25,7 @@ from .conftest import ROOT
 from .test_worker import Running, _all_finished, _until
 from .test_worker_processes import _attempts_logged, _wait, setup_tables  # noqa: F401
 
+
 def _app(schema: str) -> leaseq.App:
     return leaseq.App(schema=schema)
 
@@ -109,3 +110,333 @@ async def test_a_poisoned_outcome_is_reported_on_its_own_job_and_the_batch_lands
     jobs = [await aqueue.get(i) for i in ids]
     assert [j.status for j in jobs] == [JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.QUEUED]
     assert [jobs[0].last_error, jobs[2].last_error] == ["first", "third"]
+
+
+# -- 4. a handler's own TimeoutError is an ordinary error ---------------------------------
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("timeout", [None, 30.0])
+async def test_a_handlers_own_timeout_error_is_an_ordinary_error(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, kind: str, timeout: float | None
+) -> None:
+    app = _app(schema)
+    options: dict[str, Any] = {"timeout": timeout, "max_attempts": 2, "backoff": (0, 0)}
+    if timeout is not None:
+        options["fail_on"] = (TimeoutError,)  # the handler's own timeout obeys the policy
+    if kind == "async":
+
+        @app.task("work", **options)
+        async def async_handler(job: leaseq.JobContext) -> None:
+            raise TimeoutError("read timed out")  # what socket.timeout is
+
+    else:
+
+        @app.task("work", **options)
+        def sync_handler(job: leaseq.JobContext) -> None:
+            raise TimeoutError("read timed out")  # what socket.timeout is
+
+    job_id = await aqueue.enqueue("work", {})
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1))
+    await _until(lambda: _all_finished(aqueue, "work"), timeout=15)
+    await running.stop()
+    job = await aqueue.get(job_id)
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "TimeoutError: read timed out"
+    assert job.attempts == (2 if timeout is None else 1)
+    assert running.worker.stats.timeouts == 0
+
+
+# -- 5. renewals must not fall silently behind --------------------------------------------
+
+
+async def test_one_locked_row_costs_no_other_job_its_lease(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = _app(schema)
+    started: set[int] = set()
+    cancelled: list[int] = []
+
+    @app.task("long", lease=2)
+    async def handler(job: leaseq.JobContext) -> None:
+        started.add(job.job_id)
+        if job.attempts > 1:
+            return
+        try:
+            await asyncio.sleep(6)
+        except asyncio.CancelledError:
+            cancelled.append(job.job_id)
+            raise
+
+    locked, *others = await aqueue.enqueue_many("long", [{}, {}, {}])
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=3, poll_interval=0.1,
+                           maintenance=False)  # fmt: skip
+    running = Running(worker)
+    await _until(lambda: _true(len(started) == 3))
+    async with aqueue.db.connection() as blocker, blocker.transaction():
+        await blocker.execute(
+            f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (locked,)
+        )
+        await asyncio.sleep(5)  # two and a half leases
+    await _until(lambda: _all_finished(aqueue, "long"))
+    await running.stop()
+    for job_id in others:
+        job = await aqueue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.DONE, 1)
+    # The locked job's renewal was refused: its attempt was stopped before its lease ran
+    # out, and recovered once the lock was gone.
+    job = await aqueue.get(locked)
+    assert (job.status, job.attempts) == (JobStatus.DONE, 2)
+    assert job.history[0]["outcome"] == "lease_expired"
+    assert cancelled == [locked]
+    assert worker.stats.lost_leases == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+class PausableProxy:
+    """A TCP proxy to PostgreSQL that can stop forwarding: a partition where bytes just
+    stop arriving (nothing is refused or reset), until heal()."""
+
+    def __init__(self, url: str) -> None:
+        params = conninfo_to_dict(url)
+        self.url = url
+        self.target = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return make_conninfo(self.url, host="127.0.0.1", port=str(port))
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.append(up_writer)
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+                             return_exceptions=True)  # fmt: skip
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                await self._flowing.wait()
+                sink.write(data)
+                await sink.drain()
+        finally:
+            sink.close()
+
+    def partition(self) -> None:
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        self._flowing.set()
+
+    async def close(self) -> None:
+        self.heal()
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_a_partitioned_worker_stops_its_handlers_before_another_can_reclaim(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The renewal hangs (a partition): the worker's own deadline must tell the handlers."""
+    told: set[int] = set()
+    started = {"async": threading.Event(), "sync": threading.Event()}
+    test_over = threading.Event()
+    partitioned, healthy = _app(schema), _app(schema)
+
+    @partitioned.task("async-work", lease=2)
+    async def async_handler(job: leaseq.JobContext) -> None:
+        started["async"].set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            told.add(job.job_id)
+            raise
+
+    @partitioned.task("sync-work", lease=2)
+    def sync_handler(job: leaseq.JobContext) -> None:
+        started["sync"].set()
+        while not (job.lost.wait(0.02) or test_over.is_set()):
+            pass
+        if job.lost.is_set():
+            told.add(job.job_id)
+
+    told_before_reclaim: dict[int, bool] = {}
+
+    @healthy.task("async-work", lease=2)
+    async def async_recovery(job: leaseq.JobContext) -> None:
+        told_before_reclaim[job.job_id] = job.job_id in told
+
+    @healthy.task("sync-work", lease=2)
+    def sync_recovery(job: leaseq.JobContext) -> None:
+        told_before_reclaim[job.job_id] = job.job_id in told
+
+    ids = [await aqueue.enqueue("async-work", {}), await aqueue.enqueue("sync-work", {})]
+    proxy = PausableProxy(database_url)
+    proxied = await proxy.start()
+    first = Running(leaseq.Worker(partitioned, dsn=proxied, listen=False, poll_interval=0.1,
+                                  maintenance=False))  # fmt: skip
+    second: Running | None = None
+    try:
+        await _until(lambda: _true(all(e.is_set() for e in started.values())))
+        proxy.partition()
+        second = Running(leaseq.Worker(healthy, dsn=database_url, poll_interval=0.1,
+                                       maintenance=False))  # fmt: skip
+        await _until(lambda: _true(len(told_before_reclaim) == 2))
+    finally:
+        test_over.set()
+        proxy.heal()
+        if second is not None:
+            await second.stop()
+        await first.stop()
+        await proxy.close()
+    assert told_before_reclaim == dict.fromkeys(ids, True)
+    for job_id in ids:
+        assert (await aqueue.get(job_id)).status is JobStatus.DONE
+
+
+async def test_busy_handler_transactions_do_not_starve_renewals(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Every connection of the handlers' pool is inside a long handler transaction."""
+    app = _app(schema)
+
+    @app.task("tx", lease=2)
+    async def handler(job: leaseq.JobContext) -> None:
+        async with job.atransaction() as conn:
+            await conn.execute("SELECT 1")
+            if job.attempts == 1:
+                await asyncio.sleep(5)  # two and a half leases
+
+    ids = await aqueue.enqueue_many("tx", [{} for _ in range(4)])
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=4, poll_interval=0.1,
+                           maintenance=False)  # fmt: skip
+    running = Running(worker)
+    await _until(lambda: _all_finished(aqueue, "tx"))
+    await running.stop()
+    for job_id in ids:
+        job = await aqueue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.DONE, 1)
+    assert worker.stats.lost_leases == 0
+
+
+async def test_renew_many_skips_a_locked_row_and_reports_it_busy(
+    aqueue: leaseq.AsyncQueue, schema: str
+) -> None:
+    from leaseq.store import RENEWAL_BUSY
+
+    await aqueue.enqueue_many("work", [{}, {}, {}])
+    locked, free, done = await aqueue.claim("work", limit=3, lease=30)
+    await aqueue.complete(done)
+    async with aqueue.db.connection() as blocker, blocker.transaction():
+        await blocker.execute(
+            f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (locked.job_id,)
+        )
+        results = await asyncio.wait_for(aqueue.renew_many([locked, free, done], lease=60), 10)
+    (_, busy), (_, renewed), (_, lost) = results
+    assert busy is RENEWAL_BUSY
+    assert renewed is not None
+    assert renewed is not RENEWAL_BUSY
+    assert lost is None
+    assert (await aqueue.get(free.job_id)).lease_until == renewed
+    # The single-claim form waits for the lock like the other single fenced writes.
+    assert await aqueue.renew(locked, lease=60) > locked.lease_until
+
+
+# -- 6. sync handlers that outlive their attempt ------------------------------------------
+
+
+async def test_a_timed_out_sync_handler_keeps_its_lease_until_its_thread_returns(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = _app(schema)
+    events: list[tuple[str, int]] = []
+    seen: dict[str, bool] = {}
+
+    @app.task("slow", timeout=0.5, lease=2, max_attempts=2, backoff=(0, 0))
+    def handler(job: leaseq.JobContext) -> None:
+        events.append(("start", job.attempts))
+        if job.attempts == 1:
+            time.sleep(3)  # ignores job.lost; longer than the lease
+            seen["told"] = job.lost.is_set()
+            try:
+                with job.transaction():
+                    pass
+            except leaseq.LeaseLost:
+                seen["completion_refused"] = True
+        events.append(("end", job.attempts))
+
+    job_id = await aqueue.enqueue("slow", {})
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=2, poll_interval=0.1,
+                           maintenance=False)  # fmt: skip
+    running = Running(worker)
+    await _until(lambda: _all_finished(aqueue, "slow"))
+    await running.stop()
+    assert events == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+    assert seen == {"told": True, "completion_refused": True}
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.DONE, 2)
+    # Reported when the thread returned, by the attempt that still held the lease.
+    assert (job.history[0]["outcome"], job.history[0]["error"]) == ("retry", "timed out after 0.5s")
+    assert worker.stats.timeouts == 1
+    assert worker.stats.lost_leases == 0
+
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def spawn_in_session(database_url: str, schema: str) -> Iterator[Spawn]:
+    """`leaseq worker` in a session (process group) of its own, killed with its group."""
+    started: list[subprocess.Popen[str]] = []
+
+    def spawn(*arguments: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "leaseq.cli", "worker", "tests.worker_app:app",
+             "--schema", schema, "--poll-interval", "0.2", *arguments],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        started.append(process)
+        return process
+
+    yield spawn
+    for process in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the group we created: our own children
+        process.wait(10)
+        if process.stdout:
+            process.stdout.close()
+
+
+def test_a_sync_handler_that_ignores_lost_does_not_keep_the_process_alive(
+    setup_tables: leaseq.Queue,  # noqa: F811
+    spawn_in_session: Spawn,
+) -> None:
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 120, "stubborn": True})
+    worker = spawn_in_session("--shutdown-grace", "1")
+    _wait(lambda: _attempts_logged(queue, job_id) == 1, what="job started")
+    worker.send_signal(signal.SIGTERM)
+    try:
+        assert worker.wait(30) == 0
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker did not exit after its grace period")
+    job = queue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+    assert job.history[-1]["outcome"] == "released"

@@ -25,7 +25,8 @@ TABLES = (
 
 @app.task("work")
 def work(job: leaseq.JobContext) -> None:
-    """payload: sleep (seconds, first attempt only unless 'always'), crash (kill -9 self)."""
+    """payload: sleep (seconds, first attempt only unless 'always'), crash (kill -9 self),
+    stubborn (sleep without looking at job.lost)."""
     with job.connection() as conn:
         conn.execute(
             f'INSERT INTO "{SCHEMA}".attempt_log (job_id, attempt, pid) VALUES (%s, %s, %s)',
@@ -34,7 +35,9 @@ def work(job: leaseq.JobContext) -> None:
     payload = job.payload
     if payload.get("crash"):
         os.kill(os.getpid(), signal.SIGKILL)
-    if payload.get("sleep") and (job.attempts == 1 or payload.get("always")):
+    if payload.get("sleep") and payload.get("stubborn"):
+        time.sleep(payload["sleep"])
+    elif payload.get("sleep") and (job.attempts == 1 or payload.get("always")):
         deadline = time.monotonic() + payload["sleep"]
         while time.monotonic() < deadline and not job.lost.is_set():
             time.sleep(0.05)

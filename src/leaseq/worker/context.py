@@ -17,9 +17,11 @@ from ..types import Claim
 class JobContext:
     """One attempt of one job, as its handler sees it.
 
-    ``lost`` is set when this attempt no longer owns the job (its lease could not
-    be renewed, its timeout passed, or the worker is shutting down): stop work
-    that can be stopped; nothing this attempt reports will be acknowledged.
+    ``lost`` is set when this attempt must stop: its lease could not be renewed
+    in time, its timeout passed, or the worker is shutting down. Stop work that
+    can be stopped; from then on :meth:`transaction` refuses, and what the
+    handler returns is never acknowledged as the job's completion (a timed-out
+    attempt reports its timeout once the handler has returned).
     """
 
     def __init__(self, claim: Claim, sync_queue: Queue, async_queue: AsyncQueue) -> None:

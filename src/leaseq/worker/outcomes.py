@@ -15,7 +15,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import validate
 from ..client import AsyncQueue
 from ..db import is_connection_error
 from ..logs import get_logger
@@ -56,7 +55,7 @@ class Outcomes:
 
         Raises what prevented this outcome (and only this one) from being sent.
         """
-        outcome = Outcome(kind, claim, delay, _error_text(error))
+        outcome = Outcome(kind, claim, delay, error)
         self._pending.put_nowait(outcome)
         return await outcome.accepted
 
@@ -138,11 +137,3 @@ def _settle(outcome: Outcome, result: bool | BaseException) -> None:
         outcome.accepted.set_exception(result)
     else:
         outcome.accepted.set_result(result)
-
-
-def _error_text(error: object) -> str | None:
-    """The error's text, read now: an exception whose str() fails must not poison a batch."""
-    try:
-        return validate.error_text(error)
-    except Exception:
-        return f"{type(error).__name__} (its message could not be read)"

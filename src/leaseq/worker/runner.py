@@ -1,46 +1,63 @@
 """The worker: claims what it has room for, runs handlers, keeps their leases.
 
-One asyncio loop per process. Async handlers run on it; sync handlers run in a
-thread pool of ``concurrency`` threads, so CPU-bound work cannot stop the loop
-from renewing leases. Background tasks:
+One asyncio loop per process. Async handlers run on it; sync handlers run in
+daemon threads (one per slot), so CPU-bound work cannot stop the loop from
+renewing leases, and a handler that never returns cannot keep a stopped process
+alive. Background services, each on connections of its own so that no handler's
+transaction can make it wait:
 
 * the claim loop: claims at most as many jobs as there are free slots, in one
   statement per queue; sleeps until a NOTIFY, a freed slot or a jittered poll;
-* the heartbeat: renews due leases in one fenced batch statement; a lease it
-  cannot renew is lost: the handler is told (cancelled or signalled) and its
-  result is never acknowledged;
+* the heartbeat and the deadlines (:mod:`.leases`): due leases renewed in one
+  fenced batch statement that skips locked rows; each attempt's lease also has a
+  local deadline on the monotonic clock. A lease that is lost, or whose deadline
+  passes unconfirmed, is lost: the handler is told (cancelled, or ``job.lost``
+  set) and its result is never acknowledged;
 * outcomes: completions, retries and failures flushed in batches;
 * the listener (optional): LISTEN for the schema's channel, re-established
   after every reconnect; polling runs behind it regardless;
 * maintenance (optional): the reaper, on whichever worker holds the lock.
+
+An attempt lasts until its handler returns. A sync handler's thread cannot be
+stopped, so a timed-out sync attempt keeps its slot and its lease (renewals go
+on, ``job.lost`` is set so ``job.transaction()`` refuses) and reports the
+timeout only once its thread has returned: nobody else can start the job while
+the thread still runs. Shutdown waits for every attempt up to the grace period,
+then releases what is left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 import signal
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from .. import db
 from ..client import AsyncQueue, Queue
 from ..config import database_url
 from ..errors import InvalidArgument, LeaseLost
+from ..logs import get_logger
 from ..maintenance import Maintenance
 from ..retry import Retry, Verdict
 from ..types import Claim
 from .app import App, Task
 from .context import JobContext
+from .leases import LeaseKeeper
 from .listener import listen_for_work
 from .outcomes import Kind, Outcomes
+from .signals import StopSignals
 from .state import Running as _Running
 from .state import WorkerStats
+from .threads import DaemonThreads
 
-log = logging.getLogger("leaseq.worker")
+log = get_logger("leaseq.worker")
+
+
+class _TimedOut(Exception):
+    """The task's own timeout passed (never a TimeoutError the handler raised itself)."""
 
 
 class Worker:
@@ -88,12 +105,10 @@ class Worker:
         # Keyed by claim, not job: this worker may reclaim a job whose lease it lost.
         self._running: dict[tuple[int, int], _Running] = {}
         self._latest: dict[int, _Running] = {}  # the newest attempt of each job here
-        self._zombies = 0  # sync handlers still running after their attempt ended
         self._stopping = asyncio.Event()
         self._wakeup = asyncio.Event()
-        self._job_started = asyncio.Event()
         self._releasing = False
-        self._signals = 0
+        self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
         self._crashed: BaseException | None = None
 
@@ -105,8 +120,10 @@ class Worker:
         self._wakeup.set()
 
     def _on_signal(self) -> None:
-        self._signals += 1
-        if self._signals == 1:
+        count = self._signals.received()
+        if count == 0:
+            log.info("the stop signal again (sent to the group and forwarded): one signal")
+        elif count == 1:
             log.info("stopping: finishing running jobs (up to %.0fs)", self.shutdown_grace)
             self.request_stop()
         elif self._main is not None:
@@ -120,13 +137,25 @@ class Worker:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self._on_signal)
         schema = self.app.schema
+        # The handlers' pools, behind JobContext.connection()/transaction()/atransaction().
         self._sync = Queue(self.dsn, schema=schema, pool_size=self.concurrency,
                            connection_options=db.WORKER_OPTIONS)  # fmt: skip
         self._async = AsyncQueue(self.dsn, schema=schema, pool_size=4,
                                  connection_options=db.WORKER_OPTIONS)  # fmt: skip
-        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="leaseq-job")
-        self._outcomes = Outcomes(self._async)
-        services = {"outcomes": self._outcomes.run(), "heartbeat": self._heartbeat()}
+        # The worker's own: claims, renewals and acknowledgements never queue behind
+        # a handler's open transaction for a connection.
+        self._claims, renewals, acknowledgements = (self._own_queue() for _ in range(3))
+        self._threads = DaemonThreads(self.concurrency, "leaseq-job")
+        self._outcomes = Outcomes(acknowledgements)
+        self._leases = LeaseKeeper(
+            renewals, self._running, self._lose, renew_fraction=self.renew_fraction,
+            stats=self.stats,
+        )  # fmt: skip
+        services = {
+            "outcomes": self._outcomes.run(),
+            "heartbeat": self._heartbeat(),
+            "deadlines": self._leases.watch_deadlines(),
+        }
         if self.listen:
             services["listen"] = listen_for_work(
                 self.listen_dsn, self._async.store.listen(), set(self.queues),
@@ -154,8 +183,9 @@ class Worker:
             # Bounded: with the database away, pending outcomes are left to lease expiry.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._outcomes.drain(), 10)
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            await self._async.close()
+            self._threads.shutdown()  # a thread still running ends with the process
+            for queue in (self._claims, renewals, acknowledgements, self._async):
+                await queue.close()
             self._sync.close()
             if install_signal_handlers:
                 for signum in (signal.SIGTERM, signal.SIGINT):
@@ -163,6 +193,11 @@ class Worker:
             log.info("worker stopped: %s", self.stats)
         if self._crashed is not None:
             raise RuntimeError("a worker service crashed") from self._crashed
+
+    def _own_queue(self) -> AsyncQueue:
+        """One connection for one of the worker's services (they send one statement at a time)."""
+        return AsyncQueue(self.dsn, schema=self.app.schema, pool_size=1,
+                          connection_options=db.WORKER_OPTIONS)  # fmt: skip
 
     def _service_ended(self, task: asyncio.Task[None]) -> None:
         """A background service must never end on its own: stop the worker if one does."""
@@ -175,6 +210,7 @@ class Worker:
             self._main.cancel()
 
     async def _shutdown(self) -> None:
+        """Wait for every attempt (sync threads too) up to the grace period, then release."""
         deadline = time.monotonic() + self.shutdown_grace
         while self._running and time.monotonic() < deadline:
             await self._sleep_until_woken(deadline - time.monotonic())
@@ -182,26 +218,29 @@ class Worker:
             return
         log.warning("releasing %d unfinished jobs", len(self._running))
         self._releasing = True
-        tasks = []
-        for running in list(self._running.values()):
-            if running.task is None:
-                continue
-            tasks.append(running.task)
-            if not running.acknowledging:  # finished ones just wait for their flush
-                running.context.mark_lost("worker shutting down")
-                running.task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        left = list(self._running.values())
+        # Async handlers first: cancelled, they stop (and clean up) before their release.
+        # A sync handler's thread cannot be stopped: its job is released while the thread
+        # runs on; it is a daemon and ends with the process, and job.lost fences it.
+        for cancellable in (True, False):
+            tasks = [r.task for r in left if r.task is not None and r.cancellable is cancellable]
+            for running in left:
+                if running.cancellable is cancellable and not running.acknowledging:
+                    running.context.mark_lost("worker shutting down")
+                    if running.task is not None:
+                        running.task.cancel()  # acknowledged ones just wait for their flush
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- claiming ------------------------------------------------------------------
 
     def _free_slots(self) -> int:
         # A handler that has returned frees its slot at once: its acknowledgement
         # is flushed while the next claim runs. Unacknowledged jobs are capped at
-        # `concurrency` too, so a slow database cannot make the worker hoard.
+        # `concurrency` too, so a slow database cannot make the worker hoard. An
+        # attempt whose sync thread still runs (timed out, or lost) keeps its slot.
         acknowledging = sum(1 for r in self._running.values() if r.acknowledging)
         working = len(self._running) - acknowledging
-        return min(self.concurrency - working - self._zombies,
-                   self.concurrency - acknowledging)  # fmt: skip
+        return min(self.concurrency - working, self.concurrency - acknowledging)
 
     async def _claim_loop(self) -> None:
         start = 0
@@ -231,7 +270,8 @@ class Worker:
     async def _claim(self, name: str, limit: int) -> list[Claim]:
         task = self.app.tasks[name]
         started = time.perf_counter()
-        claims = await self._async.claim(name, limit=limit, lease=task.lease or self.lease)
+        sent = time.monotonic()  # the leases run from no earlier than this
+        claims = await self._claims.claim(name, limit=limit, lease=task.lease or self.lease)
         self.stats.claim_statements += 1
         self.stats.claim_seconds += time.perf_counter() - started
         self.stats.claimed += len(claims)
@@ -239,12 +279,13 @@ class Worker:
             stale = self._latest.get(claim.job_id)
             if stale is not None:
                 self._lose(stale, "the lease expired and the job was claimed again")
-            running = _Running(claim, JobContext(claim, self._sync, self._async))
+            context = JobContext(claim, self._sync, self._async)
+            running = _Running(claim, context, lease_from=sent, cancellable=task.is_async)
             self._running[(claim.job_id, claim.lease_version)] = running
             self._latest[claim.job_id] = running
             running.task = asyncio.create_task(self._execute(running, task))
         if claims:
-            self._job_started.set()
+            self._leases.attempt_started()
         return claims
 
     async def _sleep_until_woken(self, timeout: float | None) -> None:
@@ -283,19 +324,17 @@ class Worker:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
         context, claim = running.context, running.claim
         try:
-            if task.is_async and task.timeout is None:
-                await task.handler(context)
-            elif task.is_async:
-                await asyncio.wait_for(task.handler(context), task.timeout)
+            if task.is_async:
+                await self._run_on_loop(running, task)
             else:
                 await self._run_in_thread(running, task)
             return (None if context.completed else Kind.COMPLETE), None, None
+        except _TimedOut:
+            if context.completed:  # its transaction committed before the timeout
+                return None, None, None
+            return self._retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
         except Retry as request:
             return self._retry_or_fail(task, claim, request.delay, request.reason)
-        except TimeoutError:
-            self.stats.timeouts += 1
-            context.mark_lost("timed out")
-            return self._retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
         except LeaseLost:
             return None, None, None
         except asyncio.CancelledError:
@@ -304,7 +343,7 @@ class Worker:
             if self._releasing:
                 return Kind.RELEASE, None, None
             raise
-        except Exception as exc:
+        except Exception as exc:  # a TimeoutError the handler raised itself included
             if context.completed:  # the job's transaction already completed it
                 log.warning("job %d raised after completing: %r", claim.job_id, exc)
                 return None, None, None
@@ -312,21 +351,40 @@ class Worker:
                 return Kind.FAIL, None, exc
             return self._retry_or_fail(task, claim, None, exc)
 
-    async def _run_in_thread(self, running: _Running, task: Task) -> None:
-        future = asyncio.get_running_loop().run_in_executor(
-            self._executor, task.handler, running.context
-        )
+    async def _run_on_loop(self, running: _Running, task: Task) -> None:
+        if task.timeout is None:
+            await task.handler(running.context)
+            return
+        deadline = asyncio.timeout(task.timeout)
         try:
-            await asyncio.wait_for(asyncio.shield(future), task.timeout)
-        except (TimeoutError, asyncio.CancelledError):
-            # The thread cannot be stopped: it keeps its slot until it returns.
-            self._zombies += 1
-            future.add_done_callback(self._zombie_done)
-            raise
+            async with deadline:
+                await task.handler(running.context)
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the handler's own
+            self._timed_out(running)
+            raise _TimedOut from None
 
-    def _zombie_done(self, _: object) -> None:
-        self._zombies -= 1
-        self._wakeup.set()
+    async def _run_in_thread(self, running: _Running, task: Task) -> None:
+        thread = self._threads.submit(task.handler, running.context)
+        try:
+            done, _ = await asyncio.wait((thread,), timeout=task.timeout)
+            if not done:
+                # The thread cannot be stopped: tell it, and keep the attempt (its slot,
+                # its lease) until it returns, so nobody else starts the job meanwhile.
+                self._timed_out(running)
+                await asyncio.wait((thread,))
+                raise _TimedOut
+        except asyncio.CancelledError:
+            # Released at shutdown while the thread runs on: whatever it ends with,
+            # it is no longer this worker's to report.
+            thread.add_done_callback(_ignore_result)
+            raise
+        thread.result()  # the handler's own outcome, its own TimeoutError included
+
+    def _timed_out(self, running: _Running) -> None:
+        self.stats.timeouts += 1
+        running.context.mark_lost("timed out")  # job.transaction() now refuses
 
     def _retry_or_fail(
         self, task: Task, claim: Claim, delay: float | None, error: object
@@ -353,38 +411,16 @@ class Worker:
         self.stats.lost_leases += 1
         log.warning("job %d (lease version %d): lease lost: %s", running.claim.job_id,
                     running.claim.lease_version, reason)  # fmt: skip
-        if running.task is not None and not running.acknowledging:
+        # A sync attempt stays until its thread returns (it holds a slot); job.lost tells it.
+        if running.cancellable and running.task is not None and not running.acknowledging:
             running.task.cancel()
 
     # -- leases ----------------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        while True:
-            now = time.monotonic()
-            due = [
-                r for r in self._running.values()
-                if not r.lost and now - r.renewed_at >= r.claim.lease_seconds * self.renew_fraction
-            ]  # fmt: skip
-            if due:
-                try:
-                    results = await self._async.renew_many([r.claim for r in due])
-                except Exception as exc:
-                    if not db.is_connection_error(exc):
-                        raise
-                    self.stats.database_errors += 1
-                    log.warning("lease renewal failed (%s); retrying", exc)
-                    results = []
-                for running, (_, until) in zip(due, results, strict=False):
-                    if until is not None:
-                        running.renewed_at = now
-                    elif not running.acknowledging:
-                        # (an acknowledged job is no longer running: its own outcome tells)
-                        self._lose(running, "the lease could not be renewed")
-            # A new job may need its first renewal sooner than the current tick.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._job_started.wait(), self._heartbeat_tick())
-            self._job_started.clear()
+        await self._leases.renew_forever()
 
-    def _heartbeat_tick(self) -> float:
-        shortest = min((r.claim.lease_seconds for r in self._running.values()), default=60.0)
-        return min(max(shortest * self.renew_fraction / 4, 0.05), 1.0)
+
+def _ignore_result(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "exception was never retrieved" at exit

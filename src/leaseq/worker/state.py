@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..types import Claim
 from .context import JobContext
+
+#: The local deadline is this fraction of the lease (at most MAX_LEASE_MARGIN seconds)
+#: before the database's: a handler told at its deadline stops before anyone else can
+#: reclaim the job.
+LEASE_MARGIN_FRACTION = 0.2
+MAX_LEASE_MARGIN = 5.0
 
 
 @dataclass
@@ -25,13 +30,33 @@ class WorkerStats:
     claim_seconds: float = 0.0
     listen_reconnects: int = 0
     database_errors: int = 0
+    renewals_busy: int = 0  # a renewal skipped a row locked by another transaction
 
 
 @dataclass
 class Running:
+    """One attempt this worker runs, from its claim until its handler has returned."""
+
     claim: Claim
     context: JobContext
+    #: Monotonic time taken just before the claim, or the last confirmed renewal, was
+    #: sent: the database's lease runs from a moment no earlier than this.
+    lease_from: float
+    #: An async handler can be cancelled; a sync handler's thread cannot be stopped.
+    cancellable: bool
     task: asyncio.Task[None] | None = None
-    renewed_at: float = field(default_factory=time.monotonic)
-    lost: bool = False
-    acknowledging: bool = False
+    lost: bool = False  # the lease is gone: whatever the handler does is never acknowledged
+    acknowledging: bool = False  # the handler returned; its outcome is being flushed
+
+    @property
+    def deadline(self) -> float:
+        """When this worker stops trusting the lease, unless a renewal was confirmed.
+
+        Read from the monotonic clock only (a worker's wall clock may be far off), with
+        a margin for the time it takes to tell the handler and for clock-rate drift.
+        """
+        lease = self.claim.lease_seconds
+        return self.lease_from + lease - min(lease * LEASE_MARGIN_FRACTION, MAX_LEASE_MARGIN)
+
+    def renewal_due(self, now: float, fraction: float) -> bool:
+        return now - self.lease_from >= self.claim.lease_seconds * fraction

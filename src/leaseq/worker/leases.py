@@ -1,0 +1,116 @@
+"""Keeping the leases of running attempts: batched renewals and a local deadline per attempt.
+
+Two loops, because a renewal may hang (a partition: the statement neither
+succeeds nor fails until the connection is declared dead) and the deadlines must
+still be kept meanwhile:
+
+* ``renew_forever`` renews every lease due, in one batch statement, on the
+  worker's own connection (never one a handler's transaction holds). A row
+  locked by another transaction comes back busy and is tried again next tick;
+  it never makes the other leases of the batch wait.
+* ``watch_deadlines`` touches no database. Each attempt has a deadline on the
+  monotonic clock: the time just before its claim or last confirmed renewal
+  was sent, plus its lease, minus a margin. Past it, the attempt is lost: the
+  handler is told and its result is never acknowledged, before the database
+  would let another worker reclaim the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+
+from .. import db
+from ..client import AsyncQueue
+from ..logs import get_logger
+from ..store import RENEWAL_BUSY
+from .state import Running, WorkerStats
+
+log = get_logger("leaseq.worker")
+
+Lose = Callable[[Running, str], None]
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        running: Mapping[tuple[int, int], Running],
+        lose: Lose,
+        *,
+        renew_fraction: float,
+        stats: WorkerStats,
+    ) -> None:
+        self._queue = queue
+        self._running = running
+        self._lose = lose
+        self._renew_fraction = renew_fraction
+        self._stats = stats
+        self._renewal_wakeup = asyncio.Event()
+        self._deadline_wakeup = asyncio.Event()
+
+    def attempt_started(self) -> None:
+        """A new attempt may need its first renewal, or hit its deadline, sooner."""
+        self._renewal_wakeup.set()
+        self._deadline_wakeup.set()
+
+    async def renew_forever(self) -> None:
+        while True:
+            now = time.monotonic()
+            due = [
+                r for r in self._running.values()
+                if _kept(r) and r.renewal_due(now, self._renew_fraction)
+            ]  # fmt: skip
+            if due:
+                await self._renew(due)
+            await _wait(self._renewal_wakeup, self._tick())
+
+    async def _renew(self, due: list[Running]) -> None:
+        sent = time.monotonic()
+        try:
+            results = await self._queue.renew_many([r.claim for r in due])
+        except Exception as exc:
+            if not db.is_connection_error(exc):
+                raise
+            self._stats.database_errors += 1
+            log.warning("lease renewal failed (%s); retrying", exc)
+            return  # the deadlines stand; the next tick tries again
+        for running, (_, until) in zip(due, results, strict=True):
+            if until is RENEWAL_BUSY:
+                self._stats.renewals_busy += 1  # locked elsewhere right now: next tick
+            elif until is not None:
+                running.lease_from = max(running.lease_from, sent)
+            elif _kept(running) and not running.acknowledging:
+                # (an acknowledged job is no longer running: its own outcome tells)
+                self._lose(running, "the lease could not be renewed")
+
+    async def watch_deadlines(self) -> None:
+        while True:
+            now = time.monotonic()
+            upcoming: list[float] = []
+            for running in list(self._running.values()):
+                if not _kept(running) or running.acknowledging:
+                    continue  # nothing left to tell a handler that has returned
+                if now >= running.deadline:
+                    self._lose(running, "no renewal was confirmed before its local deadline")
+                else:
+                    upcoming.append(running.deadline)
+            # Never longer than a second: a renewal may have moved a deadline later only.
+            await _wait(self._deadline_wakeup, min([*upcoming, now + 1.0]) - now)
+
+    def _tick(self) -> float:
+        shortest = min((r.claim.lease_seconds for r in self._running.values()), default=60.0)
+        return min(max(shortest * self._renew_fraction / 4, 0.05), 1.0)
+
+
+def _kept(running: Running) -> bool:
+    """Whether this attempt still needs its lease: not lost, not completed by its handler."""
+    return not running.lost and not running.context.completed
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), max(timeout, 0.0))
+    event.clear()
