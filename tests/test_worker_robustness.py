@@ -440,3 +440,48 @@ def test_a_sync_handler_that_ignores_lost_does_not_keep_the_process_alive(
     job = queue.get(job_id)
     assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
     assert job.history[-1]["outcome"] == "released"
+
+
+# -- 7. --processes N and a process-group signal -------------------------------------------
+
+
+def test_a_group_wide_sigterm_finishes_or_releases_every_job(
+    setup_tables: leaseq.Queue,  # noqa: F811
+    spawn_in_session: Spawn,
+) -> None:
+    queue = setup_tables
+    short = queue.enqueue_many("work", [{"sleep": 1.0} for _ in range(2)])
+    long = queue.enqueue_many("work", [{"sleep": 120} for _ in range(2)])
+    supervisor = spawn_in_session("--processes", "2", "--concurrency", "2",
+                                  "--shutdown-grace", "4")  # fmt: skip
+    _wait(lambda: all(_attempts_logged(queue, i) == 1 for i in short + long),
+          what="all four jobs started")  # fmt: skip
+    os.killpg(supervisor.pid, signal.SIGTERM)  # what Ctrl-C or systemd does: everyone
+    assert supervisor.wait(60) == 0
+    for job_id in short:
+        assert queue.get(job_id).status is JobStatus.DONE
+    for job_id in long:
+        job = queue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+        assert job.history[-1]["outcome"] == "released"
+    output = supervisor.stdout.read() if supervisor.stdout else ""
+    assert "second signal" not in output, output
+
+
+def test_a_deliberate_second_group_signal_still_exits_at_once(
+    setup_tables: leaseq.Queue,  # noqa: F811
+    spawn_in_session: Spawn,
+) -> None:
+    queue = setup_tables
+    ids = queue.enqueue_many("work", [{"sleep": 120} for _ in range(2)])
+    supervisor = spawn_in_session("--processes", "2", "--concurrency", "1",
+                                  "--shutdown-grace", "60")  # fmt: skip
+    _wait(lambda: all(_attempts_logged(queue, i) == 1 for i in ids), what="both jobs started")
+    os.killpg(supervisor.pid, signal.SIGTERM)
+    time.sleep(2.0)  # later than any echo of the first signal
+    assert supervisor.poll() is None  # still within its grace period
+    os.killpg(supervisor.pid, signal.SIGINT)
+    supervisor.wait(20)
+    # Not released: the leases will expire and another worker will recover the jobs.
+    for job_id in ids:
+        assert queue.get(job_id).status is JobStatus.RUNNING

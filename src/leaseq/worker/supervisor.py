@@ -4,6 +4,11 @@ Children are started with the ``spawn`` method (no inherited connections or
 threads). SIGTERM/SIGINT are forwarded to them so each stops gracefully; a
 second signal kills them. A child that exits on its own is restarted after a
 backoff that grows while it keeps crashing.
+
+A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
+twice, directly and forwarded; children take the repeat as an echo of the same
+signal (see :mod:`leaseq.worker.signals`), so the group's SIGTERM stops them
+gracefully, exactly like a SIGTERM to the supervisor alone.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 from ..logs import get_logger
+from .signals import treat_repeats_as_echoes
 
 log = get_logger("leaseq.supervisor")
 
@@ -45,7 +51,7 @@ class Supervisor:
 
     def _start(self, slot: int) -> None:
         child = self._context.Process(
-            target=self.target, args=self.args, name=f"leaseq-worker-{slot}"
+            target=_supervised_child, args=(self.target, self.args), name=f"leaseq-worker-{slot}"
         )
         child.start()
         self._children[slot] = child
@@ -96,3 +102,9 @@ class Supervisor:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+def _supervised_child(target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """A child's entry point: the group's signal and our forwarded copy are one signal."""
+    treat_repeats_as_echoes()
+    target(*args)
