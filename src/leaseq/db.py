@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, TypeVar
 
 import psycopg
@@ -89,7 +89,8 @@ def _scrub(error: BaseException) -> None:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        current.args = tuple(redact(a) if isinstance(a, str) else a for a in current.args)
+        with suppress(Exception):  # an odd exception must not hide the one being raised
+            current.args = tuple(redact(a) if isinstance(a, str) else a for a in current.args)
         current = current.__cause__ or current.__context__
 
 

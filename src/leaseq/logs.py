@@ -24,8 +24,8 @@ class RedactingFilter(logging.Filter):
         record.msg = redact(_message(record))
         record.args = ()
         if record.exc_info:
-            if record.exc_info[0] is not None and not record.exc_text:
-                record.exc_text = _traceback(record)
+            if isinstance(record.exc_info, tuple) and record.exc_info[0] is not None:
+                record.exc_text = record.exc_text or _traceback(record)
             record.exc_info = None
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
