@@ -451,6 +451,16 @@ def _leaseq(
     )  # fmt: skip
 
 
+def _finish(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """Its output once it exits; killed (by its pid) if it does not within a minute."""
+    try:
+        return process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+
+
 def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
     typo = f"{secured.password}%zz"
     typo_url = secured.url().replace(quote(secured.password), typo)
@@ -480,9 +490,15 @@ def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
                           env={"PGPASSWORD": pg_password}),
     }  # fmt: skip
     outputs = {}
-    for name, process in commands.items():
-        stdout, stderr = process.communicate(timeout=60)
-        outputs[name] = (process.returncode, stdout, stderr)
+    try:
+        for name, process in commands.items():
+            stdout, stderr = _finish(process)
+            outputs[name] = (process.returncode, stdout, stderr)
+    finally:
+        for process in commands.values():  # (only after a failure: they all exit on their own)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     everything = "\n".join(f"{name}: {out} {err}" for name, (_, out, err) in outputs.items())
     assert_clean(everything, [*secured.secrets(), typo, pg_password])
     for name in ("wrong password", "wrong port", "typo"):
@@ -512,7 +528,7 @@ def test_cli_worker_processes_print_scrubbed_tracebacks(secured: SecuredServer) 
         time.sleep(4)  # long enough for the children to crash (and be restarted) at least once
     finally:
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = _finish(process)
     assert "stopped unexpectedly" in stderr
     assert_clean(stdout + stderr, [*secured.secrets(), typo])
 
@@ -527,7 +543,7 @@ def test_cli_prints_an_unexpected_crash_scrubbed(secured: SecuredServer, tmp_pat
         env={"CRASH_DETAIL": f"login {secured.password} refused",
              "PYTHONPATH": os.pathsep.join((str(tmp_path), str(ROOT)))},
     )  # fmt: skip
-    stdout, stderr = process.communicate(timeout=60)
+    stdout, stderr = _finish(process)
     assert process.returncode == 1
     assert "Traceback" in stderr
     assert "RuntimeError: cannot start: login *** refused" in stderr
