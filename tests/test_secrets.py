@@ -446,7 +446,7 @@ def _leaseq(
     environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
     return subprocess.Popen(
         [sys.executable, "-m", "leaseq.cli", *arguments], cwd=cwd,
-        env={**environment, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**environment, **(env or {})},  # `-m` puts the cwd (the app's folder) on sys.path
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -540,8 +540,7 @@ def test_cli_prints_an_unexpected_crash_scrubbed(secured: SecuredServer, tmp_pat
     )
     process = _leaseq(
         "worker", "crashing_app:app", "--database-url", secured.url(), cwd=tmp_path,
-        env={"CRASH_DETAIL": f"login {secured.password} refused",
-             "PYTHONPATH": os.pathsep.join((str(tmp_path), str(ROOT)))},
+        env={"CRASH_DETAIL": f"login {secured.password} refused"},
     )  # fmt: skip
     stdout, stderr = _finish(process)
     assert process.returncode == 1
