@@ -319,7 +319,7 @@ async def test_busy_handler_transactions_do_not_starve_renewals(
         async with job.atransaction() as conn:
             await conn.execute("SELECT 1")
             if job.attempts == 1:
-                await asyncio.sleep(5)  # two and a half leases
+                await asyncio.sleep(4)  # two leases
 
     ids = await aqueue.enqueue_many("tx", [{} for _ in range(4)])
     worker = leaseq.Worker(app, dsn=database_url, concurrency=4, poll_interval=0.1,
