@@ -336,8 +336,6 @@ async def test_busy_handler_transactions_do_not_starve_renewals(
 async def test_renew_many_skips_a_locked_row_and_reports_it_busy(
     aqueue: leaseq.AsyncQueue, schema: str
 ) -> None:
-    from leaseq.store import RENEWAL_BUSY
-
     await aqueue.enqueue_many("work", [{}, {}, {}])
     locked, free, done = await aqueue.claim("work", limit=3, lease=30)
     await aqueue.complete(done)
@@ -345,7 +343,10 @@ async def test_renew_many_skips_a_locked_row_and_reports_it_busy(
         await blocker.execute(
             f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (locked.job_id,)
         )
+        # Waiting for our lock here would be the defect: wait_for raises after 10 s.
         results = await asyncio.wait_for(aqueue.renew_many([locked, free, done], lease=60), 10)
+    from leaseq.store import RENEWAL_BUSY
+
     (_, busy), (_, renewed), (_, lost) = results
     assert busy is RENEWAL_BUSY
     assert renewed is not None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import signal
 import time
@@ -45,6 +46,7 @@ from ..retry import Retry, Verdict
 from ..types import Claim
 from .app import App, Task
 from .context import JobContext
+from .handlers import TimedOut, run_in_thread, run_on_loop
 from .leases import LeaseKeeper
 from .listener import listen_for_work
 from .outcomes import Kind, Outcomes
@@ -54,10 +56,6 @@ from .state import WorkerStats
 from .threads import DaemonThreads
 
 log = get_logger("leaseq.worker")
-
-
-class _TimedOut(Exception):
-    """The task's own timeout passed (never a TimeoutError the handler raised itself)."""
 
 
 class Worker:
@@ -324,12 +322,13 @@ class Worker:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
         context, claim = running.context, running.claim
         try:
+            timed_out = functools.partial(self._timed_out, running)
             if task.is_async:
-                await self._run_on_loop(running, task)
+                await run_on_loop(task, context, timed_out)
             else:
-                await self._run_in_thread(running, task)
+                await run_in_thread(self._threads, task, context, timed_out)
             return (None if context.completed else Kind.COMPLETE), None, None
-        except _TimedOut:
+        except TimedOut:
             if context.completed:  # its transaction committed before the timeout
                 return None, None, None
             return self._retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
@@ -350,37 +349,6 @@ class Worker:
             if task.errors.classify(exc) is Verdict.FAIL:
                 return Kind.FAIL, None, exc
             return self._retry_or_fail(task, claim, None, exc)
-
-    async def _run_on_loop(self, running: _Running, task: Task) -> None:
-        if task.timeout is None:
-            await task.handler(running.context)
-            return
-        deadline = asyncio.timeout(task.timeout)
-        try:
-            async with deadline:
-                await task.handler(running.context)
-        except TimeoutError:
-            if not deadline.expired():
-                raise  # the handler's own
-            self._timed_out(running)
-            raise _TimedOut from None
-
-    async def _run_in_thread(self, running: _Running, task: Task) -> None:
-        thread = self._threads.submit(task.handler, running.context)
-        try:
-            done, _ = await asyncio.wait((thread,), timeout=task.timeout)
-            if not done:
-                # The thread cannot be stopped: tell it, and keep the attempt (its slot,
-                # its lease) until it returns, so nobody else starts the job meanwhile.
-                self._timed_out(running)
-                await asyncio.wait((thread,))
-                raise _TimedOut
-        except asyncio.CancelledError:
-            # Released at shutdown while the thread runs on: whatever it ends with,
-            # it is no longer this worker's to report.
-            thread.add_done_callback(_ignore_result)
-            raise
-        thread.result()  # the handler's own outcome, its own TimeoutError included
 
     def _timed_out(self, running: _Running) -> None:
         self.stats.timeouts += 1
@@ -419,8 +387,3 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         await self._leases.renew_forever()
-
-
-def _ignore_result(future: asyncio.Future[object]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: no "exception was never retrieved" at exit

@@ -1,0 +1,62 @@
+"""Running one handler under its task's timeout: on the event loop, or in a daemon thread.
+
+Only the worker's own deadline is a timeout: a ``TimeoutError`` the handler
+raises itself (``socket.timeout`` from a read, an ``asyncio.timeout`` of its own)
+propagates like any other error and goes through the task's ErrorPolicy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from .app import Task
+from .context import JobContext
+from .threads import DaemonThreads
+
+
+class TimedOut(Exception):
+    """The task's own timeout passed (never a TimeoutError the handler raised itself)."""
+
+
+async def run_on_loop(task: Task, context: JobContext, timed_out: Callable[[], None]) -> None:
+    if task.timeout is None:
+        await task.handler(context)
+        return
+    deadline = asyncio.timeout(task.timeout)
+    try:
+        async with deadline:
+            await task.handler(context)
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the handler's own
+        timed_out()
+        raise TimedOut from None
+
+
+async def run_in_thread(
+    threads: DaemonThreads, task: Task, context: JobContext, timed_out: Callable[[], None]
+) -> None:
+    """Wait for the thread; past the timeout, tell it (``timed_out``) and keep waiting.
+
+    The thread cannot be stopped, so the attempt (its slot, its lease) lasts until
+    it returns: nobody else can start the job meanwhile. Then TimedOut is raised.
+    """
+    thread = threads.submit(task.handler, context)
+    try:
+        done, _ = await asyncio.wait((thread,), timeout=task.timeout)
+        if not done:
+            timed_out()
+            await asyncio.wait((thread,))
+            raise TimedOut
+    except asyncio.CancelledError:
+        # Released at shutdown while the thread runs on: whatever it ends with,
+        # it is no longer this worker's to report.
+        thread.add_done_callback(_ignore_result)
+        raise
+    thread.result()  # the handler's own outcome, its own TimeoutError included
+
+
+def _ignore_result(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: no "exception was never retrieved" at exit
