@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -79,6 +80,8 @@ def test_retry_requests_are_checked_where_they_are_made() -> None:
         leaseq.Retry(delay=float("nan"))
     assert leaseq.Retry(delay=2.5).delay == 2.5
     assert leaseq.Retry().delay is None
+    copy = pickle.loads(pickle.dumps(leaseq.Retry(3, "later")))  # e.g. from another process
+    assert (copy.delay, copy.reason) == (3, "later")
     with pytest.raises(leaseq.InvalidArgument, match="backoff cap"):
         leaseq.Backoff(0, 1e12)  # its delays would be refused by every retry
 

@@ -26,6 +26,10 @@ class Retry(Exception):
         self.reason = reason
         super().__init__(reason)
 
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str]]:
+        # Exceptions unpickle by calling the class with self.args, (reason,) here.
+        return type(self), (self.delay, self.reason)
+
 
 class PermanentError(Exception):
     """Raise (or subclass) to fail the job now: retrying cannot help."""
