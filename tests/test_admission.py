@@ -212,3 +212,78 @@ def test_enqueue_many_takes_100k_jobs_in_one_call(queue: leaseq.Queue) -> None:
     # ids come back in payload order
     assert queue.get(ids[0]).payload == {"report_id": 0}
     assert queue.get(ids[-1]).payload == {"report_id": 99_999}
+
+
+# -- replays respect admission limits, in bounded batches ---------------------------------
+
+
+def _failed_jobs(queue: leaseq.Queue, name: str, count: int) -> list[int]:
+    """``count`` jobs of ``name`` that failed for good."""
+    ids = queue.enqueue_many(name, [{"n": n} for n in range(count)], max_attempts=1)
+    while claims := queue.claim(name, limit=500):
+        queue.fail_many(claims, ["boom"] * len(claims))
+    return ids
+
+
+def test_replay_failed_into_a_full_queue_replays_what_fits_then_refuses(
+    queue: leaseq.Queue,
+) -> None:
+    ids = _failed_jobs(queue, "reports", 250)
+    queue.configure_queue("reports", max_queued_jobs=100)
+    queue.enqueue_many("reports", [{"new": n} for n in range(40)])
+    with pytest.raises(BacklogFull) as full:
+        queue.replay_failed("reports", batch=50)
+    # Room for 60: the oldest failures are replayed first, and not one more.
+    assert sorted(full.value.replayed) == ids[:60]
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert settings.backlog_jobs == 100
+    assert len(queue.list_jobs("failed", queue="reports", limit=1000)) == 190
+    assert len(queue.list_jobs("queued", queue="reports", limit=1000)) == 100
+    # A full queue refuses a single replay too, writing nothing.
+    before = queue.get(ids[60])
+    with pytest.raises(BacklogFull):
+        queue.replay(ids[60])
+    assert queue.get(ids[60]) == before
+
+
+def test_replay_failed_respects_the_byte_limit(queue: leaseq.Queue) -> None:
+    ids = _failed_jobs(queue, "reports", 20)
+    size = queue.get(ids[0]).payload_bytes
+    queue.configure_queue("reports", max_queued_bytes=size * 5)
+    with pytest.raises(BacklogFull) as full:
+        queue.replay_failed("reports")
+    assert sorted(full.value.replayed) == ids[:5]
+
+
+def test_replay_failed_runs_in_bounded_batches(queue: leaseq.Queue) -> None:
+    ids = _failed_jobs(queue, "reports", 1000)
+    assert sorted(queue.replay_failed("reports", batch=150)) == ids
+    # Each batch is one statement: its replay entries share one timestamp.
+    batches: dict[str, int] = {}
+    for job in queue.list_jobs("queued", queue="reports", limit=1000):
+        at = job.history[-1]["at"]
+        batches[at] = batches.get(at, 0) + 1
+    assert max(batches.values()) <= 150
+    assert len(batches) >= 1000 // 150
+
+
+def test_first_use_of_a_new_queue_inside_a_transaction_does_not_block_other_producers(
+    queue: leaseq.Queue, database_url: str, schema: str, connect: Any
+) -> None:
+    """A producer's open transaction that is the first to use queue `fresh` must
+    not make other producers of `fresh` wait for it (they fail fast here if they
+    would wait: lock_timeout)."""
+    options = {**leaseq.db.CONNECTION_OPTIONS, "options": "-c lock_timeout=3000"}
+    producer = connect()
+    with (
+        producer.transaction(),
+        leaseq.Queue(database_url, schema=schema, connection_options=options) as other,
+    ):
+        queue.enqueue("fresh", {"n": 1}, conn=producer)
+        other.enqueue("fresh", {"n": 2})
+        other.enqueue_many("fresh", [{"n": 3}])
+        other_tx = connect(options="-c lock_timeout=3000")
+        with other_tx.transaction():
+            other.enqueue("fresh", {"n": 4}, conn=other_tx)
+    assert queue.stats("fresh")[0].queued == 4

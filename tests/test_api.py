@@ -14,11 +14,12 @@ from .conftest import AsyncClock
 
 def test_public_names_are_pinned() -> None:
     assert sorted(leaseq.__all__) == [
-        "App", "AsyncQueue", "BacklogFull", "Backoff", "Claim", "DatabaseUnavailable",
-        "InvalidArgument", "InvalidJob", "Job", "JobContext", "JobNotFound", "JobStatus",
-        "LeaseLost", "LeaseqError", "NotMigrated", "OrderingPolicy", "PayloadTooLarge",
-        "PermanentError", "Queue", "QueueSettings", "QueueStats", "ReapResult", "Retry",
-        "Worker", "__version__", "database_url",
+        "AlreadyCompleted", "App", "AsyncQueue", "BacklogFull", "Backoff", "Claim",
+        "DatabaseUnavailable", "InvalidArgument", "InvalidJob", "Job", "JobContext",
+        "JobNotFound", "JobStatus", "LeaseLost", "LeaseqError", "NotMigrated", "OrderingPolicy",
+        "PayloadTooLarge", "PermanentError", "Queue", "QueueSettings", "QueueStats",
+        "RENEWAL_BUSY", "ReapResult", "RenewalBusy", "Retry", "Worker", "__version__",
+        "database_url",
     ]  # fmt: skip
     for name in leaseq.__all__:
         assert hasattr(leaseq, name)

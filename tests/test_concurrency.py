@@ -392,15 +392,18 @@ def test_expired_leases_are_reclaimed_exactly_once(queue: leaseq.Queue, clock: C
 # -- a retried fenced write that races its own first attempt -----------------------------------
 
 
-def _wait_until_blocked_on_a_lock(connect: Connect, schema: str) -> None:
-    """Wait (bounded) until a leaseq statement on ``schema`` waits for a row lock."""
+def _wait_until_blocked_on_a_lock(connect: Connect, blocker: psycopg.Connection[Any]) -> None:
+    """Wait (bounded) until a leaseq statement waits for a lock ``blocker`` holds.
+
+    (pg_blocking_pids, not the query text: pg_stat_activity cuts long statements.)
+    """
     with connect(autocommit=True) as watcher:
         deadline = time.monotonic() + PROMPT
         while time.monotonic() < deadline:
             waiting = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leaseq'"
-                " AND wait_event_type = 'Lock' AND position(%s in query) > 0",
-                (f'"{schema}".job',),
+                " AND %s = ANY(pg_blocking_pids(pid))",
+                (blocker.info.backend_pid,),
             ).fetchone()
             if waiting and waiting[0]:
                 return
@@ -427,7 +430,7 @@ def test_duplicate_write_waiting_for_its_first_attempt_is_accepted(
     send(first)
     again = _Background(send)
     try:
-        _wait_until_blocked_on_a_lock(connect, schema)
+        _wait_until_blocked_on_a_lock(connect, first)
         first.commit()
         assert again.finished_within(PROMPT)
     finally:

@@ -113,15 +113,6 @@ def test_keys_are_scoped_to_their_queue(queue: leaseq.Queue) -> None:
     assert [c.job_id for c in queue.claim("other")] == [other]
 
 
-def test_recovery_of_an_expired_job_respects_an_earlier_key_member(
-    queue: leaseq.Queue, clock: Clock
-) -> None:
-    """The expired-lease branch of the claim applies the ordering rule too."""
-    later = queue.enqueue("events", {}, key="k", seq=2)
-    (claim,) = queue.claim("events", lease=10)
-    assert claim.job_id == later
-    earlier = queue.enqueue("events", {}, key="k", seq=1)  # a producer's late arrival
-    clock.advance(11)
-    # `later` expired, but `earlier` now precedes it: only `earlier` is eligible.
-    assert _claim_ids(queue) == [earlier]
-    assert _claim_ids(queue) == []
+# The recovery of an expired lease of a key's running job, when an earlier job of
+# the key arrived meanwhile, is in test_key_exclusion.py: the running job is
+# recovered first (ordering is mutual exclusion), a change of contract.

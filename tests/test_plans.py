@@ -104,3 +104,47 @@ def test_claim_stops_at_the_head_of_a_large_ready_backlog(queue: leaseq.Queue) -
     # And it takes the most urgent, oldest jobs.
     claims = queue.claim("reports", limit=3)
     assert sorted(c.payload["n"] for c in claims) == [49994, 49997, 50000]
+
+
+def _keyed_backlog(queue: leaseq.Queue, keys: int, per_key: int) -> list[int]:
+    """``keys`` ordering keys with ``per_key`` queued jobs each, then plain jobs."""
+    for k in range(keys):
+        queue.enqueue_many("events", [{"k": k, "n": n} for n in range(per_key)], key=f"key-{k}")
+    plain = queue.enqueue_many("events", [{"plain": n} for n in range(1000)])
+    queue.enqueue_many("baseline", [{"plain": n} for n in range(1000)])
+    with queue.db.connection() as conn:
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    return plain
+
+
+def _claim_cost(queue: leaseq.Queue, limit: int) -> tuple[int, int]:
+    """(rows claimed, pages touched) of one claim, measured, then rolled back."""
+    plan = _explain(queue, queue.store.claim("events", limit=limit), analyze=True)
+    claimed = next(n for n in _nodes(plan) if n.get("Subplan Name") == "CTE claimed")
+    return int(claimed["Actual Rows"]), int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
+
+
+@pytest.mark.parametrize(("keys", "per_key"), [(1, 100_000), (1000, 100)])
+def test_claim_cost_does_not_grow_with_a_keys_waiting_jobs(
+    queue: leaseq.Queue, keys: int, per_key: int
+) -> None:
+    """100,000 queued jobs of one key, or spread over 1,000 keys, with plain jobs
+    behind them: a claim reads the heads, never the waiting successors."""
+    plain = _keyed_backlog(queue, keys, per_key)
+    rows, touched = _claim_cost(queue, limit=1)
+    assert rows == 1
+    assert touched < 50, touched
+    # With every key's head running, the plain jobs behind the keyed backlog
+    # are next, and the claim still does not read the waiting successors.
+    heads = queue.claim("events", limit=keys, lease=600)
+    assert sorted(c.key for c in heads) == sorted(f"key-{k}" for k in range(keys))
+    with queue.db.connection() as conn:
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    plan = _explain(queue, queue.store.claim("events", limit=10), analyze=True)
+    assert _scan_buffers(plan, "ready") < 30, _scan_buffers(plan, "ready")
+    # The whole claim (its ten row updates included) costs what the same claim
+    # costs in a queue that never had an ordering key.
+    baseline = _explain(queue, queue.store.claim("baseline", limit=10), analyze=True)
+    keyed, plain_only = (p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in (plan, baseline))
+    assert keyed <= plain_only + 30, (keyed, plain_only)
+    assert {c.job_id for c in queue.claim("events", limit=10)} <= set(plain)

@@ -106,6 +106,7 @@ class ModelJob:
 class IssuedClaim:
     claim: Claim
     outcome: str | None = None  # what this claim committed: completed/retried/failed/released
+    retried_to: JobStatus | None = None  # the status its committed retry left the job in
 
     def __repr__(self) -> str:  # what Hypothesis prints for a drawn claim
         return f"<claim of job {self.claim.job_id} v{self.claim.lease_version}: {self.outcome}>"
@@ -168,24 +169,25 @@ class QueueMachine(RuleBasedStateMachine):
     def describe(self, job_id: int) -> str:
         return f"model now={self.now}: {self.jobs[job_id]}"
 
-    def blocks_successors(self, job: ModelJob) -> bool:
-        if job.status in (QUEUED, RUNNING):
-            return True
-        return job.status is FAILED and self.policies[job.queue] is OrderingPolicy.BLOCK
-
     def blocked(self, job: ModelJob) -> bool:
-        """An earlier unfinished job of the same key (a failed one under 'block') exists."""
-        if job.key is None:
+        """The contract's per-key rule, stated as the requirement (not as the claim's SQL):
+        a queued job of a key waits while any job of its key runs (expired or not), and
+        while an earlier job of its key is queued, or failed under 'block'. A running job
+        whose lease expired is its key's running job: recovering it never waits."""
+        if job.key is None or job.status is RUNNING:
             return False
         assert job.seq is not None
-        return any(
-            other.queue == job.queue
-            and other.key == job.key
-            and other.seq is not None
-            and (other.seq, other.job_id) < (job.seq, job.job_id)
-            and self.blocks_successors(other)
-            for other in self.jobs.values()
-        )
+        for other in self.jobs.values():
+            if other.queue != job.queue or other.key != job.key or other is job:
+                continue
+            if other.status is RUNNING:
+                return True
+            assert other.seq is not None
+            earlier = (other.seq, other.job_id) < (job.seq, job.job_id)
+            failed_blocks = self.policies[job.queue] is OrderingPolicy.BLOCK
+            if earlier and (other.status is QUEUED or (other.status is FAILED and failed_blocks)):
+                return True
+        return False
 
     def lease_expired(self, job: ModelJob) -> bool:
         assert job.status is RUNNING
@@ -533,9 +535,11 @@ class QueueMachine(RuleBasedStateMachine):
                 item.outcome = "retried"
                 if job.attempts >= job.max_attempts:
                     assert result is FAILED, "a retry on the last attempt must fail the job"
+                    item.retried_to = FAILED
                     self.end_lease(job, FAILED)
                     continue
                 assert result is QUEUED, f"got {result}: {self.describe(job.job_id)}"
+                item.retried_to = QUEUED
                 self.end_lease(job, QUEUED)
                 row = self.queue.get(claim.job_id)
                 entry = row.history[-1]
@@ -546,13 +550,10 @@ class QueueMachine(RuleBasedStateMachine):
                 assert row.available_at - at == timedelta(seconds=seconds)
                 job.available = (self.now + seconds, stamp)
                 job.available_at = row.available_at
-            elif (
-                job.status is QUEUED
-                and job.lease_version == claim.lease_version
-                and item.outcome == "retried"
-            ):
-                # This claim's retry committed already: accepted again, no change.
-                assert result is QUEUED, "a repeated retry must be accepted"
+            elif item.outcome == "retried":
+                # This claim's retry committed already (the job may have moved on since):
+                # a resend is answered with what that retry did, and changes nothing.
+                assert result is item.retried_to, "a repeated retry must be accepted"
             else:
                 # Includes a claim that was released: its job is queued under the claim's
                 # lease_version too, but no retry of it ever committed.
@@ -573,6 +574,9 @@ class QueueMachine(RuleBasedStateMachine):
                 self.end_lease(job, FAILED)
                 item.outcome = "failed"
                 assert self.queue.get(claim.job_id).last_error == "gave up"
+            elif item.outcome == "failed":
+                # This claim's fail committed already: a resend is accepted, changes nothing.
+                assert result is not LOST, "a repeated fail must be accepted"
             else:
                 assert result is LOST, f"stale fail accepted: {self.describe(job.job_id)}"
 
@@ -581,6 +585,10 @@ class QueueMachine(RuleBasedStateMachine):
         stamp = self.next_stamp()
         for item, result in zip(issued, results, strict=True):
             claim, job = item.claim, self.jobs[item.claim.job_id]
+            if not self.is_live(claim) and item.outcome == "released":
+                # This claim's release committed already: a resend is accepted, changes nothing.
+                assert result is True, "a repeated release must be accepted"
+                continue
             if not self.is_live(claim):
                 assert result is LOST, f"stale release accepted: {self.describe(job.job_id)}"
                 continue
@@ -684,6 +692,16 @@ class QueueMachine(RuleBasedStateMachine):
             assert available_at == model.available_at, what
             assert lease_until == model.lease_until_at, what
             assert (finished_at is not None) == model.status.finished, what
+
+    @invariant()
+    def never_two_running_jobs_of_one_key(self) -> None:
+        """The requirement itself, read from the table, independent of the model."""
+        rows = self.conn.execute(
+            "SELECT queue, ordering_key, count(*)"
+            f" FROM \"{self.schema}\".job WHERE status = 'running' AND ordering_key IS NOT NULL"
+            " GROUP BY queue, ordering_key HAVING count(*) > 1"
+        ).fetchall()
+        assert rows == [], f"two running jobs of one key: {rows}"
 
     @invariant()
     def stats_match_the_model(self) -> None:

@@ -3,6 +3,7 @@
 from .client import AsyncQueue, Queue
 from .config import database_url
 from .errors import (
+    AlreadyCompleted,
     BacklogFull,
     DatabaseUnavailable,
     InvalidArgument,
@@ -15,6 +16,7 @@ from .errors import (
 )
 from .retry import Backoff, PermanentError, Retry
 from .types import (
+    RENEWAL_BUSY,
     Claim,
     Job,
     JobStatus,
@@ -22,12 +24,15 @@ from .types import (
     QueueSettings,
     QueueStats,
     ReapResult,
+    RenewalBusy,
 )
 from .worker import App, JobContext, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "RENEWAL_BUSY",
+    "AlreadyCompleted",
     "App",
     "AsyncQueue",
     "BacklogFull",
@@ -50,6 +55,7 @@ __all__ = [
     "QueueSettings",
     "QueueStats",
     "ReapResult",
+    "RenewalBusy",
     "Retry",
     "Worker",
     "__version__",

@@ -17,8 +17,9 @@ from typing import Any, Self
 from . import migrate as migrations
 from .config import database_url
 from .db import AsyncConnection, AsyncDatabase, Connection, Database
-from .store import RenewalBusy, Store
-from .types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult
+from .errors import BacklogFull
+from .store import Store
+from .types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult, RenewalBusy
 
 
 class _Base:
@@ -32,6 +33,11 @@ class _Base:
     ) -> None:
         self.store = Store(schema, max_payload_bytes=max_payload_bytes, notify=notify)
         self.dsn = database_url(dsn)
+        # Queues whose settings row is known to be committed. An enqueue inside a
+        # caller's transaction first makes sure of it on a connection of our own:
+        # a row created inside that transaction would make every other producer
+        # of the queue wait until it commits.
+        self._known_queues: set[str] = set()
 
     @property
     def schema(self) -> str:
@@ -66,6 +72,11 @@ class Queue(_Base):
     def close(self) -> None:
         self.db.close()
 
+    def _ensure_queue(self, queue: str) -> None:
+        if queue not in self._known_queues:
+            self.db.run(self.store.ensure_queue(queue))
+            self._known_queues.add(queue)
+
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied now."""
         return self.db.drive(migrations.plan(self.store))
@@ -88,6 +99,8 @@ class Queue(_Base):
             queue, payload, delay=delay, run_at=run_at, priority=priority,
             max_attempts=max_attempts, key=key, seq=seq, idempotency_key=idempotency_key,
         )  # fmt: skip
+        if conn is not None:
+            self._ensure_queue(queue)
         return self.db.run(operation, conn)
 
     def enqueue_many(
@@ -107,18 +120,35 @@ class Queue(_Base):
             queue, payloads, delay=delay, run_at=run_at, priority=priority,
             max_attempts=max_attempts, key=key, seqs=seqs,
         )  # fmt: skip
+        if conn is not None:
+            self._ensure_queue(queue)
         return self.db.run(operation, conn)
 
     def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> list[Claim]:
-        return self.db.run(self.store.claim(queue, limit=limit, lease=lease))
+        claimed = self.db.run(self.store.claim(queue, limit=limit, lease=lease))
+        if not claimed.repairs_due:
+            return claimed.claims
+        # An ordering key met a producer in flight when it was last settled.
+        self.db.run(self.store.repair_keys(queue))
+        if claimed.claims:
+            return claimed.claims
+        return self.db.run(self.store.claim(queue, limit=limit, lease=lease)).claims
 
     def complete(self, claim: Claim, *, conn: Connection | None = None) -> None:
-        self.db.run(self.store.complete_one(claim), conn)
+        """Complete a claim, or raise LeaseLost.
+
+        With ``conn`` (your transaction, where an effect commits with the
+        completion) a job this claim already completed raises AlreadyCompleted,
+        so a re-run of the transaction rolls its effect back. Without it a
+        resend after an ambiguous commit is accepted.
+        """
+        self.db.run(self.store.complete_one(claim, strict=conn is not None), conn)
 
     def complete_many(
         self, claims: Sequence[Claim], *, conn: Connection | None = None
     ) -> list[tuple[Claim, bool]]:
-        return self.db.run(self.store.complete(claims), conn)
+        """Per claim, True if completed; with ``conn``, an earlier completion is False."""
+        return self.db.run(self.store.complete(claims, strict=conn is not None), conn)
 
     def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
         """Extend the lease: its new end, or LeaseLost. Waits while another transaction
@@ -141,10 +171,11 @@ class Queue(_Base):
         error: object = None,
         conn: Connection | None = None,
     ) -> JobStatus:
-        return self.db.run(self.store.retry_one(claim, delay=delay, error=error), conn)
+        operation = self.store.retry_one(claim, delay=delay, error=error, strict=conn is not None)
+        return self.db.run(operation, conn)
 
     def fail(self, claim: Claim, error: object = None, *, conn: Connection | None = None) -> None:
-        self.db.run(self.store.fail_one(claim, error), conn)
+        self.db.run(self.store.fail_one(claim, error, strict=conn is not None), conn)
 
     def retry_many(
         self,
@@ -170,8 +201,18 @@ class Queue(_Base):
     def replay(self, job_id: int) -> bool:
         return self.db.run(self.store.replay(job_id))
 
-    def replay_failed(self, queue: str) -> list[int]:
-        return self.db.run(self.store.replay_failed(queue))
+    def replay_failed(self, queue: str, *, batch: int = 1000) -> list[int]:
+        """Replay every failed job of ``queue`` in batches of short transactions;
+        returns their ids. A queue with admission limits takes back only what
+        fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
+        replayed: list[int] = []
+        while True:
+            result = self.db.run(self.store.replay_failed(queue, limit=batch))
+            replayed += result.replayed
+            if result.refused:
+                raise _queue_full(queue, result.refused, replayed)
+            if result.exhausted:
+                return replayed
 
     def cancel(self, job_id: int) -> bool:
         return self.db.run(self.store.cancel(job_id))
@@ -225,6 +266,11 @@ class AsyncQueue(_Base):
     async def close(self) -> None:
         await self.db.close()
 
+    async def _ensure_queue(self, queue: str) -> None:
+        if queue not in self._known_queues:
+            await self.db.run(self.store.ensure_queue(queue))
+            self._known_queues.add(queue)
+
     async def migrate(self) -> list[int]:
         return await self.db.drive(migrations.plan(self.store))
 
@@ -246,6 +292,8 @@ class AsyncQueue(_Base):
             queue, payload, delay=delay, run_at=run_at, priority=priority,
             max_attempts=max_attempts, key=key, seq=seq, idempotency_key=idempotency_key,
         )  # fmt: skip
+        if conn is not None:
+            await self._ensure_queue(queue)
         return await self.db.run(operation, conn)
 
     async def enqueue_many(
@@ -265,18 +313,34 @@ class AsyncQueue(_Base):
             queue, payloads, delay=delay, run_at=run_at, priority=priority,
             max_attempts=max_attempts, key=key, seqs=seqs,
         )  # fmt: skip
+        if conn is not None:
+            await self._ensure_queue(queue)
         return await self.db.run(operation, conn)
 
     async def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> list[Claim]:
-        return await self.db.run(self.store.claim(queue, limit=limit, lease=lease))
+        claimed = await self.db.run(self.store.claim(queue, limit=limit, lease=lease))
+        if not claimed.repairs_due:
+            return claimed.claims
+        await self.db.run(self.store.repair_keys(queue))
+        if claimed.claims:
+            return claimed.claims
+        return (await self.db.run(self.store.claim(queue, limit=limit, lease=lease))).claims
 
     async def complete(self, claim: Claim, *, conn: AsyncConnection | None = None) -> None:
-        await self.db.run(self.store.complete_one(claim), conn)
+        """Complete a claim, or raise LeaseLost.
+
+        With ``conn`` (your transaction, where an effect commits with the
+        completion) a job this claim already completed raises AlreadyCompleted,
+        so a re-run of the transaction rolls its effect back. Without it a
+        resend after an ambiguous commit is accepted.
+        """
+        await self.db.run(self.store.complete_one(claim, strict=conn is not None), conn)
 
     async def complete_many(
         self, claims: Sequence[Claim], *, conn: AsyncConnection | None = None
     ) -> list[tuple[Claim, bool]]:
-        return await self.db.run(self.store.complete(claims), conn)
+        """Per claim, True if completed; with ``conn``, an earlier completion is False."""
+        return await self.db.run(self.store.complete(claims, strict=conn is not None), conn)
 
     async def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
         """See :meth:`Queue.renew`: waits for a locked row; LeaseLost if lost."""
@@ -296,12 +360,13 @@ class AsyncQueue(_Base):
         error: object = None,
         conn: AsyncConnection | None = None,
     ) -> JobStatus:
-        return await self.db.run(self.store.retry_one(claim, delay=delay, error=error), conn)
+        operation = self.store.retry_one(claim, delay=delay, error=error, strict=conn is not None)
+        return await self.db.run(operation, conn)
 
     async def fail(
         self, claim: Claim, error: object = None, *, conn: AsyncConnection | None = None
     ) -> None:
-        await self.db.run(self.store.fail_one(claim, error), conn)
+        await self.db.run(self.store.fail_one(claim, error, strict=conn is not None), conn)
 
     async def retry_many(
         self,
@@ -327,8 +392,16 @@ class AsyncQueue(_Base):
     async def replay(self, job_id: int) -> bool:
         return await self.db.run(self.store.replay(job_id))
 
-    async def replay_failed(self, queue: str) -> list[int]:
-        return await self.db.run(self.store.replay_failed(queue))
+    async def replay_failed(self, queue: str, *, batch: int = 1000) -> list[int]:
+        """See :meth:`Queue.replay_failed`."""
+        replayed: list[int] = []
+        while True:
+            result = await self.db.run(self.store.replay_failed(queue, limit=batch))
+            replayed += result.replayed
+            if result.refused:
+                raise _queue_full(queue, result.refused, replayed)
+            if result.exhausted:
+                return replayed
 
     async def cancel(self, job_id: int) -> bool:
         return await self.db.run(self.store.cancel(job_id))
@@ -349,3 +422,11 @@ class AsyncQueue(_Base):
 
     async def queue_settings(self, name: str) -> QueueSettings | None:
         return await self.db.run(self.store.queue_settings(name))
+
+
+def _queue_full(queue: str, refused: int, replayed: list[int]) -> BacklogFull:
+    return BacklogFull(
+        f"queue {queue} is full: replayed {len(replayed)} failed jobs, "
+        f"{refused} or more left failed",
+        replayed=tuple(replayed),
+    )

@@ -166,6 +166,17 @@ async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
                 return result
 
 
+#: How many times an operation is sent when it keeps hitting a SQLSTATE it
+#: declares retryable (a race lost again and again means something is wrong).
+RETRY_ATTEMPTS = 5
+
+
+def _retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:
+    cause = error.__cause__ if isinstance(error.__cause__, psycopg.Error) else error
+    sqlstate = cause.sqlstate if isinstance(cause, psycopg.Error) else None
+    return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
+
+
 def is_connection_error(error: BaseException) -> bool:
     """True for errors after which a retry on a new connection may succeed."""
     return isinstance(error, psycopg.OperationalError | PoolTimeout | OSError | DatabaseUnavailable)
@@ -254,8 +265,15 @@ class Database:
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
         if conn is not None:
             return execute(conn, operation)
-        with self.connection() as own:
-            return execute(own, operation)
+        attempt = 0
+        while True:
+            with self.connection() as own:
+                try:
+                    return execute(own, operation)
+                except Exception as exc:
+                    if not _retryable(operation, exc, attempt):
+                        raise
+            attempt += 1
 
     def drive(self, plan: Plan) -> list[int]:
         with self.connection() as conn:
@@ -304,8 +322,15 @@ class AsyncDatabase:
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
         if conn is not None:
             return await aexecute(conn, operation)
-        async with self.connection() as own:
-            return await aexecute(own, operation)
+        attempt = 0
+        while True:
+            async with self.connection() as own:
+                try:
+                    return await aexecute(own, operation)
+                except Exception as exc:
+                    if not _retryable(operation, exc, attempt):
+                        raise
+            attempt += 1
 
     async def drive(self, plan: Plan) -> list[int]:
         await self._ensure_open()

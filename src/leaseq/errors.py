@@ -25,6 +25,12 @@ class LeaseLost(LeaseqError):
         )
 
 
+class AlreadyCompleted(LeaseLost):
+    """A completion inside the caller's transaction found the job already
+    completed by this claim: the transaction is a re-run, and its effect must
+    roll back (raising this does that when it propagates out of the block)."""
+
+
 class InvalidArgument(LeaseqError, ValueError):
     """An argument is out of range or malformed; nothing was written."""
 
@@ -38,7 +44,15 @@ class PayloadTooLarge(InvalidJob):
 
 
 class BacklogFull(LeaseqError):
-    """The queue's admission limit (jobs or bytes) would be exceeded."""
+    """The queue's admission limit (jobs or bytes) would be exceeded.
+
+    ``replayed`` holds the ids a bulk replay did put back before the queue was
+    full (empty for an enqueue, which writes nothing).
+    """
+
+    def __init__(self, message: str, *, replayed: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.replayed = replayed
 
 
 class JobNotFound(LeaseqError, LookupError):

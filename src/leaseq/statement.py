@@ -28,6 +28,10 @@ class Operation(Generic[T]):
 
     statements: tuple[Statement, ...]
     decode: Callable[[list[Rows]], T]
+    #: SQLSTATEs after which the operation is simply sent again (on leaseq's own
+    #: connection only, never inside a caller's transaction): a claim that lost
+    #: a race on job_running_key_idx (23505) finds the key taken and moves on.
+    retry_on: frozenset[str] = frozenset()
 
     @property
     def single(self) -> bool:

@@ -8,38 +8,58 @@ lives in ``sql/*.sql``.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from . import decoding, validate
-from .errors import InvalidArgument, InvalidJob, JobNotFound, LeaseLost
+from .errors import (
+    AlreadyCompleted,
+    BacklogFull,
+    InvalidArgument,
+    InvalidJob,
+    JobNotFound,
+    LeaseLost,
+)
 from .statement import Operation, Rows, Statement, T, notify_channel, sql_text
 from .types import (
+    RENEWAL_BUSY,
     Claim,
     Job,
     JobStatus,
     QueueSettings,
     QueueStats,
     ReapResult,
+    RenewalBusy,
 )
+
+#: Raised by job_running_key_idx when a claim lost a race for an ordering key.
+UNIQUE_VIOLATION = "23505"
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What one claim statement returned: the claims, and whether repair notes
+    of the queue are due (the client then runs :meth:`Store.repair_keys`)."""
+
+    claims: list[Claim]
+    repairs_due: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayBatch:
+    """One batch of replay_failed: ids replayed, how many the queue had no room
+    for, and whether the batch reached the end of the queue's failed jobs."""
+
+    replayed: list[int]
+    refused: int
+    exhausted: bool
 
 
 def _ignore(_: list[Rows]) -> None:
     return None
-
-
-class RenewalBusy(enum.Enum):
-    """A batch renewal's third answer, beside a new lease_until (renewed) and None (lost)."""
-
-    BUSY = "busy"
-
-
-#: Per claim of a batch renewal: the job's row is locked by another transaction right
-#: now and the lease is still live; nothing changed. Renew again shortly.
-RENEWAL_BUSY = RenewalBusy.BUSY
 
 
 class Store:
@@ -150,22 +170,42 @@ class Store:
 
     def claim(
         self, queue: str, *, limit: int = 1, lease: float | None = None
-    ) -> Operation[list[Claim]]:
+    ) -> Operation[Claimed]:
         params = {
             "queue": validate.queue_name(queue),
             "limit": validate.claim_limit(limit),
             "lease": validate.lease(lease),
         }
         schema = self.schema
+
+        def decode(rows: list[Rows]) -> Claimed:
+            claims = [decoding.claim_from_row(schema, row) for row in rows[0] if row[0] is not None]
+            repairs_due = len(claims) < len(rows[0])  # the marker row has no job id
+            return Claimed(sorted(claims, key=lambda c: c.job_id), repairs_due)
+
         return Operation(
             (Statement(self.sql("claim.sql"), params),),
-            lambda r: sorted((decoding.claim_from_row(schema, row) for row in r[0]),
-                             key=lambda c: c.job_id),
-        )  # fmt: skip
+            decode,
+            retry_on=frozenset({UNIQUE_VIOLATION}),
+        )
 
-    def complete(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
-        """Per claim: True if completed (now or by an earlier commit), False if lost."""
-        return self._fenced("complete.sql", claims, {}, lambda row: bool(row[1]))
+    def repair_keys(self, queue: str, *, limit: int = 100) -> Operation[int]:
+        """Settle the ordering keys of ``queue`` whose repair notes are due."""
+        params = {"queue": validate.queue_name(queue), "limit": validate.claim_limit(limit)}
+        return Operation(
+            (Statement(self.sql("repair_keys.sql"), params),), lambda r: int(r[0][0][0])
+        )
+
+    def complete(
+        self, claims: Sequence[Claim], *, strict: bool = False
+    ) -> Operation[list[tuple[Claim, bool]]]:
+        """Per claim: True if completed, False if lost.
+
+        Not strict, a completion this claim already committed counts as done (a
+        resend). Strict (inside a caller's transaction, where an effect commits
+        with it), it is refused: a re-run of that transaction must not commit twice.
+        """
+        return self._fenced("complete.sql", claims, {"strict": strict}, lambda row: bool(row[1]))
 
     def renew(
         self, claims: Sequence[Claim], lease: float | None = None
@@ -185,12 +225,16 @@ class Store:
         *,
         delays: Sequence[float | None] | None = None,
         errors: Sequence[object] | None = None,
+        strict: bool = False,
     ) -> Operation[list[tuple[Claim, JobStatus | None]]]:
         """Per claim: the job's new status (queued, or failed when exhausted), None if lost.
 
-        A None delay takes the queue's backoff.
+        A None delay takes the queue's backoff. Not strict, a retry this claim
+        already committed is reported again; strict (in a caller's transaction),
+        it is refused.
         """
         extra = {
+            "strict": strict,
             "delays": [
                 None if d is None else validate.seconds(d, "delay", validate.MAX_DELAY_SECONDS)
                 for d in validate.aligned(delays, claims, "delays")
@@ -202,15 +246,23 @@ class Store:
         )
 
     def fail(
-        self, claims: Sequence[Claim], errors: Sequence[object] | None = None
+        self,
+        claims: Sequence[Claim],
+        errors: Sequence[object] | None = None,
+        *,
+        strict: bool = False,
     ) -> Operation[list[tuple[Claim, bool]]]:
+        """Per claim: True if failed (now, or by this claim before unless strict), False if lost."""
         extra = {
-            "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")]
+            "strict": strict,
+            "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
         }
         return self._fenced("fail.sql", claims, extra, lambda row: bool(row[1]))
 
     def release(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
-        """Give unfinished claims back at once (shutdown); the attempt is not counted."""
+        """Give unfinished claims back at once (shutdown); the attempt is not counted.
+
+        Per claim: True if released (now or by an earlier commit of this claim)."""
         return self._fenced("release.sql", claims, {}, lambda row: bool(row[1]))
 
     def _fenced(
@@ -236,8 +288,21 @@ class Store:
 
     # The single-claim forms raise LeaseLost instead of reporting it.
 
-    def complete_one(self, claim: Claim) -> Operation[None]:
-        return _only(self.complete([claim]), "complete", lambda ok: None if ok else _LOST)
+    def complete_one(self, claim: Claim, *, strict: bool = False) -> Operation[None]:
+        """Complete one claim, or raise LeaseLost (AlreadyCompleted, when strict and
+        this claim's completion already committed)."""
+        batch = self._fenced(
+            "complete.sql", [claim], {"strict": strict}, lambda row: (bool(row[1]), bool(row[2]))
+        )
+
+        def decode(rows: list[Rows]) -> None:
+            ((_, (accepted, already_done)),) = batch.decode(rows)
+            if already_done and not accepted:
+                raise AlreadyCompleted(claim.job_id, claim.lease_version, "complete")
+            if not accepted:
+                raise LeaseLost(claim.job_id, claim.lease_version, "complete")
+
+        return Operation(batch.statements, decode)
 
     def renew_one(self, claim: Claim, lease: float | None = None) -> Operation[datetime]:
         """The new lease_until, or LeaseLost. Unlike the batch it waits for a locked row
@@ -257,13 +322,21 @@ class Store:
         return Operation((Statement(self.sql("renew_one.sql"), params),), decode)
 
     def retry_one(
-        self, claim: Claim, *, delay: float | None = None, error: object = None
+        self,
+        claim: Claim,
+        *,
+        delay: float | None = None,
+        error: object = None,
+        strict: bool = False,
     ) -> Operation[JobStatus]:
-        operation = self.retry([claim], delays=[delay], errors=[error])
+        operation = self.retry([claim], delays=[delay], errors=[error], strict=strict)
         return _only(operation, "retry", lambda status: status or _LOST)
 
-    def fail_one(self, claim: Claim, error: object = None) -> Operation[None]:
-        return _only(self.fail([claim], [error]), "fail", lambda ok: None if ok else _LOST)
+    def fail_one(
+        self, claim: Claim, error: object = None, *, strict: bool = False
+    ) -> Operation[None]:
+        operation = self.fail([claim], [error], strict=strict)
+        return _only(operation, "fail", lambda ok: None if ok else _LOST)
 
     # -- operators ------------------------------------------------------------
 
@@ -279,16 +352,34 @@ class Store:
         return Operation((Statement(self.sql("reap.sql"), params),), decode)
 
     def replay(self, job_id: int) -> Operation[bool]:
-        params = {"job_id": validate.job_id(job_id), "queue": None}
-        return self._transition("replay.sql", job_id, params)
+        """True if replayed, False if the job was not failed or cancelled;
+        BacklogFull (nothing written) if its queue has no room for it."""
+        params = {"job_id": validate.job_id(job_id), "queue": None, "limit": 1}
 
-    def replay_failed(self, queue: str) -> Operation[list[int]]:
-        """Replay every failed job of ``queue``; returns their ids."""
-        params = {"job_id": None, "queue": validate.queue_name(queue)}
-        return Operation(
-            (Statement(self.sql("replay.sql"), params),),
-            lambda r: [row[0] for row in r[0] if row[2]],
-        )
+        def decode(rows: list[Rows]) -> bool:
+            if not rows[0]:
+                raise JobNotFound(f"no job {job_id}")
+            ((_, status, changed, refused),) = rows[0]
+            if refused:
+                raise BacklogFull(f"queue of job {job_id} is full: {status} job not replayed")
+            return bool(changed)
+
+        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+
+    def replay_failed(self, queue: str, *, limit: int = 1000) -> Operation[ReplayBatch]:
+        """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
+        as many as its backlog limits have room for."""
+        params = {"job_id": None, "queue": validate.queue_name(queue),
+                  "limit": validate.claim_limit(limit)}  # fmt: skip
+
+        def decode(rows: list[Rows]) -> ReplayBatch:
+            return ReplayBatch(
+                replayed=[row[0] for row in rows[0] if row[2]],
+                refused=sum(1 for row in rows[0] if row[3]),
+                exhausted=len(rows[0]) < limit,
+            )
+
+        return Operation((Statement(self.sql("replay.sql"), params),), decode)
 
     def cancel(self, job_id: int) -> Operation[bool]:
         return self._transition("cancel.sql", job_id, {"job_id": validate.job_id(job_id)})
@@ -350,10 +441,19 @@ class Store:
                 Statement(self.sql("configure_queue_ensure.sql"), named),
                 Statement(self.sql("configure_queue_update.sql"), params),
                 Statement(self.sql("count_backlog.sql"), named),
+                Statement(
+                    self.sql("settle_failed_keys.sql"),
+                    {**named, "set_ordering_policy": params["set_ordering_policy"]},
+                ),
                 Statement(self.sql("get_queue.sql"), named),
             ),
-            lambda r: decoding.settings_from_row(r[3][0]),
+            lambda r: decoding.settings_from_row(r[-1][0]),
         )
+
+    def ensure_queue(self, name: str) -> Operation[None]:
+        """Create the queue's settings row with defaults if it does not exist."""
+        params = {"name": validate.queue_name(name)}
+        return Operation((Statement(self.sql("configure_queue_ensure.sql"), params),), _ignore)
 
     def queue_settings(self, name: str) -> Operation[QueueSettings | None]:
         params = {"name": validate.queue_name(name)}

@@ -27,6 +27,17 @@ class OrderingPolicy(enum.StrEnum):
     CONTINUE = "continue"
 
 
+class RenewalBusy(enum.Enum):
+    """A batch renewal's third answer, beside a new lease_until (renewed) and None (lost)."""
+
+    BUSY = "busy"
+
+
+#: Per claim of a batch renewal: the job's row is locked by another transaction right
+#: now and the lease is still live; nothing changed. Renew again shortly.
+RENEWAL_BUSY = RenewalBusy.BUSY
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One claimed job: the proof of ownership every later write must show."""

@@ -2,8 +2,15 @@
 -- recovery), then ready jobs in priority order. Each branch reads the head of
 -- its own partial index under FOR UPDATE SKIP LOCKED with a LIMIT, so
 -- concurrent claimers never wait for, nor take, each other's rows.
--- Eligibility is the same in both branches: attempts left, and no earlier
--- unfinished job of the same ordering key (a failed one counts under 'block').
+-- The ready index holds unordered jobs and the heads of ordering keys only
+-- (a key's waiting jobs are `blocked`, outside it), so the claim never walks
+-- a key's backlog. A head is claimable while no job of its key runs and no
+-- earlier job of its key is unfinished (a failed one counts under 'block');
+-- the unique index job_running_key_idx turns a race lost on a snapshot into
+-- an error the caller retries, never two running jobs of one key. An expired
+-- lease is the key's running job: recovering it keeps the key's order.
+-- A last row with a NULL job_id says that repair notes of this queue are due
+-- (see key_repair_run): the client acts on them in a statement of its own.
 -- The queue is compared with the parameter, not with settings.name: only a
 -- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
@@ -18,13 +25,6 @@ expired AS (
       AND j.status = 'running'
       AND j.lease_until <= {schema}.clock()
       AND j.attempts < j.max_attempts
-      AND (j.ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {schema}.job AS e
-          WHERE e.queue = j.queue
-            AND e.ordering_key = j.ordering_key
-            AND (e.ordering_seq, e.job_id) < (j.ordering_seq, j.job_id)
-            AND (e.status IN ('queued', 'running')
-                 OR (e.status = 'failed' AND s.failed_blocks))))
     ORDER BY j.lease_until, j.job_id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -34,15 +34,28 @@ ready AS (
     FROM {schema}.job AS j, settings AS s
     WHERE j.queue = %(queue)s
       AND j.status = 'queued'
+      AND NOT j.blocked
       AND j.available_at <= {schema}.clock()
       AND j.attempts < j.max_attempts
-      AND (j.ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {schema}.job AS e
-          WHERE e.queue = j.queue
-            AND e.ordering_key = j.ordering_key
-            AND (e.ordering_seq, e.job_id) < (j.ordering_seq, j.job_id)
-            AND (e.status IN ('queued', 'running')
-                 OR (e.status = 'failed' AND s.failed_blocks))))
+      -- Each test is a LIMIT 1 probe of one index (never a scan that the
+      -- planner might hash or run sequentially): O(1) whatever a key holds.
+      AND (j.ordering_key IS NULL OR (
+          (SELECT r.job_id FROM {schema}.job AS r
+           WHERE r.queue = j.queue AND r.ordering_key = j.ordering_key
+             AND r.status = 'running'
+           LIMIT 1) IS NULL
+          AND (SELECT e.job_id FROM {schema}.job AS e
+               WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key
+                 AND e.status IN ('queued', 'running')
+               ORDER BY e.ordering_seq, e.job_id
+               LIMIT 1) = j.job_id
+          AND NOT (s.failed_blocks AND (
+              SELECT f.ordering_seq FROM {schema}.job AS f
+              WHERE f.queue = j.queue AND f.ordering_key = j.ordering_key
+                AND f.status = 'failed'
+                AND (f.ordering_seq, f.job_id) < (j.ordering_seq, j.job_id)
+              ORDER BY f.ordering_seq, f.job_id
+              LIMIT 1) IS NOT NULL)))
     ORDER BY j.priority DESC, j.available_at, j.job_id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -52,20 +65,28 @@ picked AS (
     UNION ALL
     (SELECT job_id FROM ready)
     LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE {schema}.job AS j
+    SET status = 'running',
+        lease_seconds = coalesce(%(lease)s::double precision, s.lease_seconds),
+        lease_until = {schema}.clock()
+            + make_interval(secs => coalesce(%(lease)s::double precision, s.lease_seconds)),
+        lease_version = j.lease_version + 1,
+        attempts = j.attempts + 1,
+        claimed_at = {schema}.clock(),
+        history = CASE WHEN j.status = 'running'
+            THEN {schema}.history_append(j.history, jsonb_build_object(
+                'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired'))
+            ELSE j.history END
+    FROM picked, settings AS s
+    WHERE j.job_id = picked.job_id
+    RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
+        j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key
 )
-UPDATE {schema}.job AS j
-SET status = 'running',
-    lease_seconds = coalesce(%(lease)s::double precision, s.lease_seconds),
-    lease_until = {schema}.clock()
-        + make_interval(secs => coalesce(%(lease)s::double precision, s.lease_seconds)),
-    lease_version = j.lease_version + 1,
-    attempts = j.attempts + 1,
-    claimed_at = {schema}.clock(),
-    history = CASE WHEN j.status = 'running'
-        THEN {schema}.history_append(j.history, jsonb_build_object(
-            'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired'))
-        ELSE j.history END
-FROM picked, settings AS s
-WHERE j.job_id = picked.job_id
-RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
-    j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key
+SELECT * FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (
+    SELECT 1 FROM {schema}.key_repair AS k
+    WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())

@@ -1,11 +1,16 @@
 -- Complete a batch of claims, each fenced by (job_id, lease_version) and a
--- live lease. A claim whose completion already committed (the caller resends
--- after an ambiguous commit) matches too and changes nothing, so it is
--- reported as accepted; every other miss is a lost lease. The duplicate is
--- matched by the UPDATE itself, not by a separate read: if the first
--- completion is still committing, the UPDATE waits for its row lock and then
--- re-checks the newest row version, which a read of the statement's snapshot
--- would not see.
+-- live lease.
+-- Not strict (the worker's own acknowledgement, where no effect rides on the
+-- write): a claim whose completion already committed (a resend after an
+-- ambiguous commit) matches too and changes nothing, so it is reported as
+-- accepted. The duplicate is matched by the UPDATE itself, not by a separate
+-- read: if the first completion is still committing, the UPDATE waits for its
+-- row lock and then re-checks the newest row version, which a read of the
+-- statement's snapshot would not see.
+-- Strict (inside a caller's transaction, where a business effect commits with
+-- the completion): only a live claim matches, so a re-run of the whole
+-- transaction is refused and its effect rolls back; `already_done` says
+-- whether the miss was this claim's own earlier completion.
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[])
@@ -21,9 +26,13 @@ completed AS (
       AND j.lease_version = c.lease_version
       AND ((j.status = 'running' AND j.lease_until > {schema}.clock())
            -- Only a completion sets 'done', and only this claim had this version.
-           OR j.status = 'done')
+           OR (j.status = 'done' AND NOT %(strict)s))
     RETURNING j.job_id
 )
-SELECT c.job_id, completed.job_id IS NOT NULL AS accepted
+SELECT c.job_id,
+       completed.job_id IS NOT NULL AS accepted,
+       coalesce(before.status = 'done' AND before.lease_version = c.lease_version, false)
+           AS already_done
 FROM claimed AS c
 LEFT JOIN completed ON completed.job_id = c.job_id
+LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id

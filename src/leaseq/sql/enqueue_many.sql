@@ -12,10 +12,18 @@ input AS (
     SELECT *
     FROM unnest(%(payloads)s::text[], %(payload_bytes)s::integer[], %(seqs)s::bigint[])
         WITH ORDINALITY AS i (payload, payload_bytes, seq, position)
+),
+-- With an ordering key, only the batch's earliest job can be its key's head:
+-- the others wait behind it from the start (and skip job_key_enter).
+ordered AS (
+    SELECT input.*,
+           %(key)s::text IS NOT NULL
+               AND row_number() OVER (ORDER BY input.seq, input.position) > 1 AS blocked
+    FROM input
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, counted
+    ordering_key, ordering_seq, blocked, counted
 )
 SELECT
     %(queue)s,
@@ -27,7 +35,8 @@ SELECT
     coalesce(%(max_attempts)s::integer, admitted.max_attempts),
     %(key)s::text,
     input.seq,
+    input.blocked,
     admitted.counted
-FROM admitted LEFT JOIN notified ON true, input
+FROM admitted LEFT JOIN notified ON true, ordered AS input
 ORDER BY input.position
 RETURNING job_id

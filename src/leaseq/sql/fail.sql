@@ -1,5 +1,11 @@
 -- Fail a batch of claims for good, each fenced by (job_id, lease_version) and
 -- a live lease. Lost leases come back with accepted = false.
+-- Not strict (the worker's acknowledgement), a fail this claim already
+-- committed is accepted: matched by the UPDATE itself while it is the row's
+-- last write (so a resend racing the first commit waits for it and then
+-- matches), else found in the history (the job has moved on since: the
+-- resend changes nothing). Strict (inside a caller's transaction), only a
+-- live claim matches.
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[], %(errors)s::text[])
@@ -9,18 +15,27 @@ failed AS (
     UPDATE {schema}.job AS j
     SET status = 'failed',
         lease_until = NULL,
-        finished_at = {schema}.clock(),
-        last_error = c.error,
-        history = {schema}.history_append(j.history, jsonb_build_object(
-            'attempt', j.attempts, 'at', {schema}.clock(), 'error', c.error,
-            'outcome', 'failed'))
+        finished_at = CASE WHEN j.status = 'running' THEN {schema}.clock() ELSE j.finished_at END,
+        last_error = CASE WHEN j.status = 'running' THEN c.error ELSE j.last_error END,
+        history = CASE WHEN j.status = 'running'
+            THEN {schema}.history_append(j.history, jsonb_build_object(
+                'attempt', j.attempts, 'at', {schema}.clock(), 'error', c.error,
+                'outcome', 'failed', 'write', 'fail', 'lease_version', j.lease_version))
+            ELSE j.history END
     FROM claimed AS c
     WHERE j.job_id = c.job_id
       AND j.lease_version = c.lease_version
-      AND j.status = 'running'
-      AND j.lease_until > {schema}.clock()
+      AND ((j.status = 'running' AND j.lease_until > {schema}.clock())
+           OR (NOT %(strict)s AND j.status = 'failed'
+               AND j.history -> -1 @> jsonb_build_object(
+                   'write', 'fail', 'lease_version', c.lease_version)))
     RETURNING j.job_id
 )
-SELECT c.job_id, failed.job_id IS NOT NULL AS accepted
+SELECT c.job_id,
+       failed.job_id IS NOT NULL
+           OR (NOT %(strict)s AND coalesce(before.history @> jsonb_build_array(
+               jsonb_build_object('write', 'fail', 'lease_version', c.lease_version)), false))
+           AS accepted
 FROM claimed AS c
 LEFT JOIN failed ON failed.job_id = c.job_id
+LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id

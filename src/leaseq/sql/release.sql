@@ -1,6 +1,9 @@
 -- Give a batch of unfinished claims back at once (graceful shutdown), each
 -- fenced by (job_id, lease_version) and a live lease. The interrupted attempt
 -- is not counted: shutting workers down must not use up a job's budget.
+-- A release this claim already committed (a resend after an ambiguous commit)
+-- is accepted: matched by the UPDATE itself while it is the row's last write,
+-- else found in the history; either way it changes nothing.
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[])
@@ -10,17 +13,27 @@ released AS (
     UPDATE {schema}.job AS j
     SET status = 'queued',
         lease_until = NULL,
-        available_at = {schema}.clock(),
-        attempts = greatest(j.attempts - 1, 0),
-        history = {schema}.history_append(j.history, jsonb_build_object(
-            'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'released'))
+        available_at = CASE WHEN j.status = 'running' THEN {schema}.clock() ELSE j.available_at END,
+        attempts = CASE WHEN j.status = 'running' THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+        history = CASE WHEN j.status = 'running'
+            THEN {schema}.history_append(j.history, jsonb_build_object(
+                'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'released',
+                'write', 'release', 'lease_version', j.lease_version))
+            ELSE j.history END
     FROM claimed AS c
     WHERE j.job_id = c.job_id
       AND j.lease_version = c.lease_version
-      AND j.status = 'running'
-      AND j.lease_until > {schema}.clock()
+      AND ((j.status = 'running' AND j.lease_until > {schema}.clock())
+           OR (j.status = 'queued'
+               AND j.history -> -1 @> jsonb_build_object(
+                   'write', 'release', 'lease_version', c.lease_version)))
     RETURNING j.job_id
 )
-SELECT c.job_id, released.job_id IS NOT NULL AS accepted
+SELECT c.job_id,
+       released.job_id IS NOT NULL
+           OR coalesce(before.history @> jsonb_build_array(
+               jsonb_build_object('write', 'release', 'lease_version', c.lease_version)), false)
+           AS accepted
 FROM claimed AS c
 LEFT JOIN released ON released.job_id = c.job_id
+LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id

@@ -1,13 +1,49 @@
--- Put a failed or cancelled job back in its queue with a fresh attempt budget.
--- The job keeps its id (so its idempotency key still matches) and its history.
+-- Put failed or cancelled jobs back in their queue with a fresh attempt budget.
+-- A job keeps its id (so its idempotency key still matches) and its history.
 -- lease_version moves on (fencing tokens only grow): no write of a claim from
 -- before the replay can be taken for one of the replayed job's.
--- Targets: one job (job_id), or every failed job of a queue (queue).
-WITH target AS (
-    SELECT j.job_id, j.status
+-- Targets: one job (job_id), or a batch of up to %(limit)s failed jobs of a
+-- queue (queue), oldest failure first; the caller repeats until none is left.
+-- Admission: a queue with limits takes back only what fits in its backlog
+-- (jobs and bytes, as admit() counts them); the rest is reported `refused`
+-- and left as it is. The UPDATE re-checks each row's status after locking it,
+-- so concurrent replays never replay a job twice.
+WITH target_queue AS (
+    SELECT coalesce(%(queue)s::text,
+                    (SELECT j.queue FROM {schema}.job AS j WHERE j.job_id = %(job_id)s::bigint))
+        AS name
+),
+room AS (
+    SELECT q.max_queued_jobs
+               - (SELECT coalesce(sum(b.jobs), 0) FROM {schema}.backlog AS b WHERE b.queue = q.name)
+               AS jobs,
+           q.max_queued_bytes
+               - (SELECT coalesce(sum(b.bytes), 0) FROM {schema}.backlog AS b WHERE b.queue = q.name)
+               AS bytes
+    FROM {schema}.queue AS q, target_queue AS t
+    WHERE q.name = t.name AND q.counts_backlog
+),
+candidates AS (
+    SELECT j.job_id, j.status, j.payload_bytes, j.finished_at
     FROM {schema}.job AS j
     WHERE j.job_id = %(job_id)s::bigint
        OR (j.queue = %(queue)s::text AND j.status = 'failed')
+    ORDER BY j.finished_at, j.job_id
+    LIMIT %(limit)s
+),
+ranked AS (
+    SELECT c.job_id,
+           row_number() OVER w AS position,
+           sum(c.payload_bytes) OVER w AS bytes
+    FROM candidates AS c
+    WHERE c.status IN ('failed', 'cancelled')
+    WINDOW w AS (ORDER BY c.finished_at, c.job_id)
+),
+admitted AS (
+    SELECT r.job_id
+    FROM ranked AS r LEFT JOIN room ON true
+    WHERE (room.jobs IS NULL OR r.position <= room.jobs)
+      AND (room.bytes IS NULL OR r.bytes <= room.bytes)
 ),
 replayed AS (
     UPDATE {schema}.job AS j
@@ -16,13 +52,20 @@ replayed AS (
         lease_version = j.lease_version + 1,
         available_at = {schema}.clock(),
         finished_at = NULL,
+        -- Counted in the backlog from now on if its queue counts (the trigger
+        -- job_backlog_count adds it).
+        counted = j.counted OR EXISTS (SELECT 1 FROM room),
         history = {schema}.history_append(j.history, jsonb_build_object(
             'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'replayed',
             'previous_status', j.status))
-    FROM target AS t
-    WHERE j.job_id = t.job_id AND j.status IN ('failed', 'cancelled')
+    FROM admitted AS a
+    WHERE j.job_id = a.job_id AND j.status IN ('failed', 'cancelled')
     RETURNING j.job_id
 )
-SELECT t.job_id, t.status, replayed.job_id IS NOT NULL AS changed
-FROM target AS t LEFT JOIN replayed ON replayed.job_id = t.job_id
-ORDER BY t.job_id
+SELECT c.job_id, c.status,
+       replayed.job_id IS NOT NULL AS changed,
+       c.status IN ('failed', 'cancelled') AND admitted.job_id IS NULL AS refused
+FROM candidates AS c
+LEFT JOIN replayed ON replayed.job_id = c.job_id
+LEFT JOIN admitted ON admitted.job_id = c.job_id
+ORDER BY c.job_id

@@ -1,10 +1,11 @@
 -- Give a batch of claims back for another attempt, each fenced by
 -- (job_id, lease_version) and a live lease. A NULL delay takes the queue's
 -- backoff; a job with no attempts left goes to 'failed' instead.
--- A retry that already committed (same lease_version, back in 'queued', its
--- last history entry a retry) matches too and changes nothing, so a
--- resend after an ambiguous commit is accepted, even while the first retry is
--- still committing (the UPDATE re-checks the row after waiting for its lock).
+-- Not strict (the worker's acknowledgement), a retry this claim already
+-- committed is accepted with the status it produced: matched by the UPDATE
+-- itself while it is the row's last write (so a resend racing the first
+-- commit waits for it and then matches, changing nothing), else found in the
+-- history. Strict (inside a caller's transaction), only a live claim matches.
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[],
@@ -13,10 +14,10 @@ WITH claimed AS (
 ),
 retried AS (
     UPDATE {schema}.job AS j
-    SET status = CASE WHEN j.status = 'queued' THEN 'queued'
+    SET status = CASE WHEN j.status <> 'running' THEN j.status
                       WHEN j.attempts >= j.max_attempts THEN 'failed'
                       ELSE 'queued' END,
-        available_at = CASE WHEN j.status = 'queued' OR j.attempts >= j.max_attempts
+        available_at = CASE WHEN j.status <> 'running' OR j.attempts >= j.max_attempts
             THEN j.available_at
             ELSE {schema}.clock() + make_interval(secs => coalesce(
                 c.delay,
@@ -24,24 +25,39 @@ retried AS (
             END,
         lease_until = NULL,
         finished_at = CASE WHEN j.status = 'running' AND j.attempts >= j.max_attempts
-            THEN {schema}.clock() END,
-        last_error = CASE WHEN j.status = 'queued' THEN j.last_error
+            THEN {schema}.clock() ELSE j.finished_at END,
+        last_error = CASE WHEN j.status <> 'running' THEN j.last_error
             ELSE coalesce(c.error, j.last_error) END,
-        history = CASE WHEN j.status = 'queued' THEN j.history
+        history = CASE WHEN j.status <> 'running' THEN j.history
             ELSE {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'error', c.error,
-                'outcome', CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'retry' END))
+                'outcome', CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'retry' END,
+                'write', 'retry', 'lease_version', j.lease_version))
             END
     FROM claimed AS c, {schema}.queue AS q
     WHERE j.job_id = c.job_id
       AND q.name = j.queue
       AND j.lease_version = c.lease_version
       AND ((j.status = 'running' AND j.lease_until > {schema}.clock())
-           -- This claim's own retry, already committed; not a release, which
-           -- also leaves the job queued under the same version.
-           OR (j.status = 'queued' AND j.history -> -1 ->> 'outcome' = 'retry'))
+           OR (NOT %(strict)s AND j.status IN ('queued', 'failed')
+               AND j.history -> -1 @> jsonb_build_object(
+                   'write', 'retry', 'lease_version', c.lease_version)))
     RETURNING j.job_id, j.status
+),
+-- This claim's own retry in the history of a job that has moved on since.
+earlier AS (
+    SELECT c.job_id, entry ->> 'outcome' AS outcome
+    FROM claimed AS c
+    JOIN {schema}.job AS before ON before.job_id = c.job_id
+    CROSS JOIN LATERAL jsonb_array_elements(before.history) AS entry
+    WHERE NOT %(strict)s
+      AND before.history @> jsonb_build_array(
+          jsonb_build_object('write', 'retry', 'lease_version', c.lease_version))
+      AND entry @> jsonb_build_object('write', 'retry', 'lease_version', c.lease_version)
 )
-SELECT c.job_id, retried.status
+SELECT c.job_id,
+       coalesce(retried.status,
+                CASE earlier.outcome WHEN 'retry' THEN 'queued' WHEN 'failed' THEN 'failed' END)
 FROM claimed AS c
 LEFT JOIN retried ON retried.job_id = c.job_id
+LEFT JOIN earlier ON earlier.job_id = c.job_id

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from .. import db
 from ..client import AsyncQueue
 from ..logs import get_logger
-from ..store import RENEWAL_BUSY
+from ..types import RENEWAL_BUSY
 from .state import Running, WorkerStats
 
 log = get_logger("leaseq.worker")

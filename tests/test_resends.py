@@ -1,0 +1,258 @@
+"""Resends and re-runs of fenced writes.
+
+Two requirements that pull in opposite directions, each where it belongs:
+
+* the worker's own acknowledgement (no effect rides on it), resent after an
+  ambiguous commit, reports the write it already made, never a lost lease;
+* inside a caller's transaction, where a business effect commits with the
+  write, a re-run of the whole transaction is refused, so the effect rolls
+  back instead of committing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import leaseq
+from leaseq import AlreadyCompleted, JobStatus, LeaseLost
+from leaseq.worker.context import JobContext
+from leaseq.worker.outcomes import Kind, Outcomes
+
+Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
+
+
+def _counter(queue: leaseq.Queue) -> str:
+    table = f'"{queue.schema}".counter'
+    with queue.db.connection() as conn:
+        conn.execute(f"CREATE TABLE {table} (n int NOT NULL)")
+        conn.execute(f"INSERT INTO {table} VALUES (0)")
+    return table
+
+
+def _count(queue: leaseq.Queue, table: str) -> int:
+    with queue.db.connection() as conn:
+        row = conn.execute(f"SELECT n FROM {table}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# -- a re-run of a committed effect transaction does not pass the fence --------------------
+
+
+def test_rerun_of_a_committed_effect_and_completion_is_refused(
+    queue: leaseq.Queue, connect: Connect
+) -> None:
+    table = _counter(queue)
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    conn = connect()
+
+    def effect_and_completion() -> None:
+        with conn.transaction():
+            conn.execute(f"UPDATE {table} SET n = n + 1")
+            queue.complete(claim, conn=conn)
+
+    effect_and_completion()
+    with pytest.raises(AlreadyCompleted) as refused:
+        effect_and_completion()  # e.g. a retry loop that did not see the first COMMIT
+    assert isinstance(refused.value, LeaseLost)
+    assert _count(queue, table) == 1
+    assert queue.get(claim.job_id).status is JobStatus.DONE
+
+
+async def test_rerun_of_a_committed_effect_and_completion_is_refused_async(
+    aqueue: leaseq.AsyncQueue, database_url: str
+) -> None:
+    table = f'"{aqueue.schema}".counter'
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute(f"CREATE TABLE {table} (n int NOT NULL)")
+        await conn.execute(f"INSERT INTO {table} VALUES (0)")
+        await aqueue.enqueue("reports", {})
+        (claim,) = await aqueue.claim("reports")
+        for attempt in range(2):
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"UPDATE {table} SET n = n + 1")
+                    await aqueue.complete(claim, conn=conn)
+            except AlreadyCompleted:
+                assert attempt == 1
+        cursor = await conn.execute(f"SELECT n FROM {table}")
+        assert await cursor.fetchone() == (1,)
+
+
+def test_job_transaction_run_twice_commits_its_effect_once(
+    queue: leaseq.Queue, aqueue: leaseq.AsyncQueue
+) -> None:
+    table = _counter(queue)
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    job = JobContext(claim, queue, aqueue)
+    with job.transaction() as conn:
+        conn.execute(f"UPDATE {table} SET n = n + 1")
+    with pytest.raises(AlreadyCompleted), job.transaction() as conn:
+        conn.execute(f"UPDATE {table} SET n = n + 1")
+    assert _count(queue, table) == 1
+
+
+@pytest.mark.parametrize("write", ["retry", "fail"])
+def test_rerun_of_a_retry_or_fail_in_a_callers_transaction_is_refused(
+    queue: leaseq.Queue, connect: Connect, write: str
+) -> None:
+    table = _counter(queue)
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    conn = connect()
+
+    def run() -> None:
+        with conn.transaction():
+            conn.execute(f"UPDATE {table} SET n = n + 1")
+            if write == "retry":
+                queue.retry(claim, delay=60, error="later", conn=conn)
+            else:
+                queue.fail(claim, "for good", conn=conn)
+
+    run()
+    with pytest.raises(LeaseLost):
+        run()
+    assert _count(queue, table) == 1
+
+
+def test_batch_completion_in_a_callers_transaction_reports_earlier_completions(
+    queue: leaseq.Queue, connect: Connect
+) -> None:
+    queue.enqueue_many("reports", [{}, {}])
+    first, second = queue.claim("reports", limit=2)
+    queue.complete(first)
+    conn = connect()
+    with conn.transaction():
+        results = queue.complete_many([first, second], conn=conn)
+    assert results == [(first, False), (second, True)]
+
+
+# -- the worker's acknowledgements recognise their own committed write --------------------
+
+
+def test_resent_fail_is_accepted(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    queue.fail(claim, "bad input")
+    queue.fail(claim, "bad input")  # the first COMMIT's answer was lost
+    assert queue.fail_many([claim], ["bad input"]) == [(claim, True)]
+    job = queue.get(claim.job_id)
+    assert (job.status, job.last_error) == (JobStatus.FAILED, "bad input")
+    assert [entry["outcome"] for entry in job.history] == ["failed"]
+
+
+def test_resent_release_is_accepted(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    assert queue.release_many([claim]) == [(claim, True)]
+    assert queue.release_many([claim]) == [(claim, True)]
+    job = queue.get(claim.job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+    assert [entry["outcome"] for entry in job.history] == ["released"]
+
+
+def test_resent_last_attempt_retry_reports_failed(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {}, max_attempts=1)
+    (claim,) = queue.claim("reports")
+    assert queue.retry(claim, error="boom") is JobStatus.FAILED
+    assert queue.retry(claim, error="boom") is JobStatus.FAILED
+    assert [entry["outcome"] for entry in queue.get(claim.job_id).history] == ["failed"]
+
+
+def test_resend_after_the_job_moved_on_is_accepted_and_changes_nothing(
+    queue: leaseq.Queue,
+) -> None:
+    queue.enqueue("reports", {})
+    (first,) = queue.claim("reports")
+    queue.release_many([first])
+    (second,) = queue.claim("reports")  # another worker took the released job
+    before = queue.get(first.job_id)
+    assert queue.release_many([first]) == [(first, True)]
+    assert queue.get(first.job_id) == before
+    queue.complete(second)  # the new owner is unaffected
+
+    queue.enqueue("failing", {})
+    (failing,) = queue.claim("failing")
+    queue.fail(failing, "boom")
+    queue.replay(failing.job_id)
+    replayed = queue.get(failing.job_id)
+    queue.fail(failing, "boom")  # a late resend of the fail from before the replay
+    assert queue.get(failing.job_id) == replayed
+
+
+def test_a_different_write_of_the_same_claim_is_not_a_resend(queue: leaseq.Queue) -> None:
+    """A claim that retried cannot later fail or release: that is no resend."""
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    queue.retry(claim, delay=0)
+    with pytest.raises(LeaseLost):
+        queue.fail(claim, "late")
+    assert queue.release_many([claim]) == [(claim, False)]
+    (claim,) = queue.claim("reports")
+    queue.release_many([claim])
+    assert queue.retry_many([claim], delays=[0]) == [(claim, None)]
+    (claim,) = queue.claim("reports")
+    queue.fail(claim, "for good")
+    assert queue.retry_many([claim], delays=[0]) == [(claim, None)]
+    assert queue.release_many([claim]) == [(claim, False)]
+    assert queue.get(claim.job_id).status is JobStatus.FAILED
+
+
+class _CommitThenDrop(leaseq.AsyncQueue):
+    """Each batch write reaches the database and commits, then the connection
+    'drops' before the answer arrives: an ambiguous commit, the first time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dropped: list[str] = []
+
+    async def _drop_once(self, name: str, result: Any) -> Any:
+        if name not in self.dropped:
+            self.dropped.append(name)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return result
+
+    async def complete_many(self, claims: Any, **kwargs: Any) -> Any:
+        return await self._drop_once("complete", await super().complete_many(claims, **kwargs))
+
+    async def retry_many(self, claims: Any, **kwargs: Any) -> Any:
+        return await self._drop_once("retry", await super().retry_many(claims, **kwargs))
+
+    async def fail_many(self, claims: Any, errors: Any = None) -> Any:
+        return await self._drop_once("fail", await super().fail_many(claims, errors))
+
+    async def release_many(self, claims: Any) -> Any:
+        return await self._drop_once("release", await super().release_many(claims))
+
+
+async def test_worker_acknowledgements_resent_after_an_ambiguous_commit_are_accepted(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    await aqueue.enqueue_many("work", [{}, {}, {}, {}])
+    await aqueue.enqueue("last", {}, max_attempts=1)
+    claims = await aqueue.claim("work", limit=4)
+    (last,) = await aqueue.claim("last")
+    async with _CommitThenDrop(database_url, schema=schema) as flaky:
+        outcomes = Outcomes(flaky)
+        flusher = __import__("asyncio").create_task(outcomes.run())
+        try:
+            accepted = [
+                await outcomes.report(Kind.COMPLETE, claims[0]),
+                await outcomes.report(Kind.RETRY, claims[1], delay=30, error="later"),
+                await outcomes.report(Kind.FAIL, claims[2], error="for good"),
+                await outcomes.report(Kind.RELEASE, claims[3]),
+                await outcomes.report(Kind.RETRY, last, delay=0, error="exhausted"),
+            ]
+        finally:
+            flusher.cancel()
+    assert sorted(flaky.dropped) == ["complete", "fail", "release", "retry"]
+    assert accepted == [True] * 5
+    states = [(await aqueue.get(c.job_id)).status for c in [*claims, last]]
+    assert states == [JobStatus.DONE, JobStatus.QUEUED, JobStatus.FAILED, JobStatus.QUEUED,
+                      JobStatus.FAILED]  # fmt: skip
