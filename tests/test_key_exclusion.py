@@ -336,3 +336,41 @@ def test_running_jobs_of_one_key_never_coexist_in_the_table(
             break
     (stats,) = queue.stats("events")
     assert (stats.queued, stats.running) == (0, 0), stats
+
+
+def test_a_claim_that_loses_the_race_for_a_key_is_retried_not_doubled(
+    queue: leaseq.Queue, connect: Connect
+) -> None:
+    """A claimer whose snapshot does not yet show another job of the key running
+    (its claim is still committing) must not run a second job of that key: the
+    unique index makes it wait for that commit and fail, and the claim is sent
+    again, now seeing the key taken."""
+    head = queue.enqueue("events", {}, key="k", seq=5)
+    other = connect()
+    with other.transaction():
+        # Another claimer's job of key k, running but not committed yet.
+        other.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, status,'
+            " available_at, lease_until, lease_version, attempts, max_attempts,"
+            " ordering_key, ordering_seq)"
+            " VALUES ('events', '{}', 2, 'running', now(), now() + interval '1 hour',"
+            " 1, 1, 20, 'k', 1)"
+        )
+        claimed: list[list[int]] = []
+        claimer = threading.Thread(target=lambda: claimed.append(_claim_ids(queue)))
+        claimer.start()
+        # The claimer took `head` on its snapshot and now waits on the unique index.
+        with connect(autocommit=True) as watcher:
+            for _ in range(500):
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    (other.info.backend_pid,),
+                ).fetchone()
+                if row and row[0]:
+                    break
+                threading.Event().wait(0.01)
+            else:
+                pytest.fail("the claim never waited for the other claimer's commit")
+    claimer.join(30)
+    assert claimed == [[]]  # retried after the unique violation: the key is taken
+    assert queue.get(head).status is JobStatus.QUEUED

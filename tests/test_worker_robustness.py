@@ -206,7 +206,8 @@ class PausableProxy:
     def __init__(self, url: str) -> None:
         params = conninfo_to_dict(url)
         self.url = url
-        self.target = (str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+        self.host = str(params.get("host") or "127.0.0.1")
+        self.port = int(params.get("port") or 5432)
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._writers: list[asyncio.StreamWriter] = []
@@ -220,7 +221,11 @@ class PausableProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            if self.host.startswith("/"):  # a Unix socket folder (the embedded server)
+                socket_path = f"{self.host}/.s.PGSQL.{self.port}"
+                up_reader, up_writer = await asyncio.open_unix_connection(socket_path)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
         except OSError:
             writer.close()
             return

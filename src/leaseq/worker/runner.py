@@ -93,8 +93,8 @@ class Worker:
         self.lease = lease
         self.poll_interval = poll_interval
         self.listen = listen
-        self.listen_dsn = listen_dsn or self.dsn
-        self.listen_dsn = database_url(self.listen_dsn)  # the funnel: redact its password
+        # Through the funnel too, so that its password is redacted wherever it shows.
+        self.listen_dsn = database_url(listen_dsn) if listen_dsn else self.dsn
         self.renew_fraction = renew_fraction
         self.shutdown_grace = shutdown_grace
         self.maintenance = maintenance

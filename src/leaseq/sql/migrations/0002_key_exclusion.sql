@@ -79,48 +79,59 @@ CREATE FUNCTION {schema}.key_normalize(p_queue text, p_key text) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    head record;
+    k record;
     target bigint;
 BEGIN
-    SELECT j.job_id, j.status, j.ordering_seq INTO head
-    FROM {schema}.job AS j
-    WHERE j.queue = p_queue AND j.ordering_key = p_key AND j.status IN ('queued', 'running')
-    ORDER BY j.ordering_seq, j.job_id
-    LIMIT 1;
-    IF FOUND AND head.status = 'queued'
-       AND (SELECT r.job_id FROM {schema}.job AS r
+    -- One look at the key: its earliest unfinished job, whether one runs,
+    -- whether a failed one holds it, and a claimable job other than the head.
+    SELECT h.job_id AS head, h.status AS head_status, h.blocked AS head_blocked,
+           (SELECT r.job_id FROM {schema}.job AS r
             WHERE r.queue = p_queue AND r.ordering_key = p_key AND r.status = 'running'
-            LIMIT 1) IS NULL
-       AND NOT (
+            LIMIT 1) AS running,
            coalesce((SELECT q.ordering_policy = 'block' FROM {schema}.queue AS q
                      WHERE q.name = p_queue), true)
            AND (SELECT f.job_id FROM {schema}.job AS f
                 WHERE f.queue = p_queue AND f.ordering_key = p_key AND f.status = 'failed'
-                  AND (f.ordering_seq, f.job_id) < (head.ordering_seq, head.job_id)
+                  AND (f.ordering_seq, f.job_id) < (h.ordering_seq, h.job_id)
                 ORDER BY f.ordering_seq, f.job_id
-                LIMIT 1) IS NOT NULL)
-    THEN
-        target := head.job_id;
+                LIMIT 1) IS NOT NULL AS failed_holds,
+           (SELECT o.job_id FROM {schema}.job AS o
+            WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
+              AND NOT o.blocked AND o.job_id <> h.job_id
+            LIMIT 1) AS other_claimable
+    INTO k
+    FROM (
+        SELECT j.job_id, j.status, j.blocked, j.ordering_seq
+        FROM {schema}.job AS j
+        WHERE j.queue = p_queue AND j.ordering_key = p_key AND j.status IN ('queued', 'running')
+        ORDER BY j.ordering_seq, j.job_id
+        LIMIT 1
+    ) AS h;
+    IF NOT FOUND THEN
+        RETURN;  -- nothing unfinished: nothing to settle
+    END IF;
+    IF k.head_status = 'queued' AND k.running IS NULL AND NOT k.failed_holds THEN
+        target := k.head;
     END IF;
     -- Rows locked by someone else are skipped, never waited for: a producer
     -- holds the rows it re-blocked until it commits, and its own job is then
     -- the key's head; a settler or a cancel settles the key again itself.
-    UPDATE {schema}.job AS j SET blocked = true
-    FROM (
-        SELECT o.job_id FROM {schema}.job AS o
-        WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
-          AND NOT o.blocked AND o.job_id IS DISTINCT FROM target
-        FOR UPDATE SKIP LOCKED
-    ) AS others
-    WHERE j.job_id = others.job_id;
-    IF target IS NOT NULL THEN
-        UPDATE {schema}.job AS j SET blocked = false
+    IF k.other_claimable IS NOT NULL
+       OR (target IS NULL AND k.head_status = 'queued' AND NOT k.head_blocked) THEN
+        UPDATE {schema}.job AS j SET blocked = true
         FROM (
-            SELECT t.job_id FROM {schema}.job AS t
-            WHERE t.job_id = target AND t.status = 'queued' AND t.blocked
+            SELECT o.job_id FROM {schema}.job AS o
+            WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
+              AND NOT o.blocked AND o.job_id IS DISTINCT FROM target
             FOR UPDATE SKIP LOCKED
-        ) AS earliest
-        WHERE j.job_id = earliest.job_id;
+        ) AS others
+        WHERE j.job_id = others.job_id;
+    END IF;
+    -- (A waiting job's row is only ever locked briefly: by a cancel, the reaper
+    -- or another settler; producers lock claimable rows only.)
+    IF target IS NOT NULL AND k.head_blocked THEN
+        UPDATE {schema}.job AS j SET blocked = false
+        WHERE j.job_id = target AND j.status = 'queued' AND j.blocked;
     END IF;
 END
 $$;
