@@ -49,7 +49,9 @@ ready AS (
                  AND e.status IN ('queued', 'running')
                ORDER BY e.ordering_seq, e.job_id
                LIMIT 1) = j.job_id
-          AND NOT (s.failed_blocks AND (
+          -- (the policy through a sub-select: a qual of j alone is evaluated
+          -- once, in the index scan, not again in a join filter)
+          AND NOT ((SELECT failed_blocks FROM settings) AND (
               SELECT f.ordering_seq FROM {schema}.job AS f
               WHERE f.queue = j.queue AND f.ordering_key = j.ordering_key
                 AND f.status = 'failed'

@@ -54,9 +54,6 @@ CREATE TABLE {schema}.key_repair (
     repair_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue text NOT NULL,
     ordering_key text NOT NULL,
-    -- Every transaction in flight when the note was written has an id below
-    -- this; once none of them is running, what they enqueued is visible.
-    horizon bigint NOT NULL,
     next_check timestamptz NOT NULL
 );
 CREATE INDEX key_repair_due_idx ON {schema}.key_repair (queue, next_check);
@@ -84,7 +81,8 @@ DECLARE
 BEGIN
     -- One look at the key: its earliest unfinished job, whether one runs,
     -- whether a failed one holds it, and a claimable job other than the head.
-    SELECT h.job_id AS head, h.status AS head_status, h.blocked AS head_blocked,
+    SELECT h.job_id AS head, h.ordering_seq AS head_seq, h.status AS head_status,
+           h.blocked AS head_blocked,
            (SELECT r.job_id FROM {schema}.job AS r
             WHERE r.queue = p_queue AND r.ordering_key = p_key AND r.status = 'running'
             LIMIT 1) AS running,
@@ -98,6 +96,7 @@ BEGIN
            (SELECT o.job_id FROM {schema}.job AS o
             WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
               AND NOT o.blocked AND o.job_id <> h.job_id
+              AND (o.ordering_seq, o.job_id) > (h.ordering_seq, h.job_id)
             LIMIT 1) AS other_claimable
     INTO k
     FROM (
@@ -113,9 +112,12 @@ BEGIN
     IF k.head_status = 'queued' AND k.running IS NULL AND NOT k.failed_holds THEN
         target := k.head;
     END IF;
-    -- Rows locked by someone else are skipped, never waited for: a producer
-    -- holds the rows it re-blocked until it commits, and its own job is then
-    -- the key's head; a settler or a cancel settles the key again itself.
+    -- The head's successors (and the head itself, if it may not run) wait.
+    -- Never a job before the head: it committed after the look above, decided
+    -- for itself under the bucket's lock, and is the key's new head. Rows
+    -- locked by someone else are skipped, never waited for: a producer holds
+    -- the rows it re-blocked until it commits (its own job is then the head);
+    -- a settler or a cancel settles the key again itself.
     IF k.other_claimable IS NOT NULL
        OR (target IS NULL AND k.head_status = 'queued' AND NOT k.head_blocked) THEN
         UPDATE {schema}.job AS j SET blocked = true
@@ -123,6 +125,7 @@ BEGIN
             SELECT o.job_id FROM {schema}.job AS o
             WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
               AND NOT o.blocked AND o.job_id IS DISTINCT FROM target
+              AND (o.ordering_seq, o.job_id) >= (k.head_seq, k.head)
             FOR UPDATE SKIP LOCKED
         ) AS others
         WHERE j.job_id = others.job_id;
@@ -144,17 +147,19 @@ CREATE FUNCTION {schema}.key_settle(p_queue text, p_key text) RETURNS void
     AS $$
 BEGIN
     IF NOT pg_try_advisory_xact_lock({schema}.key_lock_class(), {schema}.key_bucket(p_queue, p_key)) THEN
-        INSERT INTO {schema}.key_repair (queue, ordering_key, horizon, next_check)
-            VALUES (p_queue, p_key, pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
-                    {schema}.clock());
+        INSERT INTO {schema}.key_repair (queue, ordering_key, next_check)
+            VALUES (p_queue, p_key, {schema}.clock());
     END IF;
     PERFORM {schema}.key_normalize(p_queue, p_key);
 END
 $$;
 
 -- Act on due repair notes of one queue (run by the client when a claim says
--- some are due): settle each key; drop the note once no producer of its bucket is in
--- flight or every transaction older than the note is over.
+-- some are due): settle each key again. A note is dropped only by a settling
+-- that held the bucket's exclusive lock, i.e. with no producer of the bucket
+-- in flight: settlings without it (this one when the lock is taken, a settler
+-- whose try failed) may race other settlings of the key and leave it
+-- unsettled, so they only ever add or keep notes.
 CREATE FUNCTION {schema}.key_repair_run(p_queue text, p_limit integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -163,7 +168,7 @@ DECLARE
     settled integer := 0;
 BEGIN
     FOR note IN
-        SELECT k.repair_id, k.ordering_key, k.horizon
+        SELECT k.repair_id, k.ordering_key
         FROM {schema}.key_repair AS k
         WHERE k.queue = p_queue AND k.next_check <= {schema}.clock()
         ORDER BY k.next_check
@@ -171,14 +176,14 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     LOOP
         IF pg_try_advisory_xact_lock({schema}.key_lock_class(),
-                                     {schema}.key_bucket(p_queue, note.ordering_key))
-           OR pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= note.horizon THEN
+                                     {schema}.key_bucket(p_queue, note.ordering_key)) THEN
             PERFORM {schema}.key_normalize(p_queue, note.ordering_key);
             DELETE FROM {schema}.key_repair AS k WHERE k.repair_id = note.repair_id;
             settled := settled + 1;
         ELSE
             -- What is visible already may let the key move; look again soon
-            -- (not at every claim: a producer may stay in flight for long).
+            -- (not at every claim: a producer may stay in flight for long, or
+            -- producers of other keys of the bucket may keep it busy).
             PERFORM {schema}.key_normalize(p_queue, note.ordering_key);
             UPDATE {schema}.key_repair AS k
             SET next_check = {schema}.clock() + interval '200 milliseconds'
@@ -197,10 +202,6 @@ $$;
 CREATE FUNCTION {schema}.job_key_enter() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    -- Taken before the lock: a settler that finds the lock held then sees this
-    -- transaction in its snapshot, so its note's horizon covers it.
-    own_xid bigint := pg_current_xact_id()::text::bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock_shared({schema}.key_lock_class(),
                                          {schema}.key_bucket(NEW.queue, NEW.ordering_key));
@@ -237,8 +238,8 @@ BEGIN
                  LIMIT 1) IS NOT NULL);
     IF NEW.blocked AND current_setting('transaction_isolation') <> 'read committed' THEN
         -- A transaction snapshot may predate the commit that freed the key.
-        INSERT INTO {schema}.key_repair (queue, ordering_key, horizon, next_check)
-            VALUES (NEW.queue, NEW.ordering_key, own_xid + 1, {schema}.clock());
+        INSERT INTO {schema}.key_repair (queue, ordering_key, next_check)
+            VALUES (NEW.queue, NEW.ordering_key, {schema}.clock());
     END IF;
     RETURN NEW;
 END
