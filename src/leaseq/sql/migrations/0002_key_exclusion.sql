@@ -68,80 +68,84 @@ CREATE FUNCTION {schema}.key_bucket(p_queue text, p_key text) RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     AS $$ SELECT (hashtextextended(p_queue || E'\x1f' || p_key, 0) & 255)::integer $$;
 
--- Make the earliest unfinished job of a key its only claimable one, or none
--- while a job of the key runs or a failed head holds it ('block' policy).
--- Each query takes a fresh snapshot (plpgsql, READ COMMITTED): it sees every
--- commit up to now, not just those before the calling statement began.
-CREATE FUNCTION {schema}.key_normalize(p_queue text, p_key text) RETURNS void
+-- Settle keys: make the earliest unfinished job of each key its only claimable
+-- one, or none while a job of the key runs or a failed head holds it ('block'
+-- policy). Set-based: a batch statement that moves many keys on settles them
+-- all in one statement. plpgsql, so that it runs on a fresh snapshot (READ
+-- COMMITTED) and sees every commit up to now, not only those before the
+-- statement that called it began.
+CREATE FUNCTION {schema}.key_normalize(p_queues text[], p_keys text[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    k record;
-    target bigint;
 BEGIN
-    -- One look at the key: its earliest unfinished job, whether one runs,
-    -- whether a failed one holds it, and a claimable job other than the head.
-    SELECT h.job_id AS head, h.ordering_seq AS head_seq, h.status AS head_status,
-           h.blocked AS head_blocked,
-           (SELECT r.job_id FROM {schema}.job AS r
-            WHERE r.queue = p_queue AND r.ordering_key = p_key AND r.status = 'running'
-            LIMIT 1) AS running,
-           coalesce((SELECT q.ordering_policy = 'block' FROM {schema}.queue AS q
-                     WHERE q.name = p_queue), true)
-           AND (SELECT f.job_id FROM {schema}.job AS f
-                WHERE f.queue = p_queue AND f.ordering_key = p_key AND f.status = 'failed'
-                  AND (f.ordering_seq, f.job_id) < (h.ordering_seq, h.job_id)
-                ORDER BY f.ordering_seq, f.job_id
-                LIMIT 1) IS NOT NULL AS failed_holds,
-           (SELECT o.job_id FROM {schema}.job AS o
-            WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
-              AND NOT o.blocked AND o.job_id <> h.job_id
-              AND (o.ordering_seq, o.job_id) > (h.ordering_seq, h.job_id)
-            LIMIT 1) AS other_claimable
-    INTO k
-    FROM (
-        SELECT j.job_id, j.status, j.blocked, j.ordering_seq
-        FROM {schema}.job AS j
-        WHERE j.queue = p_queue AND j.ordering_key = p_key AND j.status IN ('queued', 'running')
-        ORDER BY j.ordering_seq, j.job_id
-        LIMIT 1
-    ) AS h;
-    IF NOT FOUND THEN
-        RETURN;  -- nothing unfinished: nothing to settle
-    END IF;
-    IF k.head_status = 'queued' AND k.running IS NULL AND NOT k.failed_holds THEN
-        target := k.head;
-    END IF;
+    WITH keys AS (
+        SELECT DISTINCT k.queue, k.ordering_key
+        FROM unnest(p_queues, p_keys) AS k (queue, ordering_key)
+    ),
+    -- Each key's earliest unfinished job, and whether it may run: no job of the
+    -- key running, no earlier failed one holding the key. LIMIT 1 probes of one
+    -- index each.
+    heads AS (
+        SELECT h.queue, h.ordering_key, h.job_id, h.ordering_seq,
+               CASE WHEN h.status = 'queued' AND h.blocked THEN 'waiting'
+                    WHEN h.status = 'queued' THEN 'claimable' ELSE 'running' END AS state,
+               h.status = 'queued'
+               AND (SELECT r.job_id FROM {schema}.job AS r
+                    WHERE r.queue = h.queue AND r.ordering_key = h.ordering_key
+                      AND r.status = 'running'
+                    LIMIT 1) IS NULL
+               AND NOT (
+                   coalesce((SELECT q.ordering_policy = 'block' FROM {schema}.queue AS q
+                             WHERE q.name = h.queue), true)
+                   AND (SELECT f.job_id FROM {schema}.job AS f
+                        WHERE f.queue = h.queue AND f.ordering_key = h.ordering_key
+                          AND f.status = 'failed'
+                          AND (f.ordering_seq, f.job_id) < (h.ordering_seq, h.job_id)
+                        ORDER BY f.ordering_seq, f.job_id
+                        LIMIT 1) IS NOT NULL) AS may_run
+        FROM keys AS k
+        CROSS JOIN LATERAL (
+            SELECT j.queue, j.ordering_key, j.job_id, j.ordering_seq, j.status, j.blocked
+            FROM {schema}.job AS j
+            WHERE j.queue = k.queue AND j.ordering_key = k.ordering_key
+              AND j.status IN ('queued', 'running')
+            ORDER BY j.ordering_seq, j.job_id
+            LIMIT 1
+        ) AS h
+    ),
     -- The head's successors (and the head itself, if it may not run) wait.
     -- Never a job before the head: it committed after the look above, decided
     -- for itself under the bucket's lock, and is the key's new head. Rows
     -- locked by someone else are skipped, never waited for: a producer holds
     -- the rows it re-blocked until it commits (its own job is then the head);
     -- a settler or a cancel settles the key again itself.
-    IF k.other_claimable IS NOT NULL
-       OR (target IS NULL AND k.head_status = 'queued' AND NOT k.head_blocked) THEN
+    waiting AS (
         UPDATE {schema}.job AS j SET blocked = true
         FROM (
-            SELECT o.job_id FROM {schema}.job AS o
-            WHERE o.queue = p_queue AND o.ordering_key = p_key AND o.status = 'queued'
-              AND NOT o.blocked AND o.job_id IS DISTINCT FROM target
-              AND (o.ordering_seq, o.job_id) >= (k.head_seq, k.head)
-            FOR UPDATE SKIP LOCKED
+            SELECT o.job_id
+            FROM heads AS h
+            JOIN {schema}.job AS o
+              ON o.queue = h.queue AND o.ordering_key = h.ordering_key
+            WHERE o.status = 'queued' AND NOT o.blocked
+              AND (o.ordering_seq, o.job_id) >= (h.ordering_seq, h.job_id)
+              AND (o.job_id <> h.job_id OR NOT h.may_run)
+            FOR UPDATE OF o SKIP LOCKED
         ) AS others
-        WHERE j.job_id = others.job_id;
-    END IF;
-    -- (A waiting job's row is only ever locked briefly: by a cancel, the reaper
-    -- or another settler; producers lock claimable rows only.)
-    IF target IS NOT NULL AND k.head_blocked THEN
-        UPDATE {schema}.job AS j SET blocked = false
-        WHERE j.job_id = target AND j.status = 'queued' AND j.blocked;
-    END IF;
+        WHERE j.job_id = others.job_id
+    )
+    -- The head that may run becomes claimable. (A waiting job's row is only
+    -- ever locked briefly: by a cancel, the reaper or another settler.)
+    UPDATE {schema}.job AS j SET blocked = false
+    FROM heads AS h
+    WHERE j.job_id = h.job_id AND h.may_run AND h.state = 'waiting'
+      AND j.status = 'queued' AND j.blocked;
 END
 $$;
 
--- Re-settle a key after something moved it on. If a producer of the key's
--- bucket is still in flight, its jobs are invisible here: leave a note so the
--- key is settled again once that producer is over.
+-- Re-settle one key after something moved it on, outside the job table's
+-- triggers (a change of ordering policy). If a producer of the key's bucket is
+-- still in flight, its jobs are invisible here: leave a note so the key is
+-- settled again once that producer is over.
 CREATE FUNCTION {schema}.key_settle(p_queue text, p_key text) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -150,7 +154,7 @@ BEGIN
         INSERT INTO {schema}.key_repair (queue, ordering_key, next_check)
             VALUES (p_queue, p_key, {schema}.clock());
     END IF;
-    PERFORM {schema}.key_normalize(p_queue, p_key);
+    PERFORM {schema}.key_normalize(ARRAY[p_queue], ARRAY[p_key]);
 END
 $$;
 
@@ -177,14 +181,14 @@ BEGIN
     LOOP
         IF pg_try_advisory_xact_lock({schema}.key_lock_class(),
                                      {schema}.key_bucket(p_queue, note.ordering_key)) THEN
-            PERFORM {schema}.key_normalize(p_queue, note.ordering_key);
+            PERFORM {schema}.key_normalize(ARRAY[p_queue], ARRAY[note.ordering_key]);
             DELETE FROM {schema}.key_repair AS k WHERE k.repair_id = note.repair_id;
             settled := settled + 1;
         ELSE
             -- What is visible already may let the key move; look again soon
             -- (not at every claim: a producer may stay in flight for long, or
             -- producers of other keys of the bucket may keep it busy).
-            PERFORM {schema}.key_normalize(p_queue, note.ordering_key);
+            PERFORM {schema}.key_normalize(ARRAY[p_queue], ARRAY[note.ordering_key]);
             UPDATE {schema}.key_repair AS k
             SET next_check = {schema}.clock() + interval '200 milliseconds'
             WHERE k.repair_id = note.repair_id;
@@ -261,12 +265,44 @@ CREATE TRIGGER job_key_enter_replay
 
 -- A job moved its key on: it stopped running (done, failed, retried,
 -- released), left the queue unfinished (cancelled, reaped) or, failed, was
--- skipped. The WHEN clause runs in C: unordered jobs never call this.
+-- skipped; or its row was deleted. The row trigger (its WHEN clause runs in C:
+-- unordered jobs never call it) tries the bucket's lock, leaves a note if a
+-- producer holds it, and collects the key; at the end of the statement one
+-- statement trigger settles every key collected, in one set-based statement.
+-- The collection is a transaction-local setting, filled and emptied within
+-- the one statement that moved the keys (a rollback empties it too).
 CREATE FUNCTION {schema}.job_key_leave() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM {schema}.key_settle(OLD.queue, OLD.ordering_key);
+    IF NOT pg_try_advisory_xact_lock({schema}.key_lock_class(),
+                                     {schema}.key_bucket(OLD.queue, OLD.ordering_key)) THEN
+        INSERT INTO {schema}.key_repair (queue, ordering_key, next_check)
+            VALUES (OLD.queue, OLD.ordering_key, {schema}.clock());
+    END IF;
+    PERFORM set_config('leaseq.keys_to_settle',
+        coalesce(current_setting('leaseq.keys_to_settle', true), '')
+            || ',' || jsonb_build_array(OLD.queue, OLD.ordering_key)::text,
+        true);
+    RETURN NULL;
+END
+$$;
+
+-- (No WHEN clause: a statement trigger's WHEN is evaluated before the row
+-- triggers of its statement have run, so it would never see their keys.
+-- Statements that moved no key return at the first line.)
+CREATE FUNCTION {schema}.job_keys_settle() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    collected text := coalesce(current_setting('leaseq.keys_to_settle', true), '');
+BEGIN
+    IF collected = '' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('leaseq.keys_to_settle', '', true);
+    PERFORM {schema}.key_normalize(array_agg(k ->> 0), array_agg(k ->> 1))
+    FROM jsonb_array_elements(('[' || ltrim(collected, ',') || ']')::jsonb) AS k;
     RETURN NULL;
 END
 $$;
@@ -286,7 +322,17 @@ CREATE TRIGGER job_key_leave_delete
     WHEN (OLD.ordering_key IS NOT NULL AND OLD.status IN ('queued', 'running', 'failed'))
     EXECUTE FUNCTION {schema}.job_key_leave();
 
+CREATE TRIGGER job_keys_settle_update
+    AFTER UPDATE OF status ON {schema}.job
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.job_keys_settle();
+
+CREATE TRIGGER job_keys_settle_delete
+    AFTER DELETE ON {schema}.job
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.job_keys_settle();
+
 -- Jobs enqueued before this migration: settle every key once.
-SELECT {schema}.key_normalize(k.queue, k.ordering_key)
+SELECT {schema}.key_normalize(array_agg(k.queue), array_agg(k.ordering_key))
 FROM (SELECT DISTINCT j.queue, j.ordering_key FROM {schema}.job AS j
       WHERE j.ordering_key IS NOT NULL AND j.status IN ('queued', 'failed')) AS k;
