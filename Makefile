@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check src tests bench examples
-	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/ruff check src tests bench examples tools
+	$(BIN)/ruff format --check src tests bench examples tools
+	$(BIN)/python tools/async_to_sync.py --check
 
 types: install
 	$(BIN)/mypy --strict src

@@ -50,7 +50,7 @@ async def drain_with_worker(url: str, jobs: int, concurrency: int) -> float:
 def drain_raw(url: str, jobs: int, batch: int) -> float:
     queue = leaseq.Queue(url, schema=SCHEMA)
     queue.enqueue_many("raw", [{"n": n} for n in range(jobs)])
-    claim = queue.store.claim("raw", limit=batch).statements[0]
+    claim = queue._store.claim("raw", limit=batch).statements[0]
     with psycopg.connect(url, autocommit=True) as conn:
         started = time.perf_counter()
         done = 0

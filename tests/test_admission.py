@@ -12,7 +12,7 @@ from leaseq import BacklogFull, JobStatus, PayloadTooLarge
 
 
 def _job_count(queue: leaseq.Queue) -> int:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         row = conn.execute(f'SELECT count(*) FROM "{queue.schema}".job').fetchone()
     assert row is not None
     return int(row[0])
@@ -163,10 +163,10 @@ def _enqueue_buffers(queue: leaseq.Queue) -> int:
     Measured on the second run in one session: the first also counts the catalog
     reads that fill a fresh backend's caches, which says nothing about the queue.
     """
-    operation = queue.store.enqueue("big", {"report_id": 1})
+    operation = queue._store.enqueue("big", {"report_id": 1})
     (statement,) = operation.statements
     touched = []
-    with queue.db.connection() as conn, conn.transaction(force_rollback=True):
+    with queue.connection() as conn, conn.transaction(force_rollback=True):
         for _ in range(2):
             (plan,) = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.sql, statement.params
@@ -182,7 +182,7 @@ def test_enqueue_cost_does_not_grow_with_the_backlog(queue: leaseq.Queue) -> Non
     queue.configure_queue("big", max_queued_jobs=10_000_000, max_queued_bytes=10**12)
     queue.enqueue("big", {"report_id": 0})
     small = _enqueue_buffers(queue)
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(
             f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, available_at,'
             "  max_attempts, counted)"
@@ -274,7 +274,7 @@ def test_first_use_of_a_new_queue_inside_a_transaction_does_not_block_other_prod
     """A producer's open transaction that is the first to use queue `fresh` must
     not make other producers of `fresh` wait for it (they fail fast here if they
     would wait: lock_timeout)."""
-    options = {**leaseq.db.CONNECTION_OPTIONS, "options": "-c lock_timeout=3000"}
+    options = {**leaseq._db.CONNECTION_OPTIONS, "options": "-c lock_timeout=3000"}
     producer = connect()
     with (
         producer.transaction(),

@@ -13,7 +13,7 @@ from leaseq import InvalidArgument, InvalidJob, PayloadTooLarge
 
 
 def _nothing_written(queue: leaseq.Queue) -> None:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         jobs = conn.execute(f'SELECT count(*) FROM "{queue.schema}".job').fetchone()
         queues = conn.execute(f'SELECT count(*) FROM "{queue.schema}".queue').fetchone()
     assert jobs == (0,)

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 import leaseq
 from leaseq import JobStatus
-from leaseq.cli import cli
+from leaseq._cli import cli
 
 Invoke = Callable[..., Result]
 
@@ -89,7 +89,7 @@ def test_queue_configure(invoke: Invoke, queue: leaseq.Queue) -> None:
 
 def _leaseq(*arguments: str, database_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "leaseq.cli", *arguments],
+        [sys.executable, "-m", "leaseq", *arguments],
         env={**os.environ, "DATABASE_URL": database_url},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

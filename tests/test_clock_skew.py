@@ -18,7 +18,7 @@ from .conftest import Clock
 
 
 def _database_now(queue: leaseq.Queue) -> dt.datetime:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         row = conn.execute("SELECT statement_timestamp()").fetchone()
     assert row is not None
     now: dt.datetime = row[0]

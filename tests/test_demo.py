@@ -30,7 +30,7 @@ def _line(output: str, label: str) -> str:
 
 def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "leaseq.cli", "demo", "--once", "--kill-worker",
+        [sys.executable, "-m", "leaseq", "demo", "--once", "--kill-worker",
          "--requests", "40", "--port", "0"],
         cwd=ROOT,
         env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_DEMO_SCHEMA": E2E_SCHEMA,
@@ -52,7 +52,7 @@ def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
     with leaseq.Queue(database_url, schema=E2E_SCHEMA) as queue:
         (stats,) = queue.stats(QUEUE)
         assert stats.counts[leaseq.JobStatus.DONE] == 40
-        with queue.db.connection() as conn:
+        with queue.connection() as conn:
             counts = conn.execute(
                 f'SELECT (SELECT count(*) FROM "{E2E_SCHEMA}".report_request),'
                 f' (SELECT count(*) FROM "{E2E_SCHEMA}".report)'
@@ -75,7 +75,7 @@ def client(database_url: str) -> Iterator[tuple[TestClient, leaseq.Queue]]:
 
 
 def _written(queue: leaseq.Queue) -> tuple[int, int]:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         requests = conn.execute(f'SELECT count(*) FROM "{SCHEMA}".report_request').fetchone()
         jobs = conn.execute(f'SELECT count(*) FROM "{SCHEMA}".job').fetchone()
     assert requests is not None
@@ -146,8 +146,8 @@ def test_ordered_requests_carry_their_key(client: tuple[TestClient, leaseq.Queue
 def test_finished_report_is_served(
     client: tuple[TestClient, leaseq.Queue], database_url: str
 ) -> None:
+    from leaseq._worker import JobContext
     from leaseq.demo import jobs
-    from leaseq.worker import JobContext
 
     http, queue = client
     body = http.post("/reports", json={"customer": "acme", "period": "2026-11"}).json()

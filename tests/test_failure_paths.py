@@ -201,7 +201,7 @@ def test_reaper_fails_queued_jobs_without_attempts_left(
     (claim,) = queue.claim("reports")
     queue.retry(claim, delay=0)
     # An operator lowers the budget below what was used (e.g. by editing the row).
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(
             f'UPDATE "{queue.schema}".job SET max_attempts = 1 WHERE job_id = %s', (job_id,)
         )
@@ -263,7 +263,7 @@ def test_default_retry_delay_is_bounded_backoff(queue: leaseq.Queue) -> None:
         assert job.claimed_at is not None
         delays.append((job.available_at - job.claimed_at).total_seconds())
         # Make it claimable again without waiting.
-        with queue.db.connection() as conn:
+        with queue.connection() as conn:
             conn.execute(
                 f"UPDATE \"{queue.schema}\".job SET available_at = now() - interval '1 s'"
                 " WHERE job_id = %s",

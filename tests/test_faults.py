@@ -86,7 +86,7 @@ async def test_backend_kills_and_a_server_restart_lose_nothing(throwaway_server:
     jobs = 300
     with leaseq.Queue(url, schema="faults") as queue:
         queue.migrate()
-        with queue.db.connection() as conn:
+        with queue.connection() as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS faults.effect (job_id bigint NOT NULL)")
         queue.enqueue_many("work", [{"n": n} for n in range(jobs)])
         app = leaseq.App(schema="faults")
@@ -106,7 +106,7 @@ async def test_backend_kills_and_a_server_restart_lose_nothing(throwaway_server:
             await asyncio.sleep(1.0)
             assert await _terminate_worker_backends(url) >= 0
             await _wait_done(queue, "work", jobs, timeout=90)
-        with queue.db.connection() as conn:
+        with queue.connection() as conn:
             duplicates = conn.execute(
                 "SELECT count(*) FROM (SELECT job_id FROM faults.effect GROUP BY job_id"
                 " HAVING count(*) > 1) AS d"
@@ -137,7 +137,7 @@ async def test_killed_listen_connection_is_reestablished(
             cursor = await conn.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE application_name = 'leaseq' AND btrim(query, E' \\n') = %s",
-                (aqueue.store.listen().sql.strip(),),  # this test's channel only
+                (aqueue._store.listen().sql.strip(),),  # this test's channel only
             )
             assert await cursor.fetchone() == (1,)
         # Right after the kill, a job still starts within one (jittered) poll interval.

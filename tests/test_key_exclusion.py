@@ -316,7 +316,7 @@ def test_running_jobs_of_one_key_never_coexist_in_the_table(
             queue.reap()
         elif action == "replay" and ids:
             queue.replay(rng.choice(ids))
-        with queue.db.connection() as conn:
+        with queue.connection() as conn:
             rows = conn.execute(
                 f'SELECT ordering_key, count(*) FROM "{queue.schema}".job'
                 " WHERE status = 'running' GROUP BY ordering_key HAVING count(*) > 1"

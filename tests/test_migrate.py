@@ -9,14 +9,14 @@ from pathlib import Path
 import psycopg
 
 import leaseq
-from leaseq import migrate
+from leaseq import _migrate as migrate
 
 GOLDEN = Path(leaseq.__file__).parent / "sql" / "migrations" / "golden_schema.txt"
 
 
 def test_schema_equals_the_golden_dump(queue: leaseq.Queue) -> None:
     """Regenerate with LEASEQ_UPDATE_GOLDEN=1 after adding a migration, and review the diff."""
-    lines = queue.db.run(queue.store.schema_catalog())
+    lines = queue._db.run(queue._store.schema_catalog())
     text = "\n".join(lines) + "\n"
     if os.environ.get("LEASEQ_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(text)
@@ -25,7 +25,7 @@ def test_schema_equals_the_golden_dump(queue: leaseq.Queue) -> None:
 
 def test_migrate_is_idempotent(queue: leaseq.Queue) -> None:
     assert queue.migrate() == []
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         versions = conn.execute(f'SELECT version FROM "{queue.schema}".migration').fetchall()
     assert [v for (v,) in versions] == list(range(1, migrate.latest_version() + 1))
 
@@ -70,7 +70,7 @@ def test_two_schemas_are_independent(database_url: str, schema: str) -> None:
 
 
 def test_migrations_are_numbered_without_gaps() -> None:
-    from leaseq.statement import migration_files
+    from leaseq._statement import migration_files
 
     versions = [version for version, _, _ in migration_files()]
     assert versions == list(range(1, len(versions) + 1))

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 import leaseq
-from leaseq.statement import notify_channel
+from leaseq._statement import notify_channel
 
 
 def _notifications(conn: psycopg.Connection[Any]) -> list[str]:
@@ -16,7 +16,7 @@ def _notifications(conn: psycopg.Connection[Any]) -> list[str]:
 
 def test_enqueue_notifies_the_schema_channel_on_commit(queue: leaseq.Queue, connect: Any) -> None:
     listener = connect(autocommit=True)
-    listener.execute(f'LISTEN "{queue.store.channel}"')
+    listener.execute(f'LISTEN "{queue._store.channel}"')
     producer = connect()
     with producer.transaction():
         queue.enqueue("reports", {}, conn=producer)
@@ -32,7 +32,7 @@ def test_notify_can_be_turned_off(database_url: str, schema: str, connect: Any) 
     with leaseq.Queue(database_url, schema=schema, notify=False) as queue:
         queue.migrate()
         listener = connect(autocommit=True)
-        listener.execute(f'LISTEN "{queue.store.channel}"')
+        listener.execute(f'LISTEN "{queue._store.channel}"')
         queue.enqueue("reports", {})
         assert _notifications(listener) == []
 

@@ -25,7 +25,7 @@ def _scan_buffers(plan: dict[str, Any], cte: str) -> int:
 def _explain(queue: leaseq.Queue, operation: Any, *, analyze: bool) -> dict[str, Any]:
     (statement,) = operation.statements
     options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
-    with queue.db.connection() as conn, conn.transaction(force_rollback=True):
+    with queue.connection() as conn, conn.transaction(force_rollback=True):
         row = conn.execute(f"EXPLAIN ({options}) {statement.sql}", statement.params).fetchone()
     assert row is not None
     plan: dict[str, Any] = row[0][0]["Plan"]
@@ -37,7 +37,7 @@ def finished_rows(queue: leaseq.Queue) -> leaseq.Queue:
     """100,000 done and failed rows, a few ready jobs and a few running leases."""
     queue.enqueue_many("reports", [{"n": n} for n in range(5)])
     queue.claim("reports", limit=2, lease=600)
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(
             f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, status,'
             "  available_at, max_attempts, attempts, lease_version, finished_at)"
@@ -51,7 +51,7 @@ def finished_rows(queue: leaseq.Queue) -> leaseq.Queue:
 
 
 def test_claim_uses_the_partial_indexes(finished_rows: leaseq.Queue) -> None:
-    plan = _explain(finished_rows, finished_rows.store.claim("reports", limit=10), analyze=False)
+    plan = _explain(finished_rows, finished_rows._store.claim("reports", limit=10), analyze=False)
     scans = {
         node.get("Index Name"): node["Node Type"]
         for node in _nodes(plan)
@@ -65,7 +65,7 @@ def test_claim_uses_the_partial_indexes(finished_rows: leaseq.Queue) -> None:
 def test_claim_reads_a_handful_of_pages_over_100k_finished_rows(
     finished_rows: leaseq.Queue,
 ) -> None:
-    plan = _explain(finished_rows, finished_rows.store.claim("reports", limit=3), analyze=True)
+    plan = _explain(finished_rows, finished_rows._store.claim("reports", limit=3), analyze=True)
     touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     assert plan["Actual Rows"] == 3
     # 100,000 finished rows span ~1,000 pages: the claim must not visit them.
@@ -77,7 +77,7 @@ def test_claim_reads_a_handful_of_pages_over_100k_finished_rows(
 def test_ordered_claim_uses_the_ordering_index(finished_rows: leaseq.Queue) -> None:
     queue = finished_rows
     queue.enqueue_many("reports", [{"n": n} for n in range(3)], key="customer-1")
-    plan = _explain(queue, queue.store.claim("reports", limit=10), analyze=True)
+    plan = _explain(queue, queue._store.claim("reports", limit=10), analyze=True)
     index_names = {node.get("Index Name") for node in _nodes(plan)}
     assert "job_ordering_idx" in index_names, index_names
     touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
@@ -86,7 +86,7 @@ def test_ordered_claim_uses_the_ordering_index(finished_rows: leaseq.Queue) -> N
 
 def test_claim_stops_at_the_head_of_a_large_ready_backlog(queue: leaseq.Queue) -> None:
     """50,000 ready jobs over several priorities: the claim still reads a few pages."""
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         queue.enqueue("reports", {"seed": True})
         conn.execute(
             f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, priority,'
@@ -96,7 +96,7 @@ def test_claim_stops_at_the_head_of_a_large_ready_backlog(queue: leaseq.Queue) -
             " FROM generate_series(1, 50000) AS i"
         )
         conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
-    plan = _explain(queue, queue.store.claim("reports", limit=10), analyze=True)
+    plan = _explain(queue, queue._store.claim("reports", limit=10), analyze=True)
     assert plan["Actual Rows"] == 10
     assert not any(node["Node Type"] == "Sort" for node in _nodes(plan)), plan
     # Reading the head of the index: a handful of pages, not the 50,000 rows.
@@ -112,14 +112,14 @@ def _keyed_backlog(queue: leaseq.Queue, keys: int, per_key: int) -> list[int]:
         queue.enqueue_many("events", [{"k": k, "n": n} for n in range(per_key)], key=f"key-{k}")
     plain = queue.enqueue_many("events", [{"plain": n} for n in range(1000)])
     queue.enqueue_many("baseline", [{"plain": n} for n in range(1000)])
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
     return plain
 
 
 def _claim_cost(queue: leaseq.Queue, limit: int) -> tuple[int, int]:
     """(rows claimed, pages touched) of one claim, measured, then rolled back."""
-    plan = _explain(queue, queue.store.claim("events", limit=limit), analyze=True)
+    plan = _explain(queue, queue._store.claim("events", limit=limit), analyze=True)
     claimed = next(n for n in _nodes(plan) if n.get("Subplan Name") == "CTE claimed")
     return int(claimed["Actual Rows"]), int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
 
@@ -138,13 +138,13 @@ def test_claim_cost_does_not_grow_with_a_keys_waiting_jobs(
     # are next, and the claim still does not read the waiting successors.
     heads = queue.claim("events", limit=keys, lease=600)
     assert sorted(c.key for c in heads) == sorted(f"key-{k}" for k in range(keys))
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
-    plan = _explain(queue, queue.store.claim("events", limit=10), analyze=True)
+    plan = _explain(queue, queue._store.claim("events", limit=10), analyze=True)
     assert _scan_buffers(plan, "ready") < 30, _scan_buffers(plan, "ready")
     # The whole claim (its ten row updates included) costs what the same claim
     # costs in a queue that never had an ordering key.
-    baseline = _explain(queue, queue.store.claim("baseline", limit=10), analyze=True)
+    baseline = _explain(queue, queue._store.claim("baseline", limit=10), analyze=True)
     keyed, plain_only = (p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in (plan, baseline))
     assert keyed <= plain_only + 30, (keyed, plain_only)
     assert {c.job_id for c in queue.claim("events", limit=10)} <= set(plain)

@@ -19,22 +19,22 @@ import pytest
 
 import leaseq
 from leaseq import AlreadyCompleted, JobStatus, LeaseLost
-from leaseq.worker.context import JobContext
-from leaseq.worker.outcomes import Kind, Outcomes
+from leaseq._worker.context import JobContext
+from leaseq._worker.outcomes import Kind, Outcomes
 
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
 
 
 def _counter(queue: leaseq.Queue) -> str:
     table = f'"{queue.schema}".counter'
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(f"CREATE TABLE {table} (n int NOT NULL)")
         conn.execute(f"INSERT INTO {table} VALUES (0)")
     return table
 
 
 def _count(queue: leaseq.Queue, table: str) -> int:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         row = conn.execute(f"SELECT n FROM {table}").fetchone()
     assert row is not None
     return int(row[0])
@@ -215,7 +215,7 @@ class _CommitThenDrop(leaseq.AsyncQueue):
     async def _drop_once(self, name: str, result: Any) -> Any:
         if name not in self.dropped:
             self.dropped.append(name)
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
+            raise leaseq.TransientError("server closed the connection unexpectedly")
         return result
 
     async def complete_many(self, claims: Any, **kwargs: Any) -> Any:

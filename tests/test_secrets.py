@@ -389,7 +389,7 @@ async def test_a_crashed_listener_logs_a_scrubbed_traceback(
 async def test_maintenance_connection_loss_is_scrubbed(
     secured: SecuredServer, logs: CapturedLogs
 ) -> None:
-    from leaseq.maintenance import Maintenance
+    from leaseq._maintenance import Maintenance
 
     async with leaseq.AsyncQueue(secured.url(port=_free_port()), schema="m") as queue:
         task = asyncio.create_task(Maintenance(queue, interval=0.1).run())
@@ -412,10 +412,10 @@ async def test_maintenance_connection_loss_is_scrubbed(
 def test_every_leaseq_logger_scrubs_messages_and_tracebacks(
     secured: SecuredServer, logs: CapturedLogs
 ) -> None:
-    import leaseq.cli
-    import leaseq.embedded
-    import leaseq.maintenance
-    import leaseq.worker.supervisor  # every module that has a logger
+    import leaseq._cli
+    import leaseq._embedded
+    import leaseq._maintenance
+    import leaseq._worker.supervisor  # every module that has a logger
 
     leaseq.Queue(secured.url(), schema="logging").close()  # leaseq was given this DSN
     names = sorted(
@@ -445,7 +445,7 @@ def _leaseq(
 ) -> subprocess.Popen[str]:
     environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
     return subprocess.Popen(
-        [sys.executable, "-m", "leaseq.cli", *arguments], cwd=cwd,
+        [sys.executable, "-m", "leaseq", *arguments], cwd=cwd,
         env={**environment, **(env or {})},  # `-m` puts the cwd (the app's folder) on sys.path
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -469,7 +469,7 @@ def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
         queue.migrate()
         ids = queue.enqueue_many("cli", [{} for _ in range(3)])
         queue.claim("cli", limit=3)
-        with queue.db.connection() as conn:  # errors stored by an older, leakier leaseq
+        with queue.connection() as conn:  # errors stored by an older, leakier leaseq
             conn.execute(
                 "UPDATE cli.job SET status = 'failed', lease_until = NULL, finished_at = now(),"
                 " last_error = %s"
@@ -552,10 +552,11 @@ def test_cli_prints_an_unexpected_crash_scrubbed(secured: SecuredServer, tmp_pat
 def test_cli_connection_errors_are_scrubbed(
     secured: SecuredServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from leaseq.cli import cli
+    from leaseq._cli import cli
 
     def lost(*_: Any, **__: Any) -> None:
-        raise psycopg.OperationalError(f"lost {secured.url()}; {shapes(FOREIGN)}")
+        # What the client raises when the connection is lost mid-operation.
+        raise leaseq.TransientError(f"lost {secured.url()}; {shapes(FOREIGN)}")
 
     monkeypatch.setattr(leaseq.Queue, "stats", lost)
     result = CliRunner().invoke(cli, ["status", "--database-url", secured.url()])
@@ -591,7 +592,7 @@ def test_cli_connection_errors_are_scrubbed(
     ],
 )
 def test_redact_masks_password_shapes(text: str, expected: str | None) -> None:
-    from leaseq.redact import redact
+    from leaseq._redact import redact
 
     assert redact(text) == (text if expected is None else expected)
 
@@ -602,7 +603,7 @@ def _libpq_quoted(value: str) -> str:
 
 
 def test_remember_dsn_reads_every_form_libpq_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from leaseq.redact import dsn_secrets, redact, remember_dsn
+    from leaseq._redact import dsn_secrets, redact, remember_dsn
 
     secret = f"{_random(8)} p@ss/w:rd%'\\"
     encoded = quote(secret, safe="")
@@ -630,14 +631,14 @@ def test_remember_dsn_reads_every_form_libpq_accepts(monkeypatch: pytest.MonkeyP
 
 
 def test_short_secrets_are_masked_in_shapes_only() -> None:
-    from leaseq.redact import MIN_SECRET_CHARS, redact, remember
+    from leaseq._redact import MIN_SECRET_CHARS, redact, remember
 
     remember("x" * (MIN_SECRET_CHARS - 1))
     assert redact("xx marks the spot; password=xx") == "xx marks the spot; password=***"
 
 
 def test_the_longest_remembered_secret_is_replaced_whole() -> None:
-    from leaseq.redact import redact, remember
+    from leaseq._redact import redact, remember
 
     short = _random()
     remember(short)
@@ -648,7 +649,7 @@ def test_the_longest_remembered_secret_is_replaced_whole() -> None:
 def test_secrets_remembered_from_many_threads_are_all_kept() -> None:
     import threading
 
-    from leaseq.redact import redact, remember
+    from leaseq._redact import redact, remember
 
     many = [_random() for _ in range(200)]
     threads = [threading.Thread(target=remember, args=(secret,)) for secret in many]
@@ -660,8 +661,8 @@ def test_secrets_remembered_from_many_threads_are_all_kept() -> None:
 
 
 def test_stored_error_text_is_scrubbed_before_it_is_cut() -> None:
-    from leaseq.redact import remember
-    from leaseq.validate import MAX_ERROR_CHARS, error_text
+    from leaseq._redact import remember
+    from leaseq._validate import MAX_ERROR_CHARS, error_text
 
     secret = _random(40)
     remember(secret)
@@ -673,7 +674,7 @@ def test_stored_error_text_is_scrubbed_before_it_is_cut() -> None:
 
 
 def test_error_text_never_raises() -> None:
-    from leaseq.validate import error_text
+    from leaseq._validate import error_text
 
     class Hopeless(Exception):
         def __str__(self) -> str:

@@ -21,13 +21,13 @@ Connect = Callable[..., psycopg.Connection[Any]]
 def reports(queue: leaseq.Queue) -> str:
     """A business table whose rows are keyed by the job's idempotency key."""
     table = f'"{queue.schema}".report'
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(f"CREATE TABLE {table} (idempotency_key text PRIMARY KEY, body text NOT NULL)")
     return table
 
 
 def _report_count(queue: leaseq.Queue, table: str) -> int:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
     assert row is not None
     return int(row[0])
@@ -79,7 +79,7 @@ async def test_async_enqueue_in_callers_transaction(
 
 def _wait_backend_gone(queue: leaseq.Queue, pid: int) -> None:
     deadline = time.monotonic() + 10
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         while conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
             assert time.monotonic() < deadline, "the dead client's backend lingers"
             time.sleep(0.02)

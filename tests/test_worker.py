@@ -142,7 +142,7 @@ async def test_timeout_is_a_transient_error(
 async def test_effect_and_completion_in_one_transaction(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:
-    async with aqueue.db.connection() as conn:
+    async with aqueue.connection() as conn:
         await conn.execute(f'CREATE TABLE "{schema}".report (key text PRIMARY KEY, n int)')
     app = _app(schema)
 
@@ -168,7 +168,7 @@ async def test_effect_and_completion_in_one_transaction(
     await _until(lambda: _all_finished(aqueue, "async-tx"))
     await _until(lambda: _all_finished(aqueue, "sync-tx"))
     await running.stop()
-    async with aqueue.db.connection() as conn:
+    async with aqueue.connection() as conn:
         cursor = await conn.execute(f'SELECT count(*) FROM "{schema}".report')
         assert await cursor.fetchone() == (20,)
     assert running.worker.stats.completed == 20
@@ -237,7 +237,7 @@ async def test_lost_lease_stops_the_handler_and_is_not_acknowledged(
     running = Running(worker)
     await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
     # Block the renewal: hold the job's row lock while the lease runs out.
-    async with aqueue.db.connection() as blocker, blocker.transaction():
+    async with aqueue.connection() as blocker, blocker.transaction():
         await blocker.execute(
             f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job_id,)
         )
@@ -333,7 +333,7 @@ async def test_worker_sessions_carry_fault_settings(
 async def test_one_maintenance_leader_reaps(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:
-    from leaseq.maintenance import Maintenance
+    from leaseq._maintenance import Maintenance
 
     job_id = await aqueue.enqueue("work", {}, max_attempts=1)
     (claim,) = await aqueue.claim("work", lease=0.5)

@@ -21,7 +21,7 @@ from .worker_app import TABLES
 
 @pytest.fixture
 def setup_tables(queue: leaseq.Queue) -> leaseq.Queue:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         for statement in TABLES:
             conn.execute(statement.format(schema=f'"{queue.schema}"'))
     return queue
@@ -36,7 +36,7 @@ def spawn_worker(database_url: str, schema: str) -> Iterator[Spawn]:
 
     def spawn(*arguments: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, "-m", "leaseq.cli", "worker", "tests.worker_app:app",
+            [sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app",
              "--schema", schema, "--poll-interval", "0.2", *arguments],
             cwd=ROOT,
             env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
@@ -65,7 +65,7 @@ def _wait(condition: Callable[[], bool], timeout: float = 30.0, what: str = "con
 
 
 def _scalar(queue: leaseq.Queue, sql: str, *params: Any) -> Any:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         row = conn.execute(sql.replace("{schema}", f'"{queue.schema}"'), params).fetchone()
     assert row is not None
     return row[0]
@@ -78,7 +78,7 @@ def _attempts_logged(queue: leaseq.Queue, job_id: int) -> int:
 
 
 def _effects(queue: leaseq.Queue) -> dict[int, int]:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         rows = conn.execute(
             f'SELECT job_id, count(*) FROM "{queue.schema}".effect GROUP BY job_id'
         ).fetchall()
@@ -164,7 +164,7 @@ def test_second_signal_exits_at_once(setup_tables: leaseq.Queue, spawn_worker: S
 
 def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "leaseq.cli", "worker", "tests.no_such_module:app"],
+        [sys.executable, "-m", "leaseq", "worker", "tests.no_such_module:app"],
         cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -178,7 +178,7 @@ def test_maintenance_as_its_own_process(queue: leaseq.Queue, clock: Any, databas
     queue.claim("work", lease=5)
     clock.advance(6)  # the only attempt's lease ran out
     process = subprocess.Popen(
-        [sys.executable, "-m", "leaseq.cli", "maintenance", "--interval", "0.2",
+        [sys.executable, "-m", "leaseq", "maintenance", "--interval", "0.2",
          "--schema", queue.schema],
         cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

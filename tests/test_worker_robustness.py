@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import leaseq
 from leaseq import JobStatus
-from leaseq.worker.outcomes import Kind, Outcomes
+from leaseq._worker.outcomes import Kind, Outcomes
 
 from .conftest import ROOT
 from .test_worker import Running, _all_finished, _until
@@ -176,7 +176,7 @@ async def test_one_locked_row_costs_no_other_job_its_lease(
                            maintenance=False)  # fmt: skip
     running = Running(worker)
     await _until(lambda: _true(len(started) == 3))
-    async with aqueue.db.connection() as blocker, blocker.transaction():
+    async with aqueue.connection() as blocker, blocker.transaction():
         await blocker.execute(
             f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (locked,)
         )
@@ -347,13 +347,13 @@ async def test_renew_many_skips_a_locked_row_and_reports_it_busy(
     await aqueue.enqueue_many("work", [{}, {}, {}])
     locked, free, done = await aqueue.claim("work", limit=3, lease=30)
     await aqueue.complete(done)
-    async with aqueue.db.connection() as blocker, blocker.transaction():
+    async with aqueue.connection() as blocker, blocker.transaction():
         await blocker.execute(
             f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (locked.job_id,)
         )
         # Waiting for our lock here would be the defect: wait_for raises after 10 s.
         results = await asyncio.wait_for(aqueue.renew_many([locked, free, done], lease=60), 10)
-    from leaseq.store import RENEWAL_BUSY
+    from leaseq._store import RENEWAL_BUSY
 
     (_, busy), (_, renewed), (_, lost) = results
     assert busy is RENEWAL_BUSY
@@ -414,7 +414,7 @@ def spawn_in_session(database_url: str, schema: str) -> Iterator[Spawn]:
 
     def spawn(*arguments: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, "-m", "leaseq.cli", "worker", "tests.worker_app:app",
+            [sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app",
              "--schema", schema, "--poll-interval", "0.2", *arguments],
             cwd=ROOT,
             env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},

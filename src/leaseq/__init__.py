@@ -1,8 +1,8 @@
 """leaseq: a reliable background job queue on the PostgreSQL you already have."""
 
-from .client import AsyncQueue, Queue
-from .config import database_url
-from .errors import (
+from ._async_client import AsyncQueue
+from ._config import database_url
+from ._errors import (
     AlreadyCompleted,
     BacklogFull,
     DatabaseUnavailable,
@@ -13,9 +13,11 @@ from .errors import (
     LeaseqError,
     NotMigrated,
     PayloadTooLarge,
+    TransientError,
 )
-from .retry import Backoff, PermanentError, Retry
-from .types import (
+from ._retry import Backoff, PermanentError, Retry
+from ._sync_client import Queue
+from ._types import (
     RENEWAL_BUSY,
     Claim,
     Job,
@@ -26,7 +28,7 @@ from .types import (
     ReapResult,
     RenewalBusy,
 )
-from .worker import App, JobContext, Worker
+from ._worker import App, JobContext, Worker
 
 __version__ = "0.1.0"
 
@@ -57,6 +59,7 @@ __all__ = [
     "ReapResult",
     "RenewalBusy",
     "Retry",
+    "TransientError",
     "Worker",
     "__version__",
     "database_url",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .client import AsyncQueue, Queue
+from ._async_client import AsyncQueue
+from ._sync_client import Queue
 
 
 def set_clock_offset(queue: Queue, offset_seconds: float) -> None:
@@ -12,8 +13,8 @@ def set_clock_offset(queue: Queue, offset_seconds: float) -> None:
     expire a lease or reach a delayed job without sleeping. The offset is
     absolute (not cumulative) and applies to every connection at once.
     """
-    queue.db.run(queue.store.set_clock_offset(offset_seconds))
+    queue._db.run(queue._store.set_clock_offset(offset_seconds))
 
 
 async def aset_clock_offset(queue: AsyncQueue, offset_seconds: float) -> None:
-    await queue.db.run(queue.store.set_clock_offset(offset_seconds))
+    await queue._db.run(queue._store.set_clock_offset(offset_seconds))

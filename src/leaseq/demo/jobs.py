@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import leaseq
-from leaseq.db import execute
 
 from . import QUEUE, SCHEMA, reports, sql
 
@@ -25,7 +24,7 @@ def generate_report(job: leaseq.JobContext) -> None:
     if kind == "flaky" and job.attempts <= 2:
         raise WarehouseTimeout(f"warehouse timed out (attempt {job.attempts})")
     with job.connection() as conn:
-        fixed = execute(conn, sql.query("get_flag", name="fixed"))[0][0]
+        fixed = sql.fetch(conn, "get_flag", name="fixed")[0][0]
     if kind == "broken" and not fixed:
         raise TemplateMissing("report template 'broken' is missing")
     report = reports.build(request["customer"], request["period"])
@@ -33,16 +32,14 @@ def generate_report(job: leaseq.JobContext) -> None:
         return  # this attempt no longer owns the job: do not notify, do not write
     # An outside effect: at least once, made safe by the stable idempotency key.
     with job.connection() as conn:
-        execute(conn, sql.query("notify", key=job.idempotency_key, report_id=request["report_id"]))
+        sql.fetch(conn, "notify", key=job.idempotency_key, report_id=request["report_id"])
     # The effect in this database and the fenced completion commit together.
     with job.transaction() as conn:
-        execute(
+        sql.fetch(
             conn,
-            sql.query(
-                "insert_report",
-                report_id=request["report_id"],
-                html=reports.to_html(report),
-                total=report.total,
-                lease_version=job.lease_version,
-            ),
+            "insert_report",
+            report_id=request["report_id"],
+            html=reports.to_html(report),
+            total=report.total,
+            lease_version=job.lease_version,
         )

@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from psycopg.conninfo import conninfo_to_dict
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import leaseq
-from leaseq.db import execute
-from leaseq.validate import sanitize
 
 from . import QUEUE, SCHEMA, sql
 
@@ -81,11 +80,17 @@ def plan(requests: int) -> list[dict[str, str]]:
     return bodies
 
 
+def _where(url: str) -> str:
+    """Which database, without the URL (and so without any password)."""
+    params = conninfo_to_dict(url)
+    return f"{params.get('dbname', '?')} at {params.get('host', 'localhost')}"
+
+
 def prepare(queue: leaseq.Queue) -> None:
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
     queue.migrate()
-    with queue.db.connection() as conn:
+    with queue.connection() as conn:
         conn.execute(sql.text("tables"))
     queue.configure_queue(QUEUE, lease=5)
 
@@ -160,7 +165,7 @@ class Workers:
         # not slow the HTTP service down on a small machine.
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []
         process = subprocess.Popen(
-            [*nice, sys.executable, "-m", "leaseq.cli", "worker", "leaseq.demo.jobs:app",
+            [*nice, sys.executable, "-m", "leaseq", "worker", "leaseq.demo.jobs:app",
              "--schema", SCHEMA, "--concurrency", str(self.concurrency),
              "--poll-interval", "0.5", "--shutdown-grace", "10"],
             env={**os.environ, "DATABASE_URL": self.database_url},
@@ -224,7 +229,7 @@ def run_demo(
 ) -> int:
     console = Console()
     url = leaseq.database_url(database_url)
-    console.print(f"[bold]leaseq demo[/] — database: {sanitize(url)}")
+    console.print(f"[bold]leaseq demo[/] — database: {_where(url)}")
     logs = Path(tempfile.mkdtemp(prefix="leaseq-demo-"))
     outcome = Outcome(requests)
     with leaseq.Queue(url, schema=SCHEMA) as queue:
@@ -244,8 +249,8 @@ def run_demo(
                 _follow(queue, outcome, workers=workers, kill_worker=False,
                         console=console, title="replaying after the fix")  # fmt: skip
                 outcome.stats = queue.stats(QUEUE)[0]
-                with queue.db.connection() as conn:
-                    outcome.summary = tuple(execute(conn, sql.query("summary"))[0])
+                with queue.connection() as conn:
+                    outcome.summary = tuple(sql.fetch(conn, "summary")[0])
                 _print_summary(console, outcome, base_url, logs)
                 if not once:
                     _serve_until_interrupted(console, base_url)
@@ -270,8 +275,8 @@ def _follow(
         bar = progress.add_task(title, total=outcome.requests, counts="")
         while True:
             (stats,) = queue.stats(QUEUE)
-            with queue.db.connection() as conn:
-                retried = execute(conn, sql.query("summary"))[0][-1]
+            with queue.connection() as conn:
+                retried = sql.fetch(conn, "summary")[0][-1]
             done = stats.counts[leaseq.JobStatus.DONE]
             counts = (f"queued {stats.queued}  running {stats.running}  done {done}"
                       f"  retried {retried}  failed {stats.failed}")  # fmt: skip
@@ -290,8 +295,8 @@ def _follow(
 
 
 def _fix_and_replay(queue: leaseq.Queue) -> None:
-    with queue.db.connection() as conn:
-        execute(conn, sql.query("set_flag", name="fixed", enabled=True))
+    with queue.connection() as conn:
+        sql.fetch(conn, "set_flag", name="fixed", enabled=True)
     queue.replay_failed(QUEUE)
 
 

@@ -15,7 +15,6 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 import leaseq
-from leaseq.db import aexecute
 
 from . import QUEUE, SCHEMA, sql
 
@@ -62,9 +61,9 @@ def create_app(database_url: str) -> Starlette:
             return JSONResponse({"error": "the body is not valid JSON"}, status_code=422)
         except Invalid as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
-        async with queue.db.connection() as conn, conn.transaction():
-            rows = await aexecute(
-                conn, sql.query("insert_request", customer=customer, period=period, kind=kind)
+        async with queue.connection() as conn, conn.transaction():
+            rows = await sql.afetch(
+                conn, "insert_request", customer=customer, period=period, kind=kind
             )
             report_id = rows[0][0]
             payload = {"report_id": report_id, "customer": customer, "period": period,
@@ -74,14 +73,14 @@ def create_app(database_url: str) -> Starlette:
                 year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
                 ordering = {"key": customer, "seq": int(year) * 12 + int(month)}
             job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
-            await aexecute(conn, sql.query("set_request_job", id=report_id, job_id=job_id))
+            await sql.afetch(conn, "set_request_job", id=report_id, job_id=job_id)
         status_url = f"/reports/{report_id}"
         return JSONResponse({"id": report_id, "status_url": status_url}, status_code=202,
                             headers={"Location": status_url})  # fmt: skip
 
     async def status(request: Request) -> Response:
         report_id = _report_id(request)
-        rows = await queue.db.run(sql.query("get_request", id=report_id)) if report_id else []
+        rows = await _fetch(queue, "get_request", id=report_id) if report_id else []
         if not rows:
             return JSONResponse({"error": "no such report"}, status_code=404)
         _, customer, period, kind, job_id, has_report = rows[0]
@@ -108,7 +107,7 @@ def create_app(database_url: str) -> Starlette:
 
     async def report_html(request: Request) -> Response:
         report_id = _report_id(request)
-        rows = await queue.db.run(sql.query("get_report_html", id=report_id)) if report_id else []
+        rows = await _fetch(queue, "get_report_html", id=report_id) if report_id else []
         if not rows:
             return JSONResponse({"error": "no such report (yet)"}, status_code=404)
         return HTMLResponse(rows[0][0])
@@ -135,3 +134,8 @@ def app_from_environment() -> Starlette:
 def _report_id(request: Request) -> int | None:
     text = request.path_params["report_id"]
     return int(text) if text.isdigit() and len(text) < 18 else None
+
+
+async def _fetch(queue: leaseq.AsyncQueue, file: str, **params: object) -> sql.Rows:
+    async with queue.connection() as conn:
+        return await sql.afetch(conn, file, **params)

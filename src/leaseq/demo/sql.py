@@ -1,4 +1,6 @@
-"""The demo application's own SQL, kept in .sql files like leaseq's."""
+"""The demo application's own SQL, kept in .sql files like leaseq's, run on
+connections of the queue's pool (``Queue.connection()``) or inside a job's
+transaction (``job.transaction()``): the public API, nothing of leaseq's inside."""
 
 from __future__ import annotations
 
@@ -6,9 +8,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from leaseq.statement import Operation, Rows, Statement
+import psycopg
 
 from . import SCHEMA
+
+Rows = list[tuple[Any, ...]]
 
 
 @cache
@@ -17,10 +21,13 @@ def text(file: str) -> str:
     return source.replace("{schema}", f'"{SCHEMA}"')
 
 
-def statement(file: str, **params: Any) -> Statement:
-    return Statement(text(file), params)
+def fetch(conn: psycopg.Connection[Any], file: str, **params: Any) -> Rows:
+    """Run one of the demo's statements; its rows ([] for a statement without)."""
+    cursor = conn.execute(text(file), params or None)
+    return cursor.fetchall() if cursor.description is not None else []
 
 
-def query(file: str, **params: Any) -> Operation[Rows]:
-    """One statement whose rows come back as they are."""
-    return Operation((statement(file, **params),), lambda rows: rows[0])
+async def afetch(conn: psycopg.AsyncConnection[Any], file: str, **params: Any) -> Rows:
+    """The async twin of :func:`fetch`."""
+    cursor = await conn.execute(text(file), params or None)
+    return await cursor.fetchall() if cursor.description is not None else []

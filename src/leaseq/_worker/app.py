@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .. import validate
-from ..errors import InvalidArgument
-from ..retry import Backoff, ErrorPolicy
+from .. import _validate as validate
+from .._errors import InvalidArgument
+from .._retry import Backoff, ErrorPolicy
 
 Handler = Callable[..., Any]
 H = TypeVar("H", bound=Handler)
@@ -59,7 +59,7 @@ class App:
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of ``queue``.
 
-        It receives a :class:`~leaseq.worker.JobContext`; ``async def`` handlers run
+        It receives a :class:`~leaseq._worker.JobContext`; ``async def`` handlers run
         on the event loop, plain ones in a thread pool.
         """
         validate.queue_name(queue)

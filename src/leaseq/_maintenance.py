@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-from . import db
-from .client import AsyncQueue
-from .logs import get_logger
-from .types import ReapResult
+from ._async_client import AsyncQueue
+from ._db import Session
+from ._errors import TransientError
+from ._logs import get_logger
+from ._types import ReapResult
 
 log = get_logger("leaseq.maintenance")
 
@@ -30,22 +31,20 @@ class Maintenance:
         """Lead when possible, reap every ``interval`` seconds; never returns."""
         while True:
             try:
-                async with db.dedicated_connection(self.queue.dsn) as conn:
-                    self.leading = await db.aexecute(conn, self.queue.store.maintenance_lock())
+                async with self.queue._session() as session:
+                    self.leading = await session.run(self.queue._store.maintenance_lock())
                     while self.leading:
-                        await self._reap(conn)
+                        await self._reap(session)
                         await asyncio.sleep(self.interval)
-            except Exception as exc:
-                if not db.is_connection_error(exc):
-                    raise
+            except TransientError as exc:
                 log.warning("maintenance connection lost (%s)", exc)
             finally:
                 self.leading = False
             await asyncio.sleep(self.interval)
 
-    async def _reap(self, conn: db.AsyncConnection) -> None:
+    async def _reap(self, session: Session) -> None:
         while True:  # bounded batches until nothing is left
-            result: ReapResult = await db.aexecute(conn, self.queue.store.reap(limit=self.batch))
+            result: ReapResult = await session.run(self.queue._store.reap(limit=self.batch))
             if result:
                 self.reaped += len(result)
                 log.info("reaper failed %d exhausted jobs: %s", len(result), list(result.failed))

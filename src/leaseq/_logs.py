@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from .redact import redact
+from ._redact import redact
 
 _TRACEBACKS = logging.Formatter()
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from .errors import InvalidArgument, InvalidJob, PayloadTooLarge
-from .redact import redact
-from .types import OrderingPolicy
+from ._errors import InvalidArgument, InvalidJob, PayloadTooLarge
+from ._redact import redact
+from ._types import OrderingPolicy
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The ``leaseq`` command: a thin shell over the client, worker and maintenance.
 
 Everything it prints that it did not write itself (errors, tracebacks, log
-records, stored job errors) goes through :func:`leaseq.redact.redact` first.
+records, stored job errors) goes through :func:`leaseq._redact.redact` first.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
-from . import db
-from .client import AsyncQueue, Queue
-from .config import configured_database_url
-from .errors import InvalidArgument, LeaseqError
-from .logs import RedactingFilter
-from .maintenance import Maintenance
-from .redact import redact, remember_dsn
-from .types import Job, JobStatus
-from .worker import Worker, load_app
-from .worker.supervisor import Supervisor
+from ._async_client import AsyncQueue
+from ._config import configured_database_url
+from ._errors import DatabaseUnavailable, InvalidArgument, LeaseqError, TransientError
+from ._logs import RedactingFilter
+from ._maintenance import Maintenance
+from ._redact import redact, remember_dsn
+from ._sync_client import Queue
+from ._types import Job, JobStatus
+from ._worker import Worker, load_app
+from ._worker.supervisor import Supervisor
 
 F = TypeVar("F", bound=Callable[..., Any])
 # Piped output (CI logs, scripts) gets room for whole tables instead of 80 columns.
@@ -80,13 +80,13 @@ class LeaseqGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except TransientError as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            if not isinstance(exc, DatabaseUnavailable):  # (which says so itself)
+                reason = f"cannot reach the database: {reason}"
+            raise CommandError(redact(reason)) from exc
         except LeaseqError as exc:
             raise CommandError(redact(str(exc))) from exc
-        except Exception as exc:
-            if db.is_connection_error(exc):
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                raise CommandError(f"cannot reach the database: {redact(reason)}") from exc
-            raise
 
 
 @contextmanager

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from . import decoding, validate
-from .errors import (
+from . import _decoding as decoding
+from . import _validate as validate
+from ._errors import (
     AlreadyCompleted,
     BacklogFull,
     InvalidArgument,
@@ -23,8 +24,8 @@ from .errors import (
     JobNotFound,
     LeaseLost,
 )
-from .statement import Operation, Rows, Statement, T, notify_channel, sql_text
-from .types import (
+from ._statement import Operation, Rows, Statement, T, notify_channel, sql_text
+from ._types import (
     RENEWAL_BUSY,
     Claim,
     Job,

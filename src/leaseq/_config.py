@@ -4,7 +4,7 @@ In order: an explicit URL (``--database-url`` / ``dsn=``), ``LEASEQ_DATABASE_URL
 ``DATABASE_URL``; else an embedded PostgreSQL kept under ``.leaseq/`` in the
 working directory. leaseq never guesses ``localhost:5432``.
 
-Every URL decided here is remembered by :mod:`leaseq.redact`, so its password
+Every URL decided here is remembered by :mod:`leaseq._redact`, so its password
 never appears in what leaseq prints, logs, stores or raises.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .redact import remember_dsn
+from ._redact import remember_dsn
 
 ENV_VARIABLES = ("LEASEQ_DATABASE_URL", "DATABASE_URL")
 EMBEDDED_DIRECTORY = ".leaseq"
@@ -39,7 +39,7 @@ def database_url(
     if configured is not None:
         return configured
     # Imported late: only the embedded case needs pgserver and its dependencies.
-    from .embedded import start_embedded  # noqa: PLC0415
+    from ._embedded import start_embedded  # noqa: PLC0415
 
     url = start_embedded((base or Path.cwd()) / EMBEDDED_DIRECTORY, keep_running=keep_running)
     remember_dsn(url)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from .errors import DatabaseUnavailable
-from .logs import get_logger
+from ._errors import DatabaseUnavailable
+from ._logs import get_logger
 
 log = get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from ..types import Claim
+from .._types import Claim
 from .context import JobContext
 
 #: The local deadline is this fraction of the lease (at most MAX_LEASE_MARGIN seconds)

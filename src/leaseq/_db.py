@@ -1,8 +1,10 @@
 """The only module that talks to the driver: pools, execution, error mapping.
 
-``store`` builds :class:`~leaseq.store.Operation` values; this module runs them
-on psycopg 3 connections, sync or async, and turns PostgreSQL errors that mean
-something to leaseq users into leaseq's typed errors.
+``_store`` builds :class:`~leaseq._statement.Operation` values (and steps of
+them); this module runs them on psycopg 3 connections, sync or async, and turns
+the driver's errors into leaseq's typed errors, so that nothing above it needs
+to know psycopg's exception classes: errors that say "try again later" become
+:class:`TransientError`, those that mean something to users their own types.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from .errors import (
+from ._errors import (
     BacklogFull,
     DatabaseUnavailable,
     InvalidArgument,
     NotMigrated,
     PayloadTooLarge,
+    TransientError,
 )
-from .migrate import Plan
-from .redact import redact
-from .statement import Operation, Rows, Statement
-from .validate import sanitize
+from ._redact import redact
+from ._statement import Operation, Plan, Rows, Statement, Steps
+from ._validate import sanitize
 
 T = TypeVar("T")
 
@@ -62,29 +64,42 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "22008": InvalidArgument,  # datetime_field_overflow
 }
 
+#: How many times an operation is sent when it keeps hitting a SQLSTATE it
+#: declares retryable (a race lost again and again means something is wrong).
+RETRY_ATTEMPTS = 5
+
 
 @contextmanager
 def translated_errors() -> Iterator[None]:
-    """Driver errors as leaseq's typed errors; the others scrubbed of secrets."""
+    """Driver errors as leaseq's typed errors, every text scrubbed of secrets.
+
+    OperationalError (a lost or refused connection, a deadlock, a serialization
+    failure, a cancelled statement), a pool timeout and a socket error become
+    TransientError; the SQLSTATEs of _ERRORS_BY_SQLSTATE their leaseq types;
+    other driver errors pass through (their SQLSTATE still says what they are).
+    """
     try:
         yield
     except psycopg.Error as exc:
         _scrub(exc)
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
+        if kind is None and isinstance(exc, psycopg.OperationalError):
+            kind = TransientError
         if kind is None:
             raise
-        message = redact(exc.diag.message_primary or str(exc))
+        message = redact(exc.diag.message_primary or str(exc).strip() or type(exc).__name__)
         if kind is NotMigrated:
             message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
         raise kind(message) from exc
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable(redact(f"no database connection in time: {exc}")) from exc
+    except OSError as exc:
+        raise TransientError(redact(f"{type(exc).__name__}: {exc}")) from exc
 
 
 def _scrub(error: BaseException) -> None:
-    """Redact the texts of ``error`` and of the errors chained to it, in place.
-
-    The driver's errors reach callers as they are (their types mean something:
-    see is_connection_error), but libpq may quote a DSN's password in them.
-    """
+    """Redact the texts of ``error`` and of the errors chained to it, in place:
+    libpq may quote a DSN's password in them."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -108,6 +123,11 @@ def _args(statement: Statement) -> tuple[str, Any]:
     return statement.sql, (statement.params or None)
 
 
+def _retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:
+    sqlstate = error.sqlstate if isinstance(error, psycopg.Error) else None
+    return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
+
+
 def execute(conn: Connection, operation: Operation[T]) -> T:
     """Run ``operation`` on ``conn``: in the caller's transaction if one is open,
     else in a transaction of its own when it has several statements."""
@@ -126,6 +146,7 @@ def execute(conn: Connection, operation: Operation[T]) -> T:
 
 
 async def aexecute(conn: AsyncConnection, operation: Operation[T]) -> T:
+    """The async twin of :func:`execute`."""
     with translated_errors():
         results: list[Rows] = []
         async with conn.cursor() as cursor:
@@ -154,6 +175,7 @@ def drive(conn: Connection, plan: Plan) -> list[int]:
 
 
 async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
+    """The async twin of :func:`drive`."""
     with translated_errors():
         async with conn.transaction(), conn.cursor() as cursor:
             try:
@@ -164,44 +186,6 @@ async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
             except StopIteration as stop:
                 result: list[int] = stop.value
                 return result
-
-
-#: How many times an operation is sent when it keeps hitting a SQLSTATE it
-#: declares retryable (a race lost again and again means something is wrong).
-RETRY_ATTEMPTS = 5
-
-
-def _retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:
-    cause = error.__cause__ if isinstance(error.__cause__, psycopg.Error) else error
-    sqlstate = cause.sqlstate if isinstance(cause, psycopg.Error) else None
-    return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
-
-
-def is_connection_error(error: BaseException) -> bool:
-    """True for errors after which a retry on a new connection may succeed."""
-    return isinstance(error, psycopg.OperationalError | PoolTimeout | OSError | DatabaseUnavailable)
-
-
-async def listen(dsn: str, statement: Statement) -> AsyncIterator[str]:
-    """Yield notification payloads from a dedicated connection until it breaks."""
-    async with await _connect_outside_pools(dsn) as conn:
-        await conn.execute(statement.sql)
-        yield ""  # listening now: the caller may poll for what it missed
-        async for notification in conn.notifies():
-            yield notification.payload
-
-
-@asynccontextmanager
-async def dedicated_connection(dsn: str) -> AsyncIterator[AsyncConnection]:
-    """A connection outside the pools, for session state (advisory locks)."""
-    async with await _connect_outside_pools(dsn) as conn:
-        yield conn
-
-
-async def _connect_outside_pools(dsn: str) -> AsyncConnection:
-    # libpq quotes a password it cannot percent-decode in its error: scrub it.
-    with translated_errors():
-        return await psycopg.AsyncConnection.connect(dsn, **WORKER_OPTIONS)
 
 
 def _unreachable(dsn: str) -> DatabaseUnavailable:
@@ -248,8 +232,7 @@ class Database:
         self._opened = False
         self._lock = threading.Lock()
 
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
+    def _ensure_open(self) -> None:
         if not self._opened:
             with self._lock:
                 if not self._opened:
@@ -259,10 +242,16 @@ class Database:
                         self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
                         raise _unreachable(self.dsn) from None
-        with self._pool.connection() as conn:
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection of the pool (autocommit), back in the pool afterwards."""
+        self._ensure_open()
+        with translated_errors(), self._pool.connection() as conn:
             yield conn
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
+        """Run one operation on ``conn`` (the caller's), else on a pool connection."""
         if conn is not None:
             return execute(conn, operation)
         attempt = 0
@@ -275,11 +264,26 @@ class Database:
                         raise
             attempt += 1
 
+    def run_steps(self, steps: Steps[T], conn: Connection | None = None) -> T:
+        """Run each operation the steps yield, sending back its result."""
+        try:
+            operation = next(steps)
+            while True:
+                result = self.run(operation, None if operation.detached else conn)
+                operation = steps.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        finally:
+            steps.close()
+
     def drive(self, plan: Plan) -> list[int]:
+        """Run a statement plan (migrations) in one transaction."""
         with self.connection() as conn:
             return drive(conn, plan)
 
     def close(self) -> None:
+        """Close the pool (it opens again on the next use)."""
         if self._opened:
             self._pool.close()
             self._opened = False
@@ -299,6 +303,7 @@ class AsyncDatabase:
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
+        self._options = options or CONNECTION_OPTIONS
         self._pool = AsyncConnectionPool(**_pool_settings(dsn, min_size, max_size, options))
         self._opened = False
         self._lock = asyncio.Lock()
@@ -307,6 +312,7 @@ class AsyncDatabase:
         if not self._opened:
             async with self._lock:
                 if not self._opened:
+                    # The pool stays open on a timeout and keeps trying in the background.
                     self._opened = True
                     try:
                         await self._pool.open(wait=True, timeout=self.open_timeout)
@@ -315,11 +321,14 @@ class AsyncDatabase:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
+        """A connection of the pool (autocommit), back in the pool afterwards."""
         await self._ensure_open()
-        async with self._pool.connection() as conn:
-            yield conn
+        with translated_errors():
+            async with self._pool.connection() as conn:
+                yield conn
 
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
+        """Run one operation on ``conn`` (the caller's), else on a pool connection."""
         if conn is not None:
             return await aexecute(conn, operation)
         attempt = 0
@@ -332,12 +341,57 @@ class AsyncDatabase:
                         raise
             attempt += 1
 
+    async def run_steps(self, steps: Steps[T], conn: AsyncConnection | None = None) -> T:
+        """Run each operation the steps yield, sending back its result."""
+        try:
+            operation = next(steps)
+            while True:
+                result = await self.run(operation, None if operation.detached else conn)
+                operation = steps.send(result)
+        except StopIteration as done:
+            value: T = done.value
+            return value
+        finally:
+            steps.close()
+
     async def drive(self, plan: Plan) -> list[int]:
-        await self._ensure_open()
-        async with self._pool.connection() as conn:
+        """Run a statement plan (migrations) in one transaction."""
+        async with self.connection() as conn:
             return await adrive(conn, plan)
 
     async def close(self) -> None:
+        """Close the pool (it opens again on the next use)."""
         if self._opened:
             await self._pool.close()
             self._opened = False
+
+    # -- sessions outside the pool (asyncio only: the worker's) --------------------
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        """A connection of its own, outside the pool, for session state (an advisory
+        lock held for as long as the session lives)."""
+        with translated_errors():
+            conn = await psycopg.AsyncConnection.connect(self.dsn, **self._options)
+        async with conn:
+            yield Session(conn)
+
+    async def listen(self, statement: Statement) -> AsyncIterator[str]:
+        """Notification payloads from a session of their own, until it breaks
+        (TransientError); first an empty payload once listening."""
+        async with self.session() as session:
+            with translated_errors():
+                await session.conn.execute(statement.sql)
+                yield ""  # listening now: the caller may poll for what it missed
+                async for notification in session.conn.notifies():
+                    yield notification.payload
+
+
+class Session:
+    """One dedicated connection: operations run on it one at a time."""
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    async def run(self, operation: Operation[T]) -> T:
+        return await aexecute(self.conn, operation)

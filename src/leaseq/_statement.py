@@ -1,9 +1,16 @@
-"""Statements and operations: what the store builds and the db module runs."""
+"""Statements, operations and steps: what the store builds and the db module runs.
+
+Nothing here does I/O. An :class:`Operation` is statements plus a decoder;
+:data:`Steps` is a generator of operations whose next one may depend on the
+answer to the last (a claim that finds repair notes due, a replay in batches):
+the sync and the async client drive the same steps, so their logic is written
+once. A :data:`Plan` yields bare statements run in one transaction (migrations).
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -32,10 +39,20 @@ class Operation(Generic[T]):
     #: connection only, never inside a caller's transaction): a claim that lost
     #: a race on job_running_key_idx (23505) finds the key taken and moves on.
     retry_on: frozenset[str] = frozenset()
+    #: Runs on leaseq's own connection and commits at once, even when the steps
+    #: it belongs to run in a caller's transaction.
+    detached: bool = False
 
     @property
     def single(self) -> bool:
         return len(self.statements) == 1
+
+
+#: Operations, each sent once the previous one's result is in; returns the result.
+Steps = Generator[Operation[Any], Any, T]
+
+#: Statements run in one transaction, each receiving the rows of the last (migrations).
+Plan = Generator[Statement, Rows, list[int]]
 
 
 @cache

@@ -22,10 +22,10 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 
-from .. import db
-from ..client import AsyncQueue
-from ..logs import get_logger
-from ..types import RENEWAL_BUSY
+from .._async_client import AsyncQueue
+from .._errors import TransientError
+from .._logs import get_logger
+from .._types import RENEWAL_BUSY
 from .state import Running, WorkerStats
 
 log = get_logger("leaseq.worker")
@@ -71,9 +71,7 @@ class LeaseKeeper:
         sent = time.monotonic()
         try:
             results = await self._queue.renew_many([r.claim for r in due])
-        except Exception as exc:
-            if not db.is_connection_error(exc):
-                raise
+        except TransientError as exc:
             self._stats.database_errors += 1
             log.warning("lease renewal failed (%s); retrying", exc)
             return  # the deadlines stand; the next tick tries again

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .types import Claim, Job, JobStatus, OrderingPolicy, QueueSettings, QueueStats
+from ._types import Claim, Job, JobStatus, OrderingPolicy, QueueSettings, QueueStats
 
 
 def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:

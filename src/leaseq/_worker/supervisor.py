@@ -7,7 +7,7 @@ backoff that grows while it keeps crashing.
 
 A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
-signal (see :mod:`leaseq.worker.signals`), so the group's SIGTERM stops them
+signal (see :mod:`leaseq._worker.signals`), so the group's SIGTERM stops them
 gracefully, exactly like a SIGTERM to the supervisor alone.
 """
 
@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
-from ..logs import get_logger
+from .._logs import get_logger
 from .signals import treat_repeats_as_echoes
 
 log = get_logger("leaseq.supervisor")

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from . import validate
-from .errors import InvalidArgument
+from . import _validate as validate
+from ._errors import InvalidArgument
 
 
 class Retry(Exception):

@@ -1,6 +1,6 @@
 """The worker runtime: register handlers on an App, run them with a Worker."""
 
-from ..retry import Backoff, PermanentError, Retry
+from .._retry import Backoff, PermanentError, Retry
 from .app import App, Task, load_app
 from .context import JobContext
 from .runner import Worker

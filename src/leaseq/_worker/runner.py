@@ -36,14 +36,14 @@ import signal
 import time
 from collections.abc import Sequence
 
-from .. import db
-from ..client import AsyncQueue, Queue
-from ..config import database_url
-from ..errors import InvalidArgument, LeaseLost
-from ..logs import get_logger
-from ..maintenance import Maintenance
-from ..retry import Retry, Verdict
-from ..types import Claim
+from .._async_client import WORKER_CONNECTIONS, AsyncQueue
+from .._config import database_url
+from .._errors import InvalidArgument, LeaseLost, TransientError
+from .._logs import get_logger
+from .._maintenance import Maintenance
+from .._retry import Retry, Verdict
+from .._sync_client import Queue
+from .._types import Claim
 from .app import App, Task
 from .context import JobContext
 from .handlers import TimedOut, run_in_thread, run_on_loop
@@ -137,9 +137,9 @@ class Worker:
         schema = self.app.schema
         # The handlers' pools, behind JobContext.connection()/transaction()/atransaction().
         self._sync = Queue(self.dsn, schema=schema, pool_size=self.concurrency,
-                           connection_options=db.WORKER_OPTIONS)  # fmt: skip
+                           connection_options=WORKER_CONNECTIONS)  # fmt: skip
         self._async = AsyncQueue(self.dsn, schema=schema, pool_size=4,
-                                 connection_options=db.WORKER_OPTIONS)  # fmt: skip
+                                 connection_options=WORKER_CONNECTIONS)  # fmt: skip
         # The worker's own: claims, renewals and acknowledgements never queue behind
         # a handler's open transaction for a connection.
         self._claims, renewals, acknowledgements = (self._own_queue() for _ in range(3))
@@ -155,10 +155,11 @@ class Worker:
             "deadlines": self._leases.watch_deadlines(),
         }
         if self.listen:
+            listener = AsyncQueue(self.listen_dsn, schema=schema, pool_size=1,
+                                  connection_options=WORKER_CONNECTIONS)  # fmt: skip
             services["listen"] = listen_for_work(
-                self.listen_dsn, self._async.store.listen(), set(self.queues),
-                wake=self._wakeup.set, stats=self.stats,
-            )  # fmt: skip
+                listener, set(self.queues), wake=self._wakeup.set, stats=self.stats
+            )
         if self.maintenance:
             services["maintenance"] = Maintenance(
                 self._async, interval=self.maintenance_interval
@@ -195,7 +196,7 @@ class Worker:
     def _own_queue(self) -> AsyncQueue:
         """One connection for one of the worker's services (they send one statement at a time)."""
         return AsyncQueue(self.dsn, schema=self.app.schema, pool_size=1,
-                          connection_options=db.WORKER_OPTIONS)  # fmt: skip
+                          connection_options=WORKER_CONNECTIONS)  # fmt: skip
 
     def _service_ended(self, task: asyncio.Task[None]) -> None:
         """A background service must never end on its own: stop the worker if one does."""
@@ -257,9 +258,7 @@ class Worker:
                     free -= len(claims)
                     if free <= 0 or self._stopping.is_set():
                         break
-            except Exception as exc:
-                if not db.is_connection_error(exc):
-                    raise
+            except TransientError as exc:
                 self.stats.database_errors += 1
                 log.warning("claim failed (%s); retrying", exc)
             if claimed == 0:

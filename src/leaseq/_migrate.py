@@ -8,13 +8,8 @@ and the later ones find nothing left to do.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
-
-from .statement import Statement, migration_files
-from .store import Store
-
-Plan = Generator[Statement, list[tuple[Any, ...]], list[int]]
+from ._statement import Plan, migration_files
+from ._store import Store
 
 
 def plan(store: Store) -> Plan:

@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
-from ..client import AsyncQueue, Queue
-from ..db import AsyncConnection, Connection
-from ..errors import LeaseLost
-from ..retry import Retry
-from ..types import Claim
+from .._async_client import AsyncQueue
+from .._db import AsyncConnection, Connection
+from .._errors import LeaseLost
+from .._retry import Retry
+from .._sync_client import Queue
+from .._types import Claim
 
 
 class JobContext:
@@ -86,7 +87,7 @@ class JobContext:
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A pooled autocommit connection, for writes that are not the job's effect."""
-        with self._sync.db.connection() as conn:
+        with self._sync.connection() as conn:
             yield conn
 
     @contextmanager
@@ -99,7 +100,7 @@ class JobContext:
         effect rolls back with it: effects in this database happen once.
         """
         self._check_owned()
-        with self._sync.db.connection() as conn:
+        with self._sync.connection() as conn:
             with conn.transaction():
                 yield conn
                 self._sync.complete(self.claim, conn=conn)
@@ -109,7 +110,7 @@ class JobContext:
     async def atransaction(self) -> AsyncIterator[AsyncConnection]:
         """The async twin of :meth:`transaction`, for ``async def`` handlers."""
         self._check_owned()
-        async with self._async.db.connection() as conn:
+        async with self._async.connection() as conn:
             async with conn.transaction():
                 yield conn
                 await self._async.complete(self.claim, conn=conn)

@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .. import db
-from ..logs import get_logger
-from ..statement import Statement
+from .._async_client import AsyncQueue
+from .._errors import TransientError
+from .._logs import get_logger
 from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
 
 
 async def listen_for_work(
-    dsn: str,
-    listen: Statement,
+    listener: AsyncQueue,
     queues: set[str],
     *,
     wake: Callable[[], None],
@@ -30,13 +29,11 @@ async def listen_for_work(
     delay = 0.1
     while True:
         try:
-            async for payload in db.listen(dsn, listen):
+            async for payload in listener._listen():
                 delay = 0.1
                 if payload == "" or payload in queues:  # "": (re)connected
                     wake()
-        except Exception as exc:
-            if not db.is_connection_error(exc):
-                raise
+        except TransientError as exc:
             log.info("LISTEN connection lost (%s); reconnecting", exc)
         stats.listen_reconnects += 1
         await asyncio.sleep(delay)

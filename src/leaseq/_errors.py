@@ -63,5 +63,13 @@ class NotMigrated(LeaseqError):
     """The leaseq schema does not exist yet: run ``leaseq migrate``."""
 
 
-class DatabaseUnavailable(LeaseqError):
+class TransientError(LeaseqError):
+    """The database could not run the operation just now: the connection was
+    lost or refused, the pool had no connection in time, a deadlock or a
+    serialization failure. Sending it again may succeed. A write whose
+    connection broke during COMMIT may have taken effect: leaseq's fenced
+    writes recognise their own resend, so resending them is safe."""
+
+
+class DatabaseUnavailable(TransientError):
     """No database could be reached or started."""

@@ -15,10 +15,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..client import AsyncQueue
-from ..db import is_connection_error
-from ..logs import get_logger
-from ..types import Claim
+from .._async_client import AsyncQueue
+from .._errors import TransientError
+from .._logs import get_logger
+from .._types import Claim
 
 log = get_logger("leaseq.worker")
 
@@ -107,7 +107,7 @@ class Outcomes:
             try:
                 return await self._send(kind, group)
             except Exception as exc:
-                if not is_connection_error(exc):
+                if not isinstance(exc, TransientError):
                     raise
                 log.warning("flushing %d %s outcomes failed (%s); retrying", len(group),
                             kind.value, exc)  # fmt: skip

@@ -1,0 +1,5 @@
+"""``python -m leaseq``: the ``leaseq`` command."""
+
+from ._cli import main
+
+main()

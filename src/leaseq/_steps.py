@@ -1,0 +1,61 @@
+"""Client calls that take more than one operation, written once for both clients.
+
+Each function is a generator of operations (:data:`~leaseq._statement.Steps`):
+it yields an operation, receives its result, decides what comes next. The sync
+and the async client only run them (``Database.run_steps``), so the logic of a
+call cannot drift between the two.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from ._errors import BacklogFull
+from ._statement import Operation, Steps
+from ._store import Claimed, ReplayBatch, Store
+from ._types import Claim
+
+T = TypeVar("T")
+
+
+def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[list[Claim]]:
+    """Claim; if the claim says repair notes are due, settle those keys (an
+    ordering key met a producer in flight when it was last settled) and, if it
+    came back empty, claim once more."""
+    claimed: Claimed = yield store.claim(queue, limit=limit, lease=lease)
+    if not claimed.repairs_due:
+        return claimed.claims
+    yield store.repair_keys(queue)
+    if claimed.claims:
+        return claimed.claims
+    again: Claimed = yield store.claim(queue, limit=limit, lease=lease)
+    return again.claims
+
+
+def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operation[T]) -> Steps[T]:
+    """An enqueue, after making sure the queue's settings row exists, committed on
+    leaseq's own connection (detached): created inside the caller's transaction
+    it would make every other producer of the queue wait until that commits."""
+    if queue not in known_queues:
+        ensure = store.ensure_queue(queue)
+        yield Operation(ensure.statements, ensure.decode, detached=True)
+        known_queues.add(queue)
+    result: T = yield operation
+    return result
+
+
+def replay_failed(store: Store, queue: str, *, batch: int) -> Steps[list[int]]:
+    """Replay a queue's failed jobs in batches (short transactions) as long as
+    its backlog has room; BacklogFull, carrying the ids replayed, once it has not."""
+    replayed: list[int] = []
+    while True:
+        result: ReplayBatch = yield store.replay_failed(queue, limit=batch)
+        replayed += result.replayed
+        if result.refused:
+            raise BacklogFull(
+                f"queue {queue} is full: replayed {len(replayed)} failed jobs, "
+                f"{result.refused} or more left failed",
+                replayed=tuple(replayed),
+            )
+        if result.exhausted:
+            return replayed

@@ -1,0 +1,257 @@
+"""The producer and operator API for synchronous code: :class:`Queue`.
+
+GENERATED from ``_async_client.py`` by ``tools/async_to_sync.py``: do not edit
+this file; edit the async source and run the tool (``make lint`` checks it).
+See ``_async_client.py`` for what the client does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from . import _migrate, _steps
+from ._client_base import ClientBase
+from ._db import Connection, Database
+from ._types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult, RenewalBusy
+
+
+class Queue(ClientBase):
+    """A leaseq schema (its many named queues) on one database.
+
+    Opens a small pool of autocommit connections on first use; close it with
+    ``close()`` or by using the queue as a context manager.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "leaseq",
+        max_payload_bytes: int | None = None,
+        pool_size: int = 10,
+        notify: bool = True,
+        connection_options: dict[str, Any] | None = None,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
+        self._db = Database(
+            self.dsn, max_size=pool_size, options=connection_options, open_timeout=connect_timeout
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool (it opens again on the next use)."""
+        self._db.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        """A connection of the queue's pool, for your own SQL (autocommit: open a
+        transaction with ``conn.transaction()``); back in the pool afterwards."""
+        with self._db.connection() as conn:
+            yield conn
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema; returns the migration versions applied now.
+        Safe to run concurrently (an advisory lock serialises it)."""
+        return self._db.drive(_migrate.plan(self._store))
+
+    # -- producers -------------------------------------------------------------
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        conn: Connection | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> int:
+        """Enqueue one job; returns its id. With ``conn``, in your transaction.
+
+        ``key``/``seq`` order it within its ordering key; ``idempotency_key`` is
+        the business key handlers see (default: the job's identity).
+        """
+        operation = self._store.enqueue(
+            queue,
+            payload,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            key=key,
+            seq=seq,
+            idempotency_key=idempotency_key,
+        )
+        steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
+        return self._db.run_steps(steps, conn)
+
+    def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        conn: Connection | None = None,
+        delay: float | None = None,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        seqs: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Enqueue many jobs of one queue in one statement; returns their ids in
+        input order. All or nothing. With ``conn``, in your transaction."""
+        operation = self._store.enqueue_many(
+            queue,
+            payloads,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            key=key,
+            seqs=seqs,
+        )
+        steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
+        return self._db.run_steps(steps, conn)
+
+    # -- workers: claim, then fenced writes --------------------------------------
+
+    def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> list[Claim]:
+        """Claim up to ``limit`` jobs of ``queue`` in claim order: expired leases
+        first (recovery), then by priority (higher first), age and id. ``lease``
+        defaults to the queue's. Committed at once: work outside any transaction."""
+        steps = _steps.claim(self._store, queue, limit=limit, lease=lease)
+        return self._db.run_steps(steps)
+
+    def complete(self, claim: Claim, *, conn: Connection | None = None) -> None:
+        """Complete a claim, or raise LeaseLost.
+
+        With ``conn`` (your transaction, where an effect commits with the
+        completion) a job this claim already completed raises AlreadyCompleted,
+        so a re-run of the transaction rolls its effect back. Without it a
+        resend after an ambiguous commit is accepted.
+        """
+        self._db.run(self._store.complete_one(claim, strict=conn is not None), conn)
+
+    def complete_many(
+        self, claims: Sequence[Claim], *, conn: Connection | None = None
+    ) -> list[tuple[Claim, bool]]:
+        """Per claim, True if completed; with ``conn``, an earlier completion is False."""
+        return self._db.run(self._store.complete(claims, strict=conn is not None), conn)
+
+    def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
+        """Extend the lease: its new end, or LeaseLost. Waits while another transaction
+        holds the job's row locked, so the answer is definite."""
+        return self._db.run(self._store.renew_one(claim, lease))
+
+    def renew_many(
+        self, claims: Sequence[Claim], *, lease: float | None = None
+    ) -> list[tuple[Claim, datetime | RenewalBusy | None]]:
+        """Per claim: the new lease end; RENEWAL_BUSY (row locked by another transaction
+        right now, lease still live and unchanged: renew again soon); None if lost.
+        Never waits for a locked row, so one cannot delay the others' renewal."""
+        return self._db.run(self._store.renew(claims, lease))
+
+    def retry(
+        self,
+        claim: Claim,
+        *,
+        delay: float | None = None,
+        error: object = None,
+        conn: Connection | None = None,
+    ) -> JobStatus:
+        """Give the job back for another attempt (after ``delay``, else the queue's
+        backoff): QUEUED, or FAILED when its attempts are used up. LeaseLost if this
+        claim no longer owns it; with ``conn``, also if its retry already committed."""
+        operation = self._store.retry_one(claim, delay=delay, error=error, strict=conn is not None)
+        return self._db.run(operation, conn)
+
+    def fail(self, claim: Claim, error: object = None, *, conn: Connection | None = None) -> None:
+        """Fail the job for good (kept, replayable), or raise LeaseLost; with ``conn``,
+        also if its fail already committed."""
+        self._db.run(self._store.fail_one(claim, error, strict=conn is not None), conn)
+
+    def retry_many(
+        self,
+        claims: Sequence[Claim],
+        *,
+        delays: Sequence[float | None] | None = None,
+        errors: Sequence[object] | None = None,
+    ) -> list[tuple[Claim, JobStatus | None]]:
+        """Per claim: the job's new status (QUEUED, or FAILED when exhausted); None if
+        lost. A resend of this claim's committed retry answers what it did."""
+        return self._db.run(self._store.retry(claims, delays=delays, errors=errors))
+
+    def fail_many(
+        self, claims: Sequence[Claim], errors: Sequence[object] | None = None
+    ) -> list[tuple[Claim, bool]]:
+        """Per claim: True if failed (now, or by this claim's committed fail)."""
+        return self._db.run(self._store.fail(claims, errors))
+
+    def release_many(self, claims: Sequence[Claim]) -> list[tuple[Claim, bool]]:
+        """Give unfinished claims back at once, without counting the attempt."""
+        return self._db.run(self._store.release(claims))
+
+    # -- operators -------------------------------------------------------------------
+
+    def reap(self, *, limit: int = 1000) -> ReapResult:
+        """Fail up to ``limit`` jobs with no attempts left (queued, or running with
+        an expired lease). A live lease is never touched."""
+        return self._db.run(self._store.reap(limit=limit))
+
+    def replay(self, job_id: int) -> bool:
+        """Put a failed or cancelled job back (same id, fresh attempts): True if
+        replayed, False if it was neither. BacklogFull if its queue has no room."""
+        return self._db.run(self._store.replay(job_id))
+
+    def replay_failed(self, queue: str, *, batch: int = 1000) -> list[int]:
+        """Replay every failed job of ``queue`` in batches of short transactions;
+        returns their ids. A queue with admission limits takes back only what
+        fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
+        return self._db.run_steps(_steps.replay_failed(self._store, queue, batch=batch))
+
+    def cancel(self, job_id: int) -> bool:
+        """Cancel a queued job, or skip a failed one (which unblocks its ordering
+        key): True if it changed. A running job is left to its owner."""
+        return self._db.run(self._store.cancel(job_id))
+
+    def get(self, job_id: int) -> Job:
+        """The job as stored, or JobNotFound."""
+        return self._db.run(self._store.get(job_id))
+
+    def list_jobs(
+        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs of one status (and queue), newest first."""
+        return self._db.run(self._store.list_jobs(status, queue=queue, limit=limit))
+
+    def stats(self, queue: str | None = None) -> list[QueueStats]:
+        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases.
+        (Scans the table: for monitoring, not for the hot path.)"""
+        return self._db.run(self._store.stats(queue))
+
+    def configure_queue(self, name: str, **settings: Any) -> QueueSettings:
+        """Change a queue's settings (only those named); returns them all."""
+        return self._db.run(self._store.configure_queue(name, **settings))
+
+    def queue_settings(self, name: str) -> QueueSettings | None:
+        """A queue's settings, or None if it was never used."""
+        return self._db.run(self._store.queue_settings(name))
