@@ -41,9 +41,11 @@ async def drain_with_worker(url: str, jobs: int, concurrency: int) -> float:
         worker.request_stop()
         await task
     stats = worker.stats
-    print(f"worker: {stats.claim_statements} claim statements "
-          f"({stats.claimed / max(stats.claim_statements, 1):.1f} jobs each), "
-          f"{stats.claim_seconds:.2f}s claiming")  # fmt: skip
+    print(
+        f"worker: {stats.claim_statements} claim statements "
+        f"({stats.claimed / max(stats.claim_statements, 1):.1f} jobs each), "
+        f"{stats.claim_seconds:.2f}s claiming"
+    )
     return jobs / elapsed
 
 

@@ -139,10 +139,17 @@ def test_configure_queue_rejects_bad_settings_and_writes_nothing(queue: leaseq.Q
 
 def test_settings_round_trip(queue: leaseq.Queue) -> None:
     settings = queue.configure_queue(
-        "reports", lease=30, max_attempts=5, backoff_base=2, backoff_cap=60,
-        ordering_policy="continue", max_queued_jobs=1000, max_queued_bytes=10**9,
-        max_payload_bytes=4096, paused=False,
-    )  # fmt: skip
+        "reports",
+        lease=30,
+        max_attempts=5,
+        backoff_base=2,
+        backoff_cap=60,
+        ordering_policy="continue",
+        max_queued_jobs=1000,
+        max_queued_bytes=10**9,
+        max_payload_bytes=4096,
+        paused=False,
+    )
     assert settings.lease == 30
     assert settings.max_attempts == 5
     assert (settings.backoff_base, settings.backoff_cap) == (2, 60)

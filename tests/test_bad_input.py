@@ -100,9 +100,17 @@ def test_unicode_payload_round_trips(queue: leaseq.Queue) -> None:
 
 @pytest.mark.parametrize(
     "arguments",
-    [{"limit": 0}, {"limit": -1}, {"limit": 10_001}, {"limit": 1.5}, {"lease": 0},
-     {"lease": -1}, {"lease": math.inf}, {"lease": 86401}],
-)  # fmt: skip
+    [
+        {"limit": 0},
+        {"limit": -1},
+        {"limit": 10_001},
+        {"limit": 1.5},
+        {"lease": 0},
+        {"lease": -1},
+        {"lease": math.inf},
+        {"lease": 86401},
+    ],
+)
 def test_bad_claim_arguments(queue: leaseq.Queue, arguments: dict[str, Any]) -> None:
     queue.enqueue("reports", {})
     with pytest.raises(InvalidArgument):

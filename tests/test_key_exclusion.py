@@ -242,8 +242,10 @@ def test_concurrent_producers_and_claimers_never_run_two_jobs_of_a_key(
                     for claim in claims:
                         assert claim.key is not None
                         if claim.key in held:
-                            violations.append(f"{claim.job_id} claimed while "
-                                              f"{held[claim.key]} of {claim.key} runs")  # fmt: skip
+                            violations.append(
+                                f"{claim.job_id} claimed while "
+                                f"{held[claim.key]} of {claim.key} runs"
+                            )
                         held[claim.key] = claim.job_id
                 if not claims:
                     with lock:
@@ -290,11 +292,13 @@ def test_running_jobs_of_one_key_never_coexist_in_the_table(
     claims: list[leaseq.Claim] = []
     ids: list[int] = []
     for step in range(150):
-        action = rng.choice(["enqueue", "enqueue", "claim", "claim", "finish", "expire",
-                             "replay"])  # fmt: skip
+        action = rng.choice(["enqueue", "enqueue", "claim", "claim", "finish", "expire", "replay"])
         if action == "enqueue":
-            ids.append(queue.enqueue("events", {}, key=rng.choice("ab"),
-                                     seq=rng.randint(0, 5), max_attempts=2))  # fmt: skip
+            ids.append(
+                queue.enqueue(
+                    "events", {}, key=rng.choice("ab"), seq=rng.randint(0, 5), max_attempts=2
+                )
+            )
         elif action == "claim":
             claims.extend(queue.claim("events", limit=rng.randint(1, 3), lease=10))
         elif action == "finish" and claims:

@@ -254,5 +254,10 @@ async def test_worker_acknowledgements_resent_after_an_ambiguous_commit_are_acce
     assert sorted(flaky.dropped) == ["complete", "fail", "release", "retry"]
     assert accepted == [True] * 5
     states = [(await aqueue.get(c.job_id)).status for c in [*claims, last]]
-    assert states == [JobStatus.DONE, JobStatus.QUEUED, JobStatus.FAILED, JobStatus.QUEUED,
-                      JobStatus.FAILED]  # fmt: skip
+    assert states == [
+        JobStatus.DONE,
+        JobStatus.QUEUED,
+        JobStatus.FAILED,
+        JobStatus.QUEUED,
+        JobStatus.FAILED,
+    ]

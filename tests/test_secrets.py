@@ -105,8 +105,12 @@ def secured() -> Iterator[SecuredServer]:
     server = get_server(folder / "pgdata", cleanup_mode=None)
 
     def pg_ctl(*arguments: str) -> None:
-        pgexec("pg_ctl", ("-w", "-D", str(server.pgdata), *arguments),
-               bin_path=server.bin_path, user=server.system_user)  # fmt: skip
+        pgexec(
+            "pg_ctl",
+            ("-w", "-D", str(server.pgdata), *arguments),
+            bin_path=server.bin_path,
+            user=server.system_user,
+        )
 
     try:
         socket_dir = server.get_postmaster_info().socket_dir
@@ -118,12 +122,21 @@ def secured() -> Iterator[SecuredServer]:
         password, special = _random(), f"S p@c/{_random(12)}:%&'\"\\"
         with psycopg.connect(admin_url, autocommit=True) as conn:
             for role, secret in ((ROLE, password), (SPECIAL_ROLE, special)):
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                    sql.Identifier(role), sql.Literal(secret)))  # fmt: skip
-            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                sql.Identifier(DATABASE), sql.Identifier(ROLE)))  # fmt: skip
-            conn.execute(sql.SQL("GRANT ALL ON DATABASE {} TO {}").format(
-                sql.Identifier(DATABASE), sql.Identifier(SPECIAL_ROLE)))  # fmt: skip
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                        sql.Identifier(role), sql.Literal(secret)
+                    )
+                )
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(DATABASE), sql.Identifier(ROLE)
+                )
+            )
+            conn.execute(
+                sql.SQL("GRANT ALL ON DATABASE {} TO {}").format(
+                    sql.Identifier(DATABASE), sql.Identifier(SPECIAL_ROLE)
+                )
+            )
             hba = Path(server.pgdata) / "pg_hba.conf"
             hba.write_text(
                 "local all all trust\n"
@@ -171,8 +184,10 @@ def logs() -> Iterator[CapturedLogs]:
     plain.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
     fancy = RichHandler(
         console=Console(file=captured.fancy, width=10_000, color_system=None),
-        rich_tracebacks=True, tracebacks_show_locals=True, locals_max_string=10_000,
-    )  # fmt: skip
+        rich_tracebacks=True,
+        tracebacks_show_locals=True,
+        locals_max_string=10_000,
+    )
     loggers = [logging.getLogger("leaseq"), logging.getLogger("psycopg")]
     levels = [logger.level for logger in loggers]
     loggers[0].setLevel(logging.DEBUG)
@@ -315,14 +330,20 @@ async def test_worker_stores_and_logs_only_scrubbed_errors(
         nudge_ids = await queue.enqueue_many("nudge", [{"text": i} for i in range(len(texts))])
         after_id = await queue.enqueue("after", {})
         # The special password is given only as the LISTEN DSN, which the worker holds apart.
-        worker = leaseq.Worker(app, dsn=secured.url(), listen_dsn=secured.special_url,
-                               concurrency=64, poll_interval=0.1)  # fmt: skip
+        worker = leaseq.Worker(
+            app,
+            dsn=secured.url(),
+            listen_dsn=secured.special_url,
+            concurrency=64,
+            poll_interval=0.1,
+        )
         async with _running(worker):
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 stats = {s.queue: s for s in await queue.stats()}
-                finished = sum(s.counts[JobStatus.FAILED] + s.counts[JobStatus.DONE]
-                               for s in stats.values())  # fmt: skip
+                finished = sum(
+                    s.counts[JobStatus.FAILED] + s.counts[JobStatus.DONE] for s in stats.values()
+                )
                 if finished == len(boom_ids) + len(nudge_ids) + 1:
                     break
                 await asyncio.sleep(0.1)
@@ -359,8 +380,13 @@ async def test_listener_connection_loss_is_scrubbed(
     with leaseq.Queue(secured.url(), schema="listening") as queue:
         queue.migrate()
     listen_url = secured.url(port=_free_port())
-    worker = leaseq.Worker(_idle_app("listening"), dsn=secured.url(), listen_dsn=listen_url,
-                           poll_interval=0.2, maintenance=False)  # fmt: skip
+    worker = leaseq.Worker(
+        _idle_app("listening"),
+        dsn=secured.url(),
+        listen_dsn=listen_url,
+        poll_interval=0.2,
+        maintenance=False,
+    )
     async with _running(worker):
         deadline = time.monotonic() + 10
         while worker.stats.listen_reconnects < 2 and time.monotonic() < deadline:
@@ -377,8 +403,9 @@ async def test_a_crashed_listener_logs_a_scrubbed_traceback(
         queue.migrate()
     typo = f"{secured.password}%zz"  # libpq quotes an undecodable password in its error
     listen_url = secured.url().replace(quote(secured.password), typo)
-    worker = leaseq.Worker(_idle_app("crashing"), dsn=secured.url(), listen_dsn=listen_url,
-                           maintenance=False)  # fmt: skip
+    worker = leaseq.Worker(
+        _idle_app("crashing"), dsn=secured.url(), listen_dsn=listen_url, maintenance=False
+    )
     with pytest.raises(RuntimeError, match="crashed") as raised:
         await asyncio.wait_for(worker.run(), 30)
     assert "stopped unexpectedly" in logs.text()
@@ -419,9 +446,10 @@ def test_every_leaseq_logger_scrubs_messages_and_tracebacks(
 
     leaseq.Queue(secured.url(), schema="logging").close()  # leaseq was given this DSN
     names = sorted(
-        name for name, logger in logging.root.manager.loggerDict.items()
+        name
+        for name, logger in logging.root.manager.loggerDict.items()
         if (name == "leaseq" or name.startswith("leaseq.")) and isinstance(logger, logging.Logger)
-    )  # fmt: skip
+    )
     assert "leaseq.worker" in names
     for name in names:
         dsn = secured.url()  # a local variable rich would show beside the traceback
@@ -445,10 +473,13 @@ def _leaseq(
 ) -> subprocess.Popen[str]:
     environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
     return subprocess.Popen(
-        [sys.executable, "-m", "leaseq", *arguments], cwd=cwd,
+        [sys.executable, "-m", "leaseq", *arguments],
+        cwd=cwd,
         env={**environment, **(env or {})},  # `-m` puts the cwd (the app's folder) on sys.path
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(process: subprocess.Popen[str]) -> tuple[str, str]:
@@ -482,13 +513,24 @@ def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
         "typo": _leaseq("status", "--database-url", typo_url),
         "maintenance": _leaseq("maintenance", "--database-url", typo_url),
         "worker": _leaseq(
-            "worker", "tests.worker_app:app", "--database-url", secured.url(),
-            "--listen-database-url", typo_url, "--no-maintenance",
+            "worker",
+            "tests.worker_app:app",
+            "--database-url",
+            secured.url(),
+            "--listen-database-url",
+            typo_url,
+            "--no-maintenance",
             env={"LEASEQ_SCHEMA": "cli"},
         ),
-        "failed": _leaseq("failed", "--database-url", secured.url(), "--schema", "cli",
-                          env={"PGPASSWORD": pg_password}),
-    }  # fmt: skip
+        "failed": _leaseq(
+            "failed",
+            "--database-url",
+            secured.url(),
+            "--schema",
+            "cli",
+            env={"PGPASSWORD": pg_password},
+        ),
+    }
     outputs = {}
     try:
         for name, process in commands.items():
@@ -520,10 +562,17 @@ def test_cli_worker_processes_print_scrubbed_tracebacks(secured: SecuredServer) 
     with leaseq.Queue(secured.url(), schema="cli_processes") as queue:
         queue.migrate()
     process = _leaseq(
-        "worker", "tests.worker_app:app", "--processes", "2", "--database-url", secured.url(),
-        "--listen-database-url", typo_url, "--no-maintenance",
+        "worker",
+        "tests.worker_app:app",
+        "--processes",
+        "2",
+        "--database-url",
+        secured.url(),
+        "--listen-database-url",
+        typo_url,
+        "--no-maintenance",
         env={"LEASEQ_SCHEMA": "cli_processes"},
-    )  # fmt: skip
+    )
     try:
         time.sleep(4)  # long enough for the children to crash (and be restarted) at least once
     finally:
@@ -539,9 +588,13 @@ def test_cli_prints_an_unexpected_crash_scrubbed(secured: SecuredServer, tmp_pat
         "import os\nraise RuntimeError('cannot start: ' + os.environ['CRASH_DETAIL'])\n"
     )
     process = _leaseq(
-        "worker", "crashing_app:app", "--database-url", secured.url(), cwd=tmp_path,
+        "worker",
+        "crashing_app:app",
+        "--database-url",
+        secured.url(),
+        cwd=tmp_path,
         env={"CRASH_DETAIL": f"login {secured.password} refused"},
-    )  # fmt: skip
+    )
     stdout, stderr = _finish(process)
     assert process.returncode == 1
     assert "Traceback" in stderr

@@ -342,8 +342,11 @@ class QueueMachine(RuleBasedStateMachine):
         seqs = [self.new_seq(queue, key, seq_step) for _ in range(count)]
         payloads = [self.new_payload() for _ in range(count)]
         options: dict[str, Any] = {
-            "delay": delay, "priority": priority, "max_attempts": max_attempts, "key": key,
-        }  # fmt: skip
+            "delay": delay,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "key": key,
+        }
         if count == 1:
             ids = [self.queue.enqueue(queue, payloads[0], seq=seqs[0], **options)]
         else:
@@ -354,9 +357,16 @@ class QueueMachine(RuleBasedStateMachine):
         by_payload = {self.queue.get(job_id).payload["n"]: job_id for job_id in ids}
         for payload, seq in zip(payloads, seqs, strict=True):
             self.add_job(
-                by_payload[payload["n"]], queue, payload, priority=priority,
-                max_attempts=max_attempts, key=key, seq=seq, delay=delay, stamp=stamp,
-            )  # fmt: skip
+                by_payload[payload["n"]],
+                queue,
+                payload,
+                priority=priority,
+                max_attempts=max_attempts,
+                key=key,
+                seq=seq,
+                delay=delay,
+                stamp=stamp,
+            )
 
     @rule(
         data=st.data(),
@@ -673,8 +683,20 @@ class QueueMachine(RuleBasedStateMachine):
         ).fetchall()
         assert [row[0] for row in rows] == sorted(self.jobs), "jobs appeared or vanished"
         for row in rows:
-            (job_id, status, attempts, version, queue, key, seq, priority, max_attempts,
-             available_at, lease_until, finished_at) = row  # fmt: skip
+            (
+                job_id,
+                status,
+                attempts,
+                version,
+                queue,
+                key,
+                seq,
+                priority,
+                max_attempts,
+                available_at,
+                lease_until,
+                finished_at,
+            ) = row
             model = self.jobs[job_id]
             what = self.describe(job_id)
             assert (JobStatus(status), attempts, version) == (

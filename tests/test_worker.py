@@ -108,11 +108,21 @@ async def test_outcomes_retry_fail_and_classification(
     await running.stop()
     status = {k: (await aqueue.get(i)).status for k, i in ids.items()}
     assert status == {
-        "ok": JobStatus.DONE, "flaky": JobStatus.DONE, "asks-retry": JobStatus.DONE,
-        "permanent": JobStatus.FAILED, "keyerror": JobStatus.FAILED, "always": JobStatus.FAILED,
-    }  # fmt: skip
-    assert calls == {"ok": 1, "flaky": 3, "asks-retry": 2, "permanent": 1, "keyerror": 1,
-                     "always": 3}  # fmt: skip
+        "ok": JobStatus.DONE,
+        "flaky": JobStatus.DONE,
+        "asks-retry": JobStatus.DONE,
+        "permanent": JobStatus.FAILED,
+        "keyerror": JobStatus.FAILED,
+        "always": JobStatus.FAILED,
+    }
+    assert calls == {
+        "ok": 1,
+        "flaky": 3,
+        "asks-retry": 2,
+        "permanent": 1,
+        "keyerror": 1,
+        "always": 3,
+    }
     failed = await aqueue.get(ids["always"])
     assert failed.attempts == 3
     assert failed.last_error == "RuntimeError: always broken"

@@ -36,14 +36,24 @@ def spawn_worker(database_url: str, schema: str) -> Iterator[Spawn]:
 
     def spawn(*arguments: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app",
-             "--schema", schema, "--poll-interval", "0.2", *arguments],
+            [
+                sys.executable,
+                "-m",
+                "leaseq",
+                "worker",
+                "tests.worker_app:app",
+                "--schema",
+                schema,
+                "--poll-interval",
+                "0.2",
+                *arguments,
+            ],
             cwd=ROOT,
             env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         started.append(process)
         return process
 
@@ -112,10 +122,15 @@ def test_repeated_crashes_end_failed_and_crashed_children_restart(
     crasher = queue.enqueue("work", {"crash": True}, max_attempts=3)
     normal = queue.enqueue_many("work", [{} for _ in range(10)])
     supervisor = spawn_worker("--processes", "2", "--lease", "1", "--maintenance-interval", "0.3")
-    _wait(lambda: queue.get(crasher).status is JobStatus.FAILED, timeout=60,
-          what="the crashing job failed")  # fmt: skip
-    _wait(lambda: all(queue.get(i).status is JobStatus.DONE for i in normal),
-          what="the other jobs done")  # fmt: skip
+    _wait(
+        lambda: queue.get(crasher).status is JobStatus.FAILED,
+        timeout=60,
+        what="the crashing job failed",
+    )
+    _wait(
+        lambda: all(queue.get(i).status is JobStatus.DONE for i in normal),
+        what="the other jobs done",
+    )
     job = queue.get(crasher)
     assert job.attempts == 3
     assert _attempts_logged(queue, crasher) == 3  # each attempt killed its process
@@ -134,8 +149,10 @@ def test_sigterm_finishes_or_releases_running_jobs(
     short = queue.enqueue_many("work", [{"sleep": 0.5} for _ in range(2)])
     long = queue.enqueue_many("work", [{"sleep": 120} for _ in range(2)])
     worker = spawn_worker("--concurrency", "4", "--shutdown-grace", "2")
-    _wait(lambda: all(_attempts_logged(queue, i) == 1 for i in short + long),
-          what="all four jobs started")  # fmt: skip
+    _wait(
+        lambda: all(_attempts_logged(queue, i) == 1 for i in short + long),
+        what="all four jobs started",
+    )
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     for job_id in short:
@@ -165,9 +182,13 @@ def test_second_signal_exits_at_once(setup_tables: leaseq.Queue, spawn_worker: S
 def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "leaseq", "worker", "tests.no_such_module:app"],
-        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: cannot import 'tests.no_such_module'")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -178,11 +199,22 @@ def test_maintenance_as_its_own_process(queue: leaseq.Queue, clock: Any, databas
     queue.claim("work", lease=5)
     clock.advance(6)  # the only attempt's lease ran out
     process = subprocess.Popen(
-        [sys.executable, "-m", "leaseq", "maintenance", "--interval", "0.2",
-         "--schema", queue.schema],
-        cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "leaseq",
+            "maintenance",
+            "--interval",
+            "0.2",
+            "--schema",
+            queue.schema,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait(lambda: queue.get(job_id).status is JobStatus.FAILED, what="reaped")
         process.send_signal(signal.SIGTERM)

@@ -55,8 +55,9 @@ async def test_an_invalid_retry_delay_fails_its_own_job_and_sinks_nothing_else(
             raise Unprintable()
         raise RuntimeError("upstream broke")
 
-    ids = {k: await aqueue.enqueue("work", {"kind": k})
-           for k in ("bad-delay", "unprintable", "error")}  # fmt: skip
+    ids = {
+        k: await aqueue.enqueue("work", {"kind": k}) for k in ("bad-delay", "unprintable", "error")
+    }
     running = Running(leaseq.Worker(app, dsn=database_url, concurrency=3, poll_interval=0.1))
     await _until(lambda: _all_finished(aqueue, "work"), timeout=15)
     await running.stop()
@@ -172,8 +173,9 @@ async def test_one_locked_row_costs_no_other_job_its_lease(
             raise
 
     locked, *others = await aqueue.enqueue_many("long", [{}, {}, {}])
-    worker = leaseq.Worker(app, dsn=database_url, concurrency=3, poll_interval=0.1,
-                           maintenance=False)  # fmt: skip
+    worker = leaseq.Worker(
+        app, dsn=database_url, concurrency=3, poll_interval=0.1, maintenance=False
+    )
     running = Running(worker)
     await _until(lambda: _true(len(started) == 3))
     async with aqueue.connection() as blocker, blocker.transaction():
@@ -230,8 +232,9 @@ class PausableProxy:
             writer.close()
             return
         self._writers.append(up_writer)
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
-                             return_exceptions=True)  # fmt: skip
+        await asyncio.gather(
+            self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True
+        )
 
     async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
         try:
@@ -295,14 +298,16 @@ async def test_a_partitioned_worker_stops_its_handlers_before_another_can_reclai
     ids = [await aqueue.enqueue("async-work", {}), await aqueue.enqueue("sync-work", {})]
     proxy = PausableProxy(database_url)
     proxied = await proxy.start()
-    first = Running(leaseq.Worker(partitioned, dsn=proxied, listen=False, poll_interval=0.1,
-                                  maintenance=False))  # fmt: skip
+    first = Running(
+        leaseq.Worker(partitioned, dsn=proxied, listen=False, poll_interval=0.1, maintenance=False)
+    )
     second: Running | None = None
     try:
         await _until(lambda: _true(all(e.is_set() for e in started.values())))
         proxy.partition()
-        second = Running(leaseq.Worker(healthy, dsn=database_url, poll_interval=0.1,
-                                       maintenance=False))  # fmt: skip
+        second = Running(
+            leaseq.Worker(healthy, dsn=database_url, poll_interval=0.1, maintenance=False)
+        )
         await _until(lambda: _true(len(told_before_reclaim) == 2))
     finally:
         test_over.set()
@@ -330,8 +335,9 @@ async def test_busy_handler_transactions_do_not_starve_renewals(
                 await asyncio.sleep(4)  # two leases
 
     ids = await aqueue.enqueue_many("tx", [{} for _ in range(4)])
-    worker = leaseq.Worker(app, dsn=database_url, concurrency=4, poll_interval=0.1,
-                           maintenance=False)  # fmt: skip
+    worker = leaseq.Worker(
+        app, dsn=database_url, concurrency=4, poll_interval=0.1, maintenance=False
+    )
     running = Running(worker)
     await _until(lambda: _all_finished(aqueue, "tx"))
     await running.stop()
@@ -389,8 +395,9 @@ async def test_a_timed_out_sync_handler_keeps_its_lease_until_its_thread_returns
         events.append(("end", job.attempts))
 
     job_id = await aqueue.enqueue("slow", {})
-    worker = leaseq.Worker(app, dsn=database_url, concurrency=2, poll_interval=0.1,
-                           maintenance=False)  # fmt: skip
+    worker = leaseq.Worker(
+        app, dsn=database_url, concurrency=2, poll_interval=0.1, maintenance=False
+    )
     running = Running(worker)
     await _until(lambda: _all_finished(aqueue, "slow"))
     await running.stop()
@@ -414,13 +421,25 @@ def spawn_in_session(database_url: str, schema: str) -> Iterator[Spawn]:
 
     def spawn(*arguments: str) -> subprocess.Popen[str]:
         process = subprocess.Popen(
-            [sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app",
-             "--schema", schema, "--poll-interval", "0.2", *arguments],
+            [
+                sys.executable,
+                "-m",
+                "leaseq",
+                "worker",
+                "tests.worker_app:app",
+                "--schema",
+                schema,
+                "--poll-interval",
+                "0.2",
+                *arguments,
+            ],
             cwd=ROOT,
             env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
         started.append(process)
         return process
 
@@ -461,10 +480,11 @@ def test_a_group_wide_sigterm_finishes_or_releases_every_job(
     queue = setup_tables
     short = queue.enqueue_many("work", [{"sleep": 1.0} for _ in range(2)])
     long = queue.enqueue_many("work", [{"sleep": 120} for _ in range(2)])
-    supervisor = spawn_in_session("--processes", "2", "--concurrency", "2",
-                                  "--shutdown-grace", "4")  # fmt: skip
-    _wait(lambda: all(_attempts_logged(queue, i) == 1 for i in short + long),
-          what="all four jobs started")  # fmt: skip
+    supervisor = spawn_in_session("--processes", "2", "--concurrency", "2", "--shutdown-grace", "4")
+    _wait(
+        lambda: all(_attempts_logged(queue, i) == 1 for i in short + long),
+        what="all four jobs started",
+    )
     os.killpg(supervisor.pid, signal.SIGTERM)  # what Ctrl-C or systemd does: everyone
     assert supervisor.wait(60) == 0
     for job_id in short:
@@ -483,8 +503,9 @@ def test_a_deliberate_second_group_signal_still_exits_at_once(
 ) -> None:
     queue = setup_tables
     ids = queue.enqueue_many("work", [{"sleep": 120} for _ in range(2)])
-    supervisor = spawn_in_session("--processes", "2", "--concurrency", "1",
-                                  "--shutdown-grace", "60")  # fmt: skip
+    supervisor = spawn_in_session(
+        "--processes", "2", "--concurrency", "1", "--shutdown-grace", "60"
+    )
     _wait(lambda: all(_attempts_logged(queue, i) == 1 for i in ids), what="both jobs started")
     os.killpg(supervisor.pid, signal.SIGTERM)
     time.sleep(2.0)  # later than any echo of the first signal

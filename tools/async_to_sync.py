@@ -60,8 +60,10 @@ def format_with_ruff(text: str) -> str:
     ruff = Path(sys.executable).with_name("ruff")
     program = str(ruff) if ruff.exists() else "ruff"
     stdin = f"--stdin-filename={TARGET}"
-    for arguments in (["check", "--quiet", "--select", "I,F401", "--fix", stdin, "-"],
-                      ["format", "--quiet", stdin, "-"]):  # fmt: skip
+    for arguments in (
+        ["check", "--quiet", "--select", "I,F401", "--fix", stdin, "-"],
+        ["format", "--quiet", stdin, "-"],
+    ):
         done = subprocess.run(
             [program, *arguments], input=text, capture_output=True, text=True, check=False
         )
@@ -75,8 +77,10 @@ def main() -> int:
     generated = convert(SOURCE.read_text(encoding="utf-8"))
     if "--check" in sys.argv[1:]:
         if not TARGET.exists() or TARGET.read_text(encoding="utf-8") != generated:
-            print(f"{TARGET.relative_to(ROOT)} is not what tools/async_to_sync.py writes "
-                  "from _async_client.py: edit the async source and run the tool")  # fmt: skip
+            print(
+                f"{TARGET.relative_to(ROOT)} is not what tools/async_to_sync.py writes "
+                "from _async_client.py: edit the async source and run the tool"
+            )
             return 1
         return 0
     TARGET.write_text(generated, encoding="utf-8")

@@ -15,6 +15,7 @@ from ._errors import (
     PayloadTooLarge,
     TransientError,
 )
+from ._maintenance import Maintenance
 from ._retry import Backoff, PermanentError, Retry
 from ._sync_client import Queue
 from ._types import (
@@ -49,6 +50,7 @@ __all__ = [
     "JobStatus",
     "LeaseLost",
     "LeaseqError",
+    "Maintenance",
     "NotMigrated",
     "OrderingPolicy",
     "PayloadTooLarge",

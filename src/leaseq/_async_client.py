@@ -25,6 +25,9 @@ from ._client_base import ClientBase
 from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
 from ._types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult, RenewalBusy
 
+# AsyncConnection is the type of ``conn=`` and of ``connection()``: exported with it.
+__all__ = ["AsyncConnection", "AsyncQueue"]
+
 
 class AsyncQueue(ClientBase):
     """A leaseq schema (its many named queues) on one database.

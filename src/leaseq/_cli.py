@@ -25,15 +25,23 @@ from rich.logging import RichHandler
 from rich.table import Table
 from rich.text import Text
 
-from ._async_client import AsyncQueue
+from leaseq import (
+    App,
+    AsyncQueue,
+    DatabaseUnavailable,
+    InvalidArgument,
+    Job,
+    JobStatus,
+    LeaseqError,
+    Maintenance,
+    Queue,
+    TransientError,
+    Worker,
+)
+
 from ._config import configured_database_url
-from ._errors import DatabaseUnavailable, InvalidArgument, LeaseqError, TransientError
 from ._logs import RedactingFilter
-from ._maintenance import Maintenance
 from ._redact import redact, remember_dsn
-from ._sync_client import Queue
-from ._types import Job, JobStatus
-from ._worker import Worker, load_app
 from ._worker.supervisor import Supervisor
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,14 +59,19 @@ def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None)
 def database_options(command: F) -> F:
     """--database-url and --schema on every command, with the library's fallbacks."""
     command = click.option(
-        "--schema", default="leaseq", show_default=True, envvar="LEASEQ_SCHEMA",
+        "--schema",
+        default="leaseq",
+        show_default=True,
+        envvar="LEASEQ_SCHEMA",
         help="The schema leaseq's tables live in.",
-    )(command)  # fmt: skip
+    )(command)
     return click.option(
-        "--database-url", default=None, callback=_remember_url,
+        "--database-url",
+        default=None,
+        callback=_remember_url,
         help="PostgreSQL URL. Default: $LEASEQ_DATABASE_URL, $DATABASE_URL, else the "
         "embedded server under ./.leaseq/.",
-    )(command)  # fmt: skip
+    )(command)
 
 
 @contextmanager
@@ -130,9 +143,11 @@ def migrate(database_url: str | None, schema: str) -> None:
     help="LISTEN for wake-ups; --no-listen for PgBouncer transaction pooling.",
 )
 @click.option(
-    "--listen-database-url", default=None, callback=_remember_url,
+    "--listen-database-url",
+    default=None,
+    callback=_remember_url,
     help="A direct URL just for LISTEN.",
-)  # fmt: skip
+)
 @click.option("--shutdown-grace", type=float, default=30.0, show_default=True)
 @click.option(
     "--maintenance/--no-maintenance",
@@ -144,14 +159,18 @@ def migrate(database_url: str | None, schema: str) -> None:
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
-    load_app(app_reference)  # fail early, in the parent, on a bad reference
+    App.load(app_reference)  # fail early, in the parent, on a bad reference
     if processes < 1:
         raise InvalidArgument("--processes must be at least 1")
     if processes == 1:
         _run_worker(app_reference, options)
         return
-    supervisor = Supervisor(processes, _run_worker_process, (app_reference, options),
-                            shutdown_timeout=options["shutdown_grace"] + 30)  # fmt: skip
+    supervisor = Supervisor(
+        processes,
+        _run_worker_process,
+        (app_reference, options),
+        shutdown_timeout=options["shutdown_grace"] + 30,
+    )
     sys.exit(supervisor.run())
 
 
@@ -167,17 +186,22 @@ def _run_worker_process(app_reference: str, options: dict[str, Any]) -> None:
 def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
     _configure_logging()
     sys.path.insert(0, os.getcwd())
-    app = load_app(app_reference)
+    app = App.load(app_reference)
     if options["schema"] != "leaseq" or app.schema == "leaseq":
         app.schema = options["schema"]
     runner = Worker(
-        app, dsn=options["database_url"], queues=options["queues"] or None,
-        concurrency=options["concurrency"], lease=options["lease"],
-        poll_interval=options["poll_interval"], listen=options["listen"],
-        listen_dsn=options["listen_database_url"], shutdown_grace=options["shutdown_grace"],
+        app,
+        dsn=options["database_url"],
+        queues=options["queues"] or None,
+        concurrency=options["concurrency"],
+        lease=options["lease"],
+        poll_interval=options["poll_interval"],
+        listen=options["listen"],
+        listen_dsn=options["listen_database_url"],
+        shutdown_grace=options["shutdown_grace"],
         maintenance=options["maintenance"],
         maintenance_interval=options["maintenance_interval"],
-    )  # fmt: skip
+    )
     try:
         asyncio.run(runner.run(install_signal_handlers=True))
     except asyncio.CancelledError:
@@ -237,8 +261,9 @@ def maintenance(interval: float, database_url: str | None, schema: str) -> None:
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--max-attempts", type=int, default=None)
 @database_options
-def enqueue(queue_name: str, payload: str, database_url: str | None, schema: str,
-            **options: Any) -> None:  # fmt: skip
+def enqueue(
+    queue_name: str, payload: str, database_url: str | None, schema: str, **options: Any
+) -> None:
     """Enqueue one job whose payload is the JSON text given."""
     try:
         value = json.loads(payload)
@@ -259,11 +284,16 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
         stats = queue.stats(queue_name)
     if as_json:
         rows = [
-            {"queue": s.queue, **{k.value: v for k, v in s.counts.items()},
-             "queued_bytes": s.queued_bytes, "oldest_ready_age": s.oldest_ready_age,
-             "expired_leases": s.expired_leases, "paused": s.paused}
+            {
+                "queue": s.queue,
+                **{k.value: v for k, v in s.counts.items()},
+                "queued_bytes": s.queued_bytes,
+                "oldest_ready_age": s.oldest_ready_age,
+                "expired_leases": s.expired_leases,
+                "paused": s.paused,
+            }
             for s in stats
-        ]  # fmt: skip
+        ]
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="leaseq status", box=box.SIMPLE_HEAD)
@@ -274,8 +304,13 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
     for s in stats:
         age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
         name = s.queue + (" (paused)" if s.paused else "")
-        table.add_row(name, *(str(s.counts[k]) for k in JobStatus), str(s.queued_bytes), age,
-                      str(s.expired_leases))  # fmt: skip
+        table.add_row(
+            name,
+            *(str(s.counts[k]) for k in JobStatus),
+            str(s.queued_bytes),
+            age,
+            str(s.expired_leases),
+        )
     console.print(table)
 
 
@@ -295,8 +330,13 @@ def _print_jobs(jobs: list[Job], title: str) -> None:
     table.add_column("last error", overflow="fold")
     for job in jobs:
         finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
-        table.add_row(str(job.job_id), job.queue, f"{job.attempts}/{job.max_attempts}",
-                      finished, Text(redact(job.last_error or "")))  # fmt: skip
+        table.add_row(
+            str(job.job_id),
+            job.queue,
+            f"{job.attempts}/{job.max_attempts}",
+            finished,
+            Text(redact(job.last_error or "")),
+        )
     console.print(table)
 
 
@@ -305,8 +345,13 @@ def _print_jobs(jobs: list[Job], title: str) -> None:
 @click.option("--queue", "queue_name", default=None)
 @click.option("--all-failed", is_flag=True, help="Replay every failed job of --queue.")
 @database_options
-def replay(job_id: int | None, queue_name: str | None, all_failed: bool,
-           database_url: str | None, schema: str) -> None:  # fmt: skip
+def replay(
+    job_id: int | None,
+    queue_name: str | None,
+    all_failed: bool,
+    database_url: str | None,
+    schema: str,
+) -> None:
     """Put a failed or cancelled job back in its queue (same id, fresh attempts)."""
     if (job_id is None) == (not all_failed):
         raise InvalidArgument("give a JOB_ID, or --queue Q --all-failed")

@@ -30,9 +30,27 @@ def default_idempotency_key(schema: str, job_id: int) -> str:
 
 
 def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
-    (job_id, queue, payload, payload_bytes, status, priority, available_at, lease_until,
-     version, attempts, max_attempts, key, seq, idem, last_error, history, created_at,
-     claimed_at, finished_at) = row  # fmt: skip
+    (
+        job_id,
+        queue,
+        payload,
+        payload_bytes,
+        status,
+        priority,
+        available_at,
+        lease_until,
+        version,
+        attempts,
+        max_attempts,
+        key,
+        seq,
+        idem,
+        last_error,
+        history,
+        created_at,
+        claimed_at,
+        finished_at,
+    ) = row
     return Job(
         job_id=job_id,
         queue=queue,
@@ -57,8 +75,20 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
 
 
 def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
-    (name, lease, max_attempts, base, cap, policy, max_jobs, max_bytes, max_payload, paused,
-     backlog_jobs, backlog_bytes) = row  # fmt: skip
+    (
+        name,
+        lease,
+        max_attempts,
+        base,
+        cap,
+        policy,
+        max_jobs,
+        max_bytes,
+        max_payload,
+        paused,
+        backlog_jobs,
+        backlog_bytes,
+    ) = row
     return QueueSettings(
         name=name,
         lease=lease,

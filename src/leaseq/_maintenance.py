@@ -20,6 +20,10 @@ log = get_logger("leaseq.maintenance")
 
 
 class Maintenance:
+    """The reaper with one active instance per schema (see the module's docs):
+    ``await Maintenance(queue).run()`` in a process of your own, or let workers
+    run it (they do by default)."""
+
     def __init__(self, queue: AsyncQueue, *, interval: float = 5.0, batch: int = 1000) -> None:
         self.queue = queue
         self.interval = interval

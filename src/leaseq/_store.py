@@ -182,7 +182,7 @@ class Store:
         def decode(rows: list[Rows]) -> Claimed:
             claims = [decoding.claim_from_row(schema, row) for row in rows[0] if row[0] is not None]
             repairs_due = len(claims) < len(rows[0])  # the marker row has no job id
-            return Claimed(sorted(claims, key=lambda c: c.job_id), repairs_due)
+            return Claimed(claims, repairs_due)  # in claim order (see claim.sql)
 
         return Operation(
             (Statement(self.sql("claim.sql"), params),),
@@ -216,9 +216,11 @@ class Store:
         None if the lease was lost. Never waits for a locked row."""
         leases = [validate.lease(lease)] * len(claims)
         return self._fenced(
-            "renew.sql", claims, {"leases": leases},
+            "renew.sql",
+            claims,
+            {"leases": leases},
             lambda row: RENEWAL_BUSY if row[2] else row[1],
-        )  # fmt: skip
+        )
 
     def retry(
         self,
@@ -370,8 +372,11 @@ class Store:
     def replay_failed(self, queue: str, *, limit: int = 1000) -> Operation[ReplayBatch]:
         """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
         as many as its backlog limits have room for."""
-        params = {"job_id": None, "queue": validate.queue_name(queue),
-                  "limit": validate.claim_limit(limit)}  # fmt: skip
+        params = {
+            "job_id": None,
+            "queue": validate.queue_name(queue),
+            "limit": validate.claim_limit(limit),
+        }
 
         def decode(rows: list[Rows]) -> ReplayBatch:
             return ReplayBatch(

@@ -18,6 +18,9 @@ from ._client_base import ClientBase
 from ._db import Connection, Database
 from ._types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult, RenewalBusy
 
+# Connection is the type of ``conn=`` and of ``connection()``: exported with it.
+__all__ = ["Connection", "Queue"]
+
 
 class Queue(ClientBase):
     """A leaseq schema (its many named queues) on one database.

@@ -184,8 +184,7 @@ _UNSET: Any = object()
 
 # configure_queue's keyword -> (SQL parameter, validator)
 _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "lease": ("lease", lambda v: seconds(v, "lease", MAX_LEASE_SECONDS,
-                                                  allow_zero=False)),
+    "lease": ("lease", lambda v: seconds(v, "lease", MAX_LEASE_SECONDS, allow_zero=False)),
     "max_attempts": ("max_attempts", lambda v: _setting_int(v, "max_attempts", range(1, 1001))),
     "backoff_base": ("backoff_base", lambda v: seconds(v, "backoff_base", 86400.0)),
     "backoff_cap": ("backoff_cap", lambda v: seconds(v, "backoff_cap", 30 * 86400.0)),
@@ -194,7 +193,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "max_queued_bytes": ("max_queued_bytes", lambda v: _limit(v, "max_queued_bytes", 2**62)),
     "max_payload_bytes": ("max_payload_bytes", lambda v: _limit(v, "max_payload_bytes", 2**31 - 1)),
     "paused": ("paused", lambda v: _flag(v, "paused")),
-}  # fmt: skip
+}
 
 
 def _setting_int(value: Any, what: str, allowed: range) -> int:

@@ -46,6 +46,11 @@ class App:
         self.schema = validate.schema_name(schema)
         self.tasks: dict[str, Task] = {}
 
+    @staticmethod
+    def load(reference: str) -> App:
+        """The App named by ``module:attribute`` (what ``leaseq worker`` takes)."""
+        return load_app(reference)
+
     def task(
         self,
         queue: str,

@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
-from .._async_client import AsyncQueue
-from .._db import AsyncConnection, Connection
+from .._async_client import AsyncConnection, AsyncQueue
 from .._errors import LeaseLost
 from .._retry import Retry
-from .._sync_client import Queue
+from .._sync_client import Connection, Queue
 from .._types import Claim
 
 

@@ -60,9 +60,10 @@ class LeaseKeeper:
         while True:
             now = time.monotonic()
             due = [
-                r for r in self._running.values()
+                r
+                for r in self._running.values()
                 if _kept(r) and r.renewal_due(now, self._renew_fraction)
-            ]  # fmt: skip
+            ]
             if due:
                 await self._renew(due)
             await _wait(self._renewal_wakeup, self._tick())

@@ -92,8 +92,12 @@ class Outcomes:
             # Something in the batch cannot be sent (a value the statement refuses, and
             # a refused statement writes nothing): send each on its own, so only the
             # poisoned outcomes fail, on their own jobs.
-            log.warning("a batch of %d %s outcomes was refused (%s); sending them one by one",
-                        len(group), kind.value, exc)  # fmt: skip
+            log.warning(
+                "a batch of %d %s outcomes was refused (%s); sending them one by one",
+                len(group),
+                kind.value,
+                exc,
+            )
             for outcome in group:
                 await self._flush_kind(kind, [outcome])
             return
@@ -109,8 +113,9 @@ class Outcomes:
             except Exception as exc:
                 if not isinstance(exc, TransientError):
                     raise
-                log.warning("flushing %d %s outcomes failed (%s); retrying", len(group),
-                            kind.value, exc)  # fmt: skip
+                log.warning(
+                    "flushing %d %s outcomes failed (%s); retrying", len(group), kind.value, exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 

@@ -136,27 +136,36 @@ class Worker:
                 loop.add_signal_handler(signum, self._on_signal)
         schema = self.app.schema
         # The handlers' pools, behind JobContext.connection()/transaction()/atransaction().
-        self._sync = Queue(self.dsn, schema=schema, pool_size=self.concurrency,
-                           connection_options=WORKER_CONNECTIONS)  # fmt: skip
-        self._async = AsyncQueue(self.dsn, schema=schema, pool_size=4,
-                                 connection_options=WORKER_CONNECTIONS)  # fmt: skip
+        self._sync = Queue(
+            self.dsn,
+            schema=schema,
+            pool_size=self.concurrency,
+            connection_options=WORKER_CONNECTIONS,
+        )
+        self._async = AsyncQueue(
+            self.dsn, schema=schema, pool_size=4, connection_options=WORKER_CONNECTIONS
+        )
         # The worker's own: claims, renewals and acknowledgements never queue behind
         # a handler's open transaction for a connection.
         self._claims, renewals, acknowledgements = (self._own_queue() for _ in range(3))
         self._threads = DaemonThreads(self.concurrency, "leaseq-job")
         self._outcomes = Outcomes(acknowledgements)
         self._leases = LeaseKeeper(
-            renewals, self._running, self._lose, renew_fraction=self.renew_fraction,
+            renewals,
+            self._running,
+            self._lose,
+            renew_fraction=self.renew_fraction,
             stats=self.stats,
-        )  # fmt: skip
+        )
         services = {
             "outcomes": self._outcomes.run(),
             "heartbeat": self._heartbeat(),
             "deadlines": self._leases.watch_deadlines(),
         }
         if self.listen:
-            listener = AsyncQueue(self.listen_dsn, schema=schema, pool_size=1,
-                                  connection_options=WORKER_CONNECTIONS)  # fmt: skip
+            listener = AsyncQueue(
+                self.listen_dsn, schema=schema, pool_size=1, connection_options=WORKER_CONNECTIONS
+            )
             services["listen"] = listen_for_work(
                 listener, set(self.queues), wake=self._wakeup.set, stats=self.stats
             )
@@ -167,8 +176,9 @@ class Worker:
         background = [asyncio.create_task(c, name=f"leaseq-{n}") for n, c in services.items()]
         for task in background:
             task.add_done_callback(self._service_ended)
-        log.info("worker started: queues=%s concurrency=%d", ",".join(self.queues),
-                 self.concurrency)  # fmt: skip
+        log.info(
+            "worker started: queues=%s concurrency=%d", ",".join(self.queues), self.concurrency
+        )
         try:
             await self._claim_loop()
             await self._shutdown()
@@ -195,15 +205,19 @@ class Worker:
 
     def _own_queue(self) -> AsyncQueue:
         """One connection for one of the worker's services (they send one statement at a time)."""
-        return AsyncQueue(self.dsn, schema=self.app.schema, pool_size=1,
-                          connection_options=WORKER_CONNECTIONS)  # fmt: skip
+        return AsyncQueue(
+            self.dsn, schema=self.app.schema, pool_size=1, connection_options=WORKER_CONNECTIONS
+        )
 
     def _service_ended(self, task: asyncio.Task[None]) -> None:
         """A background service must never end on its own: stop the worker if one does."""
         if task.cancelled():
             return
-        log.error("%s stopped unexpectedly; stopping the worker", task.get_name(),
-                  exc_info=task.exception())  # fmt: skip
+        log.error(
+            "%s stopped unexpectedly; stopping the worker",
+            task.get_name(),
+            exc_info=task.exception(),
+        )
         self._crashed = task.exception()
         if self._main is not None:
             self._main.cancel()
@@ -376,8 +390,12 @@ class Worker:
         running.lost = True
         running.context.mark_lost(reason)
         self.stats.lost_leases += 1
-        log.warning("job %d (lease version %d): lease lost: %s", running.claim.job_id,
-                    running.claim.lease_version, reason)  # fmt: skip
+        log.warning(
+            "job %d (lease version %d): lease lost: %s",
+            running.claim.job_id,
+            running.claim.lease_version,
+            reason,
+        )
         # A sync attempt stays until its thread returns (it holds a slot); job.lost tells it.
         if running.cancellable and running.task is not None and not running.acknowledging:
             running.task.cancel()

@@ -64,8 +64,13 @@ class Supervisor:
         failures = 1 if ran > 60 else self._failures.get(slot, 0) + 1
         self._failures[slot] = failures
         delay: float = min(0.5 * 2.0 ** (failures - 1), 30.0)
-        log.warning("worker %d (pid %s) exited with %s; restarting in %.1fs",
-                    slot, child.pid, child.exitcode, delay)  # fmt: skip
+        log.warning(
+            "worker %d (pid %s) exited with %s; restarting in %.1fs",
+            slot,
+            child.pid,
+            child.exitcode,
+            delay,
+        )
         return delay
 
     def _on_signal(self, signum: int, _: FrameType | None) -> None:

@@ -50,8 +50,17 @@ class Outcome:
     def ok(self) -> bool:
         if not self.summary:
             return False
-        (_, reports, duplicate_reports, _, _, duplicate_keys, duplicate_notifications,
-         out_of_order, _) = self.summary  # fmt: skip
+        (
+            _,
+            reports,
+            duplicate_reports,
+            _,
+            _,
+            duplicate_keys,
+            duplicate_notifications,
+            out_of_order,
+            _,
+        ) = self.summary
         return (
             self.accepted == self.requests
             and reports == self.requests
@@ -88,10 +97,10 @@ def _where(url: str) -> str:
 
 def prepare(queue: leaseq.Queue) -> None:
     with queue.connection() as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+        sql.fetch(conn, "reset")
     queue.migrate()
     with queue.connection() as conn:
-        conn.execute(sql.text("tables"))
+        sql.fetch(conn, "tables")
     queue.configure_queue(QUEUE, lease=5)
 
 
@@ -117,12 +126,23 @@ def serving(database_url: str, port: int, logs: Path) -> Iterator[str]:
     base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     log = open(logs / "service.log", "wb")  # noqa: SIM115
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "leaseq.demo.service:app_from_environment",
-         "--factory", "--fd", str(sock.fileno()), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "leaseq.demo.service:app_from_environment",
+            "--factory",
+            "--fd",
+            str(sock.fileno()),
+            "--log-level",
+            "warning",
+        ],
         env={**os.environ, "LEASEQ_DEMO_DATABASE_URL": database_url},
-        pass_fds=[sock.fileno()], stdout=log, stderr=subprocess.STDOUT,
+        pass_fds=[sock.fileno()],
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,  # Ctrl-C reaches the demo, which stops its children once
-    )  # fmt: skip
+    )
     log.close()
     try:
         _wait_until_serving(base_url, server, logs / "service.log")
@@ -165,12 +185,27 @@ class Workers:
         # not slow the HTTP service down on a small machine.
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []
         process = subprocess.Popen(
-            [*nice, sys.executable, "-m", "leaseq", "worker", "leaseq.demo.jobs:app",
-             "--schema", SCHEMA, "--concurrency", str(self.concurrency),
-             "--poll-interval", "0.5", "--shutdown-grace", "10"],
+            [
+                *nice,
+                sys.executable,
+                "-m",
+                "leaseq",
+                "worker",
+                "leaseq.demo.jobs:app",
+                "--schema",
+                SCHEMA,
+                "--concurrency",
+                str(self.concurrency),
+                "--poll-interval",
+                "0.5",
+                "--shutdown-grace",
+                "10",
+            ],
             env={**os.environ, "DATABASE_URL": self.database_url},
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         log.close()
         self.processes.append(process)
         return process
@@ -242,12 +277,24 @@ def run_demo(
                 workers.wait_ready()
                 asyncio.run(burst(base_url, plan(requests), outcome))
                 console.print(f"submitted {requests} report requests to {base_url}/reports")
-                _follow(queue, outcome, workers=workers, kill_worker=kill_worker,
-                        console=console, title="generating reports")  # fmt: skip
+                _follow(
+                    queue,
+                    outcome,
+                    workers=workers,
+                    kill_worker=kill_worker,
+                    console=console,
+                    title="generating reports",
+                )
                 outcome.failed_before_fix = queue.stats(QUEUE)[0].failed
                 _fix_and_replay(queue)
-                _follow(queue, outcome, workers=workers, kill_worker=False,
-                        console=console, title="replaying after the fix")  # fmt: skip
+                _follow(
+                    queue,
+                    outcome,
+                    workers=workers,
+                    kill_worker=False,
+                    console=console,
+                    title="replaying after the fix",
+                )
                 outcome.stats = queue.stats(QUEUE)[0]
                 with queue.connection() as conn:
                     outcome.summary = tuple(sql.fetch(conn, "summary")[0])
@@ -269,8 +316,13 @@ def _follow(
     title: str,
 ) -> None:
     """A live progress bar until nothing is queued or running."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[counts]}"), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task(title, total=outcome.requests, counts="")
         while True:
@@ -278,8 +330,10 @@ def _follow(
             with queue.connection() as conn:
                 retried = sql.fetch(conn, "summary")[0][-1]
             done = stats.counts[leaseq.JobStatus.DONE]
-            counts = (f"queued {stats.queued}  running {stats.running}  done {done}"
-                      f"  retried {retried}  failed {stats.failed}")  # fmt: skip
+            counts = (
+                f"queued {stats.queued}  running {stats.running}  done {done}"
+                f"  retried {retried}  failed {stats.failed}"
+            )
             progress.update(bar, completed=done + stats.failed, counts=counts)
             if kill_worker and not outcome.killed_worker and done >= 3:
                 victim = workers.processes[0]
@@ -287,8 +341,10 @@ def _follow(
                 victim.wait(10)
                 outcome.killed_worker = True
                 workers.start()
-                progress.console.print(f"killed worker pid {victim.pid} with SIGKILL; "
-                                       "its jobs return when their leases expire")  # fmt: skip
+                progress.console.print(
+                    f"killed worker pid {victim.pid} with SIGKILL; "
+                    "its jobs return when their leases expire"
+                )
             if stats.queued == 0 and stats.running == 0:
                 return
             time.sleep(0.2)
@@ -301,8 +357,17 @@ def _fix_and_replay(queue: leaseq.Queue) -> None:
 
 
 def _print_summary(console: Console, outcome: Outcome, base_url: str, logs: Path) -> None:
-    (requests, reports, duplicate_reports, calls, deliveries, duplicate_keys,
-     duplicate_notifications, out_of_order, retries) = outcome.summary  # fmt: skip
+    (
+        requests,
+        reports,
+        duplicate_reports,
+        calls,
+        deliveries,
+        duplicate_keys,
+        duplicate_notifications,
+        out_of_order,
+        retries,
+    ) = outcome.summary
     latencies = sorted(outcome.latencies)
     p50 = statistics.median(latencies) * 1000 if latencies else 0.0
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000 if latencies else 0
@@ -314,8 +379,10 @@ def _print_summary(console: Console, outcome: Outcome, base_url: str, logs: Path
         ("response time p50 / p99", f"{p50:.1f} ms / {p99:.1f} ms"),
         ("reports done", f"{reports} of {requests}"),
         ("retries (transient errors, expired leases)", str(retries)),
-        ("failed (broken kind), then replayed after the fix",
-         f"{outcome.failed_before_fix} failed -> all done"),
+        (
+            "failed (broken kind), then replayed after the fix",
+            f"{outcome.failed_before_fix} failed -> all done",
+        ),
         ("worker killed with SIGKILL mid-burst", "yes" if outcome.killed_worker else "no"),
         ("duplicate reports", str(duplicate_reports)),
         ("notification calls / delivered", f"{calls} / {deliveries}"),
@@ -324,7 +391,7 @@ def _print_summary(console: Console, outcome: Outcome, base_url: str, logs: Path
         ("service", f"{base_url}/reports/1  (and /reports/1/html)"),
         ("dashboard", "not yet: it comes with the operations work"),
         ("worker logs", str(logs)),
-    ]  # fmt: skip
+    ]
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)

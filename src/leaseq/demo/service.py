@@ -66,8 +66,7 @@ def create_app(database_url: str) -> Starlette:
                 conn, "insert_request", customer=customer, period=period, kind=kind
             )
             report_id = rows[0][0]
-            payload = {"report_id": report_id, "customer": customer, "period": period,
-                       "kind": kind}  # fmt: skip
+            payload = {"report_id": report_id, "customer": customer, "period": period, "kind": kind}
             ordering: dict[str, Any] = {}
             if kind == "ordered":  # one customer's ordered reports run in period order
                 year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
@@ -75,8 +74,11 @@ def create_app(database_url: str) -> Starlette:
             job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
             await sql.afetch(conn, "set_request_job", id=report_id, job_id=job_id)
         status_url = f"/reports/{report_id}"
-        return JSONResponse({"id": report_id, "status_url": status_url}, status_code=202,
-                            headers={"Location": status_url})  # fmt: skip
+        return JSONResponse(
+            {"id": report_id, "status_url": status_url},
+            status_code=202,
+            headers={"Location": status_url},
+        )
 
     async def status(request: Request) -> Response:
         report_id = _report_id(request)
@@ -86,10 +88,14 @@ def create_app(database_url: str) -> Starlette:
         _, customer, period, kind, job_id, has_report = rows[0]
         job = await queue.get(job_id)
         body: dict[str, Any] = {
-            "id": report_id, "customer": customer, "period": period, "kind": kind,
-            "status": job.status.value, "attempts": job.attempts,
+            "id": report_id,
+            "customer": customer,
+            "period": period,
+            "kind": kind,
+            "status": job.status.value,
+            "attempts": job.attempts,
             "last_error": job.last_error,
-        }  # fmt: skip
+        }
         if has_report:
             body["report_url"] = f"/reports/{report_id}/html"
         if "text/html" in request.headers.get("accept", ""):  # a browser: show the report

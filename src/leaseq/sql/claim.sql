@@ -63,9 +63,9 @@ ready AS (
     FOR UPDATE OF j SKIP LOCKED
 ),
 picked AS (
-    (SELECT job_id FROM expired)
+    (SELECT job_id, 0 AS branch FROM expired)
     UNION ALL
-    (SELECT job_id FROM ready)
+    (SELECT job_id, 1 AS branch FROM ready)
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -84,11 +84,18 @@ claimed AS (
     FROM picked, settings AS s
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
-        j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key
+        j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
+        picked.branch, j.priority, j.available_at
 )
-SELECT * FROM claimed
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-WHERE EXISTS (
-    SELECT 1 FROM {schema}.key_repair AS k
-    WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
+-- In claim order: recovered leases first, then by priority, age and id.
+SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
+       r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key
+FROM (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 2, NULL, NULL
+    WHERE EXISTS (
+        SELECT 1 FROM {schema}.key_repair AS k
+        WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
+) AS r
+ORDER BY r.branch, r.priority DESC, r.available_at, r.job_id

@@ -1,0 +1,183 @@
+"""The house rules of docs/architecture.md, checked on the source itself.
+
+* every public name of ``leaseq`` is in ``__all__`` (and nothing else is public);
+* imports point down the layers; only ``_db`` imports the driver;
+* the worker reaches the database only through the clients (one door);
+* SQL lives in ``.sql`` files, read through ``_statement.sql_text`` by ``_store``;
+* the demo imports only public names; the CLI too, but for the few internals
+  named here (secret redaction, logging, the ``--processes`` supervisor).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+import leaseq
+
+SOURCE = Path(leaseq.__file__).resolve().parent
+
+#: Lower layers first; a module imports only modules of lower layers (modules of
+#: one package, like _worker's, may import each other).
+LAYERS: list[set[str]] = [
+    {"_errors", "_types", "_redact", "_statement"},
+    {"_validate", "_decoding", "_logs"},
+    {"_embedded", "_retry"},
+    {"_config", "_store", "_db"},
+    {"_migrate", "_steps", "_client_base"},
+    {"_async_client", "_sync_client"},
+    {"_maintenance", "testing"},
+    {"_worker"},
+    {"_cli", "__init__"},
+    {"__main__"},
+]
+#: The database layer, below the clients: the worker goes through the clients.
+BEHIND_THE_CLIENTS = {"_db", "_store", "_statement", "_steps", "_migrate", "_client_base"}
+#: What the CLI may take from the internals besides the public API.
+CLI_INTERNALS = {"_config", "_logs", "_redact", "_worker.supervisor"}
+DRIVERS = {"psycopg", "psycopg_pool"}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name below ``leaseq``."""
+    found = {}
+    for path in SOURCE.rglob("*.py"):
+        parts = path.relative_to(SOURCE).with_suffix("").parts
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> list[str]:
+    """The absolute names a module imports (``leaseq.x`` as ``leaseq.x``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ["leaseq", *name.split(".")[:-1]]
+    if path.name == "__init__.py":
+        package = ["leaseq", *name.split(".")[:-1]]
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            names.append(module)
+            # `from . import _db` imports a module, not a name
+            names += [
+                f"{module}.{alias.name}" for alias in node.names if alias.name.startswith("_")
+            ]
+    return names
+
+
+def _top(module: str) -> str:
+    """The layer unit of ``leaseq.x.y``: ``x`` (a subpackage counts as one)."""
+    return module.split(".")[1] if module.count(".") >= 1 else "__init__"
+
+
+def _layer(unit: str) -> int:
+    for level, units in enumerate(LAYERS):
+        if unit in units:
+            return level
+    raise AssertionError(f"module {unit} has no layer in LAYERS: add it")
+
+
+LIBRARY = {n: p for n, p in _modules().items() if not n.startswith("demo")}
+
+
+def test_every_public_name_is_exported() -> None:
+    """httpx's rule: the public names of the package are exactly ``__all__``."""
+    public_modules = {
+        name
+        for name, value in vars(leaseq).items()
+        if isinstance(value, types.ModuleType) and not name.startswith("_")
+    }
+    assert public_modules <= {"testing", "demo"}, public_modules
+    exported = {
+        name
+        for name in vars(leaseq)
+        if not name.startswith("_") and name not in public_modules | {"annotations"}
+    }
+    assert exported == set(leaseq.__all__) - {"__version__"}
+    assert leaseq.__all__ == sorted(leaseq.__all__, key=str.casefold) or sorted(leaseq.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(LIBRARY))
+def test_imports_point_down_and_only_the_db_module_imports_the_driver(name: str) -> None:
+    unit = _top(f"leaseq.{name}") if "." in name else name
+    for imported in _imports(name, LIBRARY[name]):
+        root = imported.split(".")[0]
+        if root in DRIVERS:
+            assert unit == "_db", f"{name} imports {imported}: only _db talks to the driver"
+        if root != "leaseq" or imported == "leaseq":
+            continue
+        target = _top(imported)
+        if target == unit:
+            continue  # within one package (the worker's modules)
+        if unit == "_cli":
+            inner = imported.removeprefix("leaseq.")
+            assert not target.startswith("_") or inner in CLI_INTERNALS, (
+                f"the CLI imports {imported}: only public names and {sorted(CLI_INTERNALS)}"
+            )
+            continue
+        if unit == "_worker":
+            assert target not in BEHIND_THE_CLIENTS, (
+                f"{name} imports {imported}: the worker reaches the database through the clients"
+            )
+        assert _layer(target) < _layer(unit), f"{name} imports {imported}, a higher layer"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules() if n.startswith("demo")))
+def test_the_demo_imports_only_public_names(name: str) -> None:
+    path = _modules()[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("leaseq"):
+            assert node.module in {"leaseq", "leaseq.demo"}, node.module
+            if node.module == "leaseq":
+                assert {a.name for a in node.names} <= set(leaseq.__all__)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                assert not alias.name.startswith("leaseq.") or alias.name == "leaseq.demo"
+    text = path.read_text(encoding="utf-8")
+    used = set(re.findall(r"\bleaseq\.([A-Za-z_]+)", text))
+    assert used <= set(leaseq.__all__) | {"demo"}, used - set(leaseq.__all__)
+
+
+_SQL = re.compile(
+    r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|VACUUM|TRUNCATE)\b.*"
+    r"\b(FROM|INTO|SET|TABLE|SCHEMA|INDEX|FUNCTION|AS|WHERE|VALUES)\b",
+    re.DOTALL,
+)
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_sql_lives_in_sql_files(name: str) -> None:
+    path = _modules()[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    strings = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ]
+    for string in strings:
+        assert not _SQL.match(string), f"{name}: SQL in Python: {string[:60]!r}"
+    text = path.read_text(encoding="utf-8")
+    if name not in {"_statement", "_store", "demo.sql"}:
+        assert "sql_text(" not in text, f"{name} reads SQL files: only _store does"
+        assert 'joinpath("sql"' not in text, f"{name} reads SQL files: only _statement does"
