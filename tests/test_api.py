@@ -160,3 +160,22 @@ def test_stats_report_what_operators_need(queue: leaseq.Queue, clock: object) ->
     assert 29 < stats.oldest_ready_age < 120
     assert stats.queued_bytes == 2 * len('{"n":0}') + len('{"later":true}')
     del b
+
+
+def test_the_database_twins_agree() -> None:
+    """Database and AsyncDatabase (hand-kept, small): the same methods with the same
+    parameters and docstrings, but for the sessions only the async worker uses."""
+    from leaseq._db import AsyncDatabase, Database
+
+    def methods(cls: type) -> dict[str, Any]:
+        return dict(inspect.getmembers(cls, inspect.isfunction))
+
+    sync, asynchronous = methods(Database), methods(AsyncDatabase)
+    assert set(asynchronous) - set(sync) == {"session", "listen"}
+    assert set(sync) <= set(asynchronous)
+    for name, member in sync.items():
+        twin = asynchronous[name]
+        assert list(inspect.signature(member).parameters) == list(
+            inspect.signature(twin).parameters
+        ), name
+        assert member.__doc__ == twin.__doc__, name
