@@ -1,40 +1,18 @@
-"""Every queue operation, written once and without I/O.
-
-Each public method returns an :class:`Operation`: the SQL, its parameters and
-a function that turns the rows into the result. ``db`` executes it on a sync
-or an async connection; neither side builds SQL of its own. The SQL itself
-lives in ``sql/*.sql``.
-"""
+"""Operations of producers and workers: enqueue, claim, then the fenced writes."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from . import _decoding as decoding
-from . import _validate as validate
-from ._errors import (
-    AlreadyCompleted,
-    BacklogFull,
-    InvalidArgument,
-    InvalidJob,
-    JobNotFound,
-    LeaseLost,
-)
-from ._statement import Operation, Rows, Statement, T, notify_channel, sql_text
-from ._types import (
-    RENEWAL_BUSY,
-    Claim,
-    Job,
-    JobStatus,
-    QueueSettings,
-    QueueStats,
-    ReapResult,
-    RenewalBusy,
-)
+from .. import _decoding as decoding
+from .. import _validate as validate
+from .._errors import AlreadyCompleted, InvalidArgument, InvalidJob, LeaseLost
+from .._statement import Operation, Rows, Statement, T
+from .._types import RENEWAL_BUSY, Claim, JobStatus, RenewalBusy
+from .base import StoreBase
 
 #: Raised by job_running_key_idx when a claim lost a race for an ordering key.
 UNIQUE_VIOLATION = "23505"
@@ -49,42 +27,8 @@ class Claimed:
     repairs_due: bool
 
 
-@dataclass(frozen=True, slots=True)
-class ReplayBatch:
-    """One batch of replay_failed: ids replayed, how many the queue had no room
-    for, and whether the batch reached the end of the queue's failed jobs."""
-
-    replayed: list[int]
-    refused: int
-    exhausted: bool
-
-
-def _ignore(_: list[Rows]) -> None:
-    return None
-
-
-class Store:
-    """Builds the operations of one leaseq schema."""
-
-    def __init__(
-        self, schema: str = "leaseq", *, max_payload_bytes: int | None = None, notify: bool = True
-    ) -> None:
-        self.schema = validate.schema_name(schema)
-        #: LISTEN/NOTIFY channel of this schema; enqueues send the queue's name on it.
-        self.channel = notify_channel(self.schema)
-        self._notify_channel = self.channel if notify else None
-        self.max_payload_bytes = max_payload_bytes or validate.DEFAULT_MAX_PAYLOAD_BYTES
-        self._quoted = f'"{self.schema}"'
-        self._texts: dict[str, str] = {}
-
-    def sql(self, name: str) -> str:
-        text = self._texts.get(name)
-        if text is None:
-            text = self._texts[name] = self.render(sql_text(name))
-        return text
-
-    def render(self, text: str) -> str:
-        return text.replace("{schema}", self._quoted)
+class JobOperations(StoreBase):
+    """The producer's and the worker's operations."""
 
     # -- producers ---------------------------------------------------------
 
@@ -340,178 +284,6 @@ class Store:
     ) -> Operation[None]:
         operation = self.fail([claim], [error], strict=strict)
         return _only(operation, "fail", lambda ok: None if ok else _LOST)
-
-    # -- operators ------------------------------------------------------------
-
-    def reap(self, *, limit: int = 1000) -> Operation[ReapResult]:
-        params = {"limit": validate.claim_limit(limit)}
-
-        def decode(rows: list[Rows]) -> ReapResult:
-            return ReapResult(
-                exhausted_queued=tuple(r[0] for r in rows[0] if r[1] == "queued"),
-                expired_running=tuple(r[0] for r in rows[0] if r[1] == "running"),
-            )
-
-        return Operation((Statement(self.sql("reap.sql"), params),), decode)
-
-    def replay(self, job_id: int) -> Operation[bool]:
-        """True if replayed, False if the job was not failed or cancelled;
-        BacklogFull (nothing written) if its queue has no room for it."""
-        params = {"job_id": validate.job_id(job_id), "queue": None, "limit": 1}
-
-        def decode(rows: list[Rows]) -> bool:
-            if not rows[0]:
-                raise JobNotFound(f"no job {job_id}")
-            ((_, status, changed, refused),) = rows[0]
-            if refused:
-                raise BacklogFull(f"queue of job {job_id} is full: {status} job not replayed")
-            return bool(changed)
-
-        return Operation((Statement(self.sql("replay.sql"), params),), decode)
-
-    def replay_failed(self, queue: str, *, limit: int = 1000) -> Operation[ReplayBatch]:
-        """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
-        as many as its backlog limits have room for."""
-        params = {
-            "job_id": None,
-            "queue": validate.queue_name(queue),
-            "limit": validate.claim_limit(limit),
-        }
-
-        def decode(rows: list[Rows]) -> ReplayBatch:
-            return ReplayBatch(
-                replayed=[row[0] for row in rows[0] if row[2]],
-                refused=sum(1 for row in rows[0] if row[3]),
-                exhausted=len(rows[0]) < limit,
-            )
-
-        return Operation((Statement(self.sql("replay.sql"), params),), decode)
-
-    def cancel(self, job_id: int) -> Operation[bool]:
-        return self._transition("cancel.sql", job_id, {"job_id": validate.job_id(job_id)})
-
-    def _transition(self, name: str, job_id: int, params: dict[str, Any]) -> Operation[bool]:
-        def decode(rows: list[Rows]) -> bool:
-            if not rows[0]:
-                raise JobNotFound(f"no job {job_id}")
-            return bool(rows[0][0][2])
-
-        return Operation((Statement(self.sql(name), params),), decode)
-
-    def get(self, job_id: int) -> Operation[Job]:
-        schema = self.schema
-
-        def decode(rows: list[Rows]) -> Job:
-            if not rows[0]:
-                raise JobNotFound(f"no job {job_id}")
-            return decoding.job_from_row(schema, rows[0][0])
-
-        return Operation(
-            (Statement(self.sql("get_job.sql"), {"job_id": validate.job_id(job_id)}),), decode
-        )
-
-    def list_jobs(
-        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
-    ) -> Operation[list[Job]]:
-        try:
-            state = JobStatus(status)
-        except ValueError:
-            raise InvalidArgument(f"unknown job status {status!r}") from None
-        params = {
-            "status": state.value,
-            "queue": None if queue is None else validate.queue_name(queue),
-            "limit": validate.claim_limit(limit),
-        }
-        schema = self.schema
-        return Operation(
-            (Statement(self.sql("list_jobs.sql"), params),),
-            lambda r: [decoding.job_from_row(schema, row) for row in r[0]],
-        )
-
-    def stats(self, queue: str | None = None) -> Operation[list[QueueStats]]:
-        params = {"queue": None if queue is None else validate.queue_name(queue)}
-
-        return Operation(
-            (Statement(self.sql("stats.sql"), params),),
-            lambda r: [decoding.stats_from_row(row) for row in r[0]],
-        )
-
-    def configure_queue(self, name: str, **settings: Any) -> Operation[QueueSettings]:
-        params: dict[str, Any] = {
-            "name": validate.queue_name(name),
-            **validate.queue_settings(settings),
-        }
-        named = {"name": params["name"]}
-        return Operation(
-            (
-                Statement(self.sql("configure_queue_ensure.sql"), named),
-                Statement(self.sql("configure_queue_update.sql"), params),
-                Statement(self.sql("count_backlog.sql"), named),
-                Statement(
-                    self.sql("settle_failed_keys.sql"),
-                    {**named, "set_ordering_policy": params["set_ordering_policy"]},
-                ),
-                Statement(self.sql("get_queue.sql"), named),
-            ),
-            lambda r: decoding.settings_from_row(r[-1][0]),
-        )
-
-    def ensure_queue(self, name: str) -> Operation[None]:
-        """Create the queue's settings row with defaults if it does not exist."""
-        params = {"name": validate.queue_name(name)}
-        return Operation((Statement(self.sql("configure_queue_ensure.sql"), params),), _ignore)
-
-    def queue_settings(self, name: str) -> Operation[QueueSettings | None]:
-        params = {"name": validate.queue_name(name)}
-        return Operation(
-            (Statement(self.sql("get_queue.sql"), params),),
-            lambda r: decoding.settings_from_row(r[0][0]) if r[0] else None,
-        )
-
-    # -- schema -----------------------------------------------------------------
-
-    def listen(self) -> Statement:
-        return Statement(self.sql("listen.sql").replace("{channel}", f'"{self.channel}"'))
-
-    def maintenance_lock(self) -> Operation[bool]:
-        params = {"schema_name": self.schema}
-        return Operation(
-            (Statement(self.sql("maintenance_lock.sql"), params),), lambda r: bool(r[0][0][0])
-        )
-
-    def migration_lock(self) -> Statement:
-        return Statement(self.sql("migrate/lock.sql"), {"schema_name": self.schema})
-
-    def migration_prepare(self) -> Statement:
-        return Statement(self.sql("migrate/prepare.sql"))
-
-    def applied_migrations(self) -> Statement:
-        return Statement(self.sql("migrate/applied.sql"))
-
-    def migration(self, text: str) -> Statement:
-        return Statement(self.render(text))
-
-    def record_migration(self, version: int, name: str) -> Statement:
-        return Statement(self.sql("migrate/record.sql"), {"version": version, "name": name})
-
-    def schema_catalog(self) -> Operation[list[str]]:
-        """A server-independent description of the schema (the golden dump's lines)."""
-        quoted, plain = self._quoted + ".", self.schema + "."
-
-        def normalise(text: str) -> str:
-            return text.replace(quoted, "<schema>.").replace(plain, "<schema>.")
-
-        return Operation(
-            (Statement(self.sql("schema_catalog.sql"), {"schema_name": self.schema}),),
-            lambda r: [f"{kind}: {normalise(text)}" for kind, text in r[0]],
-        )
-
-    def set_clock_offset(self, offset_seconds: float) -> Operation[None]:
-        offset = float(offset_seconds)
-        if not math.isfinite(offset) or abs(offset) > 100 * 365 * 86400:
-            raise InvalidArgument(f"clock offset out of range: {offset_seconds!r}")
-        text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", repr(offset))
-        return Operation((Statement(text),), _ignore)
 
 
 _LOST: Any = object()

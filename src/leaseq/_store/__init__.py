@@ -1,0 +1,22 @@
+"""Every queue operation, written once and without I/O.
+
+Each public method of :class:`Store` returns an
+:class:`~leaseq._statement.Operation`: the SQL, its parameters and a function
+that turns the rows into the result. The database layer executes it on a sync
+or an async connection; neither side builds SQL of its own. The SQL itself
+lives in ``sql/*.sql``. The store is split by who needs the operation: jobs
+(producers and workers), operators, the schema.
+"""
+
+from __future__ import annotations
+
+from .jobs import UNIQUE_VIOLATION, Claimed, JobOperations
+from .operators import OperatorOperations, ReplayBatch
+from .schema import SchemaOperations
+
+
+class Store(JobOperations, OperatorOperations, SchemaOperations):
+    """Builds the operations of one leaseq schema."""
+
+
+__all__ = ["UNIQUE_VIOLATION", "Claimed", "ReplayBatch", "Store"]

@@ -1,0 +1,35 @@
+"""What every part of the store shares: the schema, its rendered SQL texts."""
+
+from __future__ import annotations
+
+from .. import _validate as validate
+from .._statement import Rows, notify_channel, sql_text
+
+
+def ignore(_: list[Rows]) -> None:
+    """The decoder of an operation whose rows say nothing."""
+    return None
+
+
+class StoreBase:
+    """The schema an operation is built for, and its SQL (``{schema}`` filled in)."""
+
+    def __init__(
+        self, schema: str = "leaseq", *, max_payload_bytes: int | None = None, notify: bool = True
+    ) -> None:
+        self.schema = validate.schema_name(schema)
+        #: LISTEN/NOTIFY channel of this schema; enqueues send the queue's name on it.
+        self.channel = notify_channel(self.schema)
+        self._notify_channel = self.channel if notify else None
+        self.max_payload_bytes = max_payload_bytes or validate.DEFAULT_MAX_PAYLOAD_BYTES
+        self._quoted = f'"{self.schema}"'
+        self._texts: dict[str, str] = {}
+
+    def sql(self, name: str) -> str:
+        text = self._texts.get(name)
+        if text is None:
+            text = self._texts[name] = self.render(sql_text(name))
+        return text
+
+    def render(self, text: str) -> str:
+        return text.replace("{schema}", self._quoted)

@@ -1,0 +1,152 @@
+"""Operations of operators: reap, replay, cancel, look, configure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _decoding as decoding
+from .. import _validate as validate
+from .._errors import BacklogFull, InvalidArgument, JobNotFound
+from .._statement import Operation, Rows, Statement
+from .._types import Job, JobStatus, QueueSettings, QueueStats, ReapResult
+from .base import StoreBase, ignore
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayBatch:
+    """One batch of replay_failed: ids replayed, how many the queue had no room
+    for, and whether the batch reached the end of the queue's failed jobs."""
+
+    replayed: list[int]
+    refused: int
+    exhausted: bool
+
+
+class OperatorOperations(StoreBase):
+    """What operators (the CLI, the reaper, a dashboard) run."""
+
+    def reap(self, *, limit: int = 1000) -> Operation[ReapResult]:
+        params = {"limit": validate.claim_limit(limit)}
+
+        def decode(rows: list[Rows]) -> ReapResult:
+            return ReapResult(
+                exhausted_queued=tuple(r[0] for r in rows[0] if r[1] == "queued"),
+                expired_running=tuple(r[0] for r in rows[0] if r[1] == "running"),
+            )
+
+        return Operation((Statement(self.sql("reap.sql"), params),), decode)
+
+    def replay(self, job_id: int) -> Operation[bool]:
+        """True if replayed, False if the job was not failed or cancelled;
+        BacklogFull (nothing written) if its queue has no room for it."""
+        params = {"job_id": validate.job_id(job_id), "queue": None, "limit": 1}
+
+        def decode(rows: list[Rows]) -> bool:
+            if not rows[0]:
+                raise JobNotFound(f"no job {job_id}")
+            ((_, status, changed, refused),) = rows[0]
+            if refused:
+                raise BacklogFull(f"queue of job {job_id} is full: {status} job not replayed")
+            return bool(changed)
+
+        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+
+    def replay_failed(self, queue: str, *, limit: int = 1000) -> Operation[ReplayBatch]:
+        """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
+        as many as its backlog limits have room for."""
+        params = {
+            "job_id": None,
+            "queue": validate.queue_name(queue),
+            "limit": validate.claim_limit(limit),
+        }
+
+        def decode(rows: list[Rows]) -> ReplayBatch:
+            return ReplayBatch(
+                replayed=[row[0] for row in rows[0] if row[2]],
+                refused=sum(1 for row in rows[0] if row[3]),
+                exhausted=len(rows[0]) < limit,
+            )
+
+        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+
+    def cancel(self, job_id: int) -> Operation[bool]:
+        return self._transition("cancel.sql", job_id, {"job_id": validate.job_id(job_id)})
+
+    def _transition(self, name: str, job_id: int, params: dict[str, Any]) -> Operation[bool]:
+        def decode(rows: list[Rows]) -> bool:
+            if not rows[0]:
+                raise JobNotFound(f"no job {job_id}")
+            return bool(rows[0][0][2])
+
+        return Operation((Statement(self.sql(name), params),), decode)
+
+    def get(self, job_id: int) -> Operation[Job]:
+        schema = self.schema
+
+        def decode(rows: list[Rows]) -> Job:
+            if not rows[0]:
+                raise JobNotFound(f"no job {job_id}")
+            return decoding.job_from_row(schema, rows[0][0])
+
+        return Operation(
+            (Statement(self.sql("get_job.sql"), {"job_id": validate.job_id(job_id)}),), decode
+        )
+
+    def list_jobs(
+        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
+    ) -> Operation[list[Job]]:
+        try:
+            state = JobStatus(status)
+        except ValueError:
+            raise InvalidArgument(f"unknown job status {status!r}") from None
+        params = {
+            "status": state.value,
+            "queue": None if queue is None else validate.queue_name(queue),
+            "limit": validate.claim_limit(limit),
+        }
+        schema = self.schema
+        return Operation(
+            (Statement(self.sql("list_jobs.sql"), params),),
+            lambda r: [decoding.job_from_row(schema, row) for row in r[0]],
+        )
+
+    def stats(self, queue: str | None = None) -> Operation[list[QueueStats]]:
+        params = {"queue": None if queue is None else validate.queue_name(queue)}
+
+        return Operation(
+            (Statement(self.sql("stats.sql"), params),),
+            lambda r: [decoding.stats_from_row(row) for row in r[0]],
+        )
+
+    def configure_queue(self, name: str, **settings: Any) -> Operation[QueueSettings]:
+        params: dict[str, Any] = {
+            "name": validate.queue_name(name),
+            **validate.queue_settings(settings),
+        }
+        named = {"name": params["name"]}
+        return Operation(
+            (
+                Statement(self.sql("configure_queue_ensure.sql"), named),
+                Statement(self.sql("configure_queue_update.sql"), params),
+                Statement(self.sql("count_backlog.sql"), named),
+                Statement(
+                    self.sql("settle_failed_keys.sql"),
+                    {**named, "set_ordering_policy": params["set_ordering_policy"]},
+                ),
+                Statement(self.sql("get_queue.sql"), named),
+            ),
+            lambda r: decoding.settings_from_row(r[-1][0]),
+        )
+
+    def ensure_queue(self, name: str) -> Operation[None]:
+        """Create the queue's settings row with defaults if it does not exist."""
+        params = {"name": validate.queue_name(name)}
+        return Operation((Statement(self.sql("configure_queue_ensure.sql"), params),), ignore)
+
+    def queue_settings(self, name: str) -> Operation[QueueSettings | None]:
+        params = {"name": validate.queue_name(name)}
+        return Operation(
+            (Statement(self.sql("get_queue.sql"), params),),
+            lambda r: decoding.settings_from_row(r[0][0]) if r[0] else None,
+        )

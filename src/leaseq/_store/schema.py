@@ -1,0 +1,57 @@
+"""Operations on the schema itself: LISTEN, the leaders' locks, migrations, the
+golden catalog, and the test clock."""
+
+from __future__ import annotations
+
+import math
+
+from .._errors import InvalidArgument
+from .._statement import Operation, Statement
+from .base import StoreBase, ignore
+
+
+class SchemaOperations(StoreBase):
+    """Statements about the schema rather than its jobs."""
+
+    def listen(self) -> Statement:
+        return Statement(self.sql("listen.sql").replace("{channel}", f'"{self.channel}"'))
+
+    def maintenance_lock(self) -> Operation[bool]:
+        params = {"schema_name": self.schema}
+        return Operation(
+            (Statement(self.sql("maintenance_lock.sql"), params),), lambda r: bool(r[0][0][0])
+        )
+
+    def migration_lock(self) -> Statement:
+        return Statement(self.sql("migrate/lock.sql"), {"schema_name": self.schema})
+
+    def migration_prepare(self) -> Statement:
+        return Statement(self.sql("migrate/prepare.sql"))
+
+    def applied_migrations(self) -> Statement:
+        return Statement(self.sql("migrate/applied.sql"))
+
+    def migration(self, text: str) -> Statement:
+        return Statement(self.render(text))
+
+    def record_migration(self, version: int, name: str) -> Statement:
+        return Statement(self.sql("migrate/record.sql"), {"version": version, "name": name})
+
+    def schema_catalog(self) -> Operation[list[str]]:
+        """A server-independent description of the schema (the golden dump's lines)."""
+        quoted, plain = self._quoted + ".", self.schema + "."
+
+        def normalise(text: str) -> str:
+            return text.replace(quoted, "<schema>.").replace(plain, "<schema>.")
+
+        return Operation(
+            (Statement(self.sql("schema_catalog.sql"), {"schema_name": self.schema}),),
+            lambda r: [f"{kind}: {normalise(text)}" for kind, text in r[0]],
+        )
+
+    def set_clock_offset(self, offset_seconds: float) -> Operation[None]:
+        offset = float(offset_seconds)
+        if not math.isfinite(offset) or abs(offset) > 100 * 365 * 86400:
+            raise InvalidArgument(f"clock offset out of range: {offset_seconds!r}")
+        text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", repr(offset))
+        return Operation((Statement(text),), ignore)
