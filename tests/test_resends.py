@@ -20,7 +20,7 @@ import pytest
 import leaseq
 from leaseq import AlreadyCompleted, JobStatus, LeaseLost
 from leaseq._worker.context import JobContext
-from leaseq._worker.outcomes import Kind, Outcomes
+from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
 
@@ -242,17 +242,24 @@ async def test_worker_acknowledgements_resent_after_an_ambiguous_commit_are_acce
         outcomes = Outcomes(flaky)
         flusher = __import__("asyncio").create_task(outcomes.run())
         try:
-            accepted = [
-                await outcomes.report(Kind.COMPLETE, claims[0]),
-                await outcomes.report(Kind.RETRY, claims[1], delay=30, error="later"),
-                await outcomes.report(Kind.FAIL, claims[2], error="for good"),
-                await outcomes.report(Kind.RELEASE, claims[3]),
-                await outcomes.report(Kind.RETRY, last, delay=0, error="exhausted"),
+            answers = [
+                await outcomes.report(Outcome(Kind.COMPLETE, claims[0])),
+                await outcomes.report(Outcome(Kind.RETRY, claims[1], delay=30, error="later")),
+                await outcomes.report(Outcome(Kind.FAIL, claims[2], error="for good")),
+                await outcomes.report(Outcome(Kind.RELEASE, claims[3])),
+                await outcomes.report(Outcome(Kind.RETRY, last, delay=0, error="exhausted")),
             ]
         finally:
             flusher.cancel()
     assert sorted(flaky.dropped) == ["complete", "fail", "release", "retry"]
-    assert accepted == [True] * 5
+    # Every one accepted, as what the database did: the exhausted job's retry failed it.
+    assert answers == [
+        Answer.COMPLETED,
+        Answer.RETRIED,
+        Answer.FAILED,
+        Answer.RELEASED,
+        Answer.FAILED,
+    ]
     states = [(await aqueue.get(c.job_id)).status for c in [*claims, last]]
     assert states == [
         JobStatus.DONE,

@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import leaseq
 from leaseq import JobStatus
-from leaseq._worker.outcomes import Kind, Outcomes
+from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
 from .conftest import ROOT
 from .test_worker import Running, _all_finished, _until
@@ -97,9 +97,10 @@ async def test_a_poisoned_outcome_is_reported_on_its_own_job_and_the_batch_lands
     try:
         results = await asyncio.wait_for(
             asyncio.gather(
-                outcomes.report(Kind.RETRY, first, delay=0, error="first"),
-                outcomes.report(Kind.RETRY, poisoned, delay=-1, error="second"),  # bypasses Retry
-                outcomes.report(Kind.RETRY, last, delay=0, error="third"),
+                outcomes.report(Outcome(Kind.RETRY, first, delay=0, error="first")),
+                # (delay=-1 bypasses the check of Retry)
+                outcomes.report(Outcome(Kind.RETRY, poisoned, delay=-1, error="second")),
+                outcomes.report(Outcome(Kind.RETRY, last, delay=0, error="third")),
                 return_exceptions=True,
             ),
             20,
@@ -108,8 +109,8 @@ async def test_a_poisoned_outcome_is_reported_on_its_own_job_and_the_batch_lands
         flusher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await flusher
-    assert results[0] is True
-    assert results[2] is True
+    assert results[0] is Answer.RETRIED
+    assert results[2] is Answer.RETRIED
     assert isinstance(results[1], leaseq.InvalidArgument)
     jobs = [await aqueue.get(i) for i in ids]
     assert [j.status for j in jobs] == [JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.QUEUED]

@@ -1,42 +1,112 @@
 """Batched acknowledgements: completions, retries, failures and releases.
 
 Handlers finish one by one; their outcomes are flushed together, one statement
-per kind per flush, each still fenced and reported per job. A flush that hits
-a connection error is retried: complete, retry and release are safe to repeat
-(a resend of a committed write is reported as accepted). A batch refused for
-any other reason wrote nothing; its outcomes are then sent one by one, so one
-that cannot be sent fails alone, on its own job's report.
+per kind per flush, each still fenced and reported per job. Each kind has one
+entry in :data:`WRITES`: the client's batch method, and how its per-claim answer
+reads as an :class:`Answer`, which is what the database did (a retry of a job
+with no attempts left comes back FAILED: the database failed it).
+
+A flush that hits a connection error is retried: every acknowledgement is safe
+to resend (a resend of a committed write is reported as accepted). A batch
+refused for any other reason wrote nothing; its outcomes are then sent one by
+one, so one that cannot be sent fails alone, on its own job's report.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .._async_client import AsyncQueue
 from .._errors import TransientError
 from .._logs import get_logger
-from .._types import Claim
+from .._types import Claim, JobStatus
 
 log = get_logger("leaseq.worker")
 
 
 class Kind(enum.Enum):
+    """What the worker asks the database to do with a claim."""
+
     COMPLETE = "complete"
     RETRY = "retry"
     FAIL = "fail"
     RELEASE = "release"
 
 
-@dataclass(slots=True)
+class Answer(enum.Enum):
+    """What the database did with one acknowledgement."""
+
+    COMPLETED = "completed"
+    RETRIED = "retried"  # queued again for another attempt
+    FAILED = "failed"  # a fail, or a retry of a job with no attempts left
+    RELEASED = "released"
+    LOST = "lost"  # this claim no longer owned the job: nothing was written
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
+    """How one attempt ended, to be acknowledged: ``delay`` and ``error`` as the kind takes."""
+
     kind: Kind
     claim: Claim
-    delay: float | None = None
-    error: object = None
-    accepted: asyncio.Future[bool] = field(default_factory=asyncio.Future)
+    delay: float | None = None  # RETRY: None for the queue's backoff
+    error: object = None  # RETRY and FAIL: recorded as the job's last error
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """How outcomes of one kind are written: one batch call, then one answer per claim."""
+
+    send: Callable[[AsyncQueue, Sequence[Outcome]], Awaitable[Sequence[tuple[Claim, Any]]]]
+    answer: Callable[[Any], Answer]
+
+
+def _accepted_as(answer: Answer) -> Callable[[Any], Answer]:
+    """The answer of a batch method that says True (written) or False (lost) per claim."""
+    return lambda accepted: answer if accepted else Answer.LOST
+
+
+def _retry_answer(status: JobStatus | None) -> Answer:
+    if status is None:
+        return Answer.LOST
+    return Answer.FAILED if status is JobStatus.FAILED else Answer.RETRIED
+
+
+def _claims(group: Sequence[Outcome]) -> list[Claim]:
+    return [o.claim for o in group]
+
+
+#: Every kind's write, in the order a flush sends them.
+WRITES: dict[Kind, Write] = {
+    Kind.COMPLETE: Write(
+        lambda queue, group: queue.complete_many(_claims(group)),
+        _accepted_as(Answer.COMPLETED),
+    ),
+    Kind.RETRY: Write(
+        lambda queue, group: queue.retry_many(
+            _claims(group), delays=[o.delay for o in group], errors=[o.error for o in group]
+        ),
+        _retry_answer,
+    ),
+    Kind.FAIL: Write(
+        lambda queue, group: queue.fail_many(_claims(group), [o.error for o in group]),
+        _accepted_as(Answer.FAILED),
+    ),
+    Kind.RELEASE: Write(
+        lambda queue, group: queue.release_many(_claims(group)),
+        _accepted_as(Answer.RELEASED),
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    outcome: Outcome
+    answered: asyncio.Future[Answer]
 
 
 class Outcomes:
@@ -44,20 +114,18 @@ class Outcomes:
 
     def __init__(self, queue: AsyncQueue, *, max_batch: int = 500, linger: float = 0.002) -> None:
         self._queue = queue
-        self._pending: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._pending: asyncio.Queue[_Pending] = asyncio.Queue()
         self._max_batch = max_batch
         self._linger = linger
 
-    async def report(
-        self, kind: Kind, claim: Claim, *, delay: float | None = None, error: object = None
-    ) -> bool:
-        """Queue an outcome and wait for its flush: True if accepted, False if lease was lost.
+    async def report(self, outcome: Outcome) -> Answer:
+        """Queue an outcome and wait for its flush: what the database did with it.
 
         Raises what prevented this outcome (and only this one) from being sent.
         """
-        outcome = Outcome(kind, claim, delay, error)
-        self._pending.put_nowait(outcome)
-        return await outcome.accepted
+        pending = _Pending(outcome, asyncio.get_running_loop().create_future())
+        self._pending.put_nowait(pending)
+        return await pending.answered
 
     async def run(self) -> None:
         while True:
@@ -70,21 +138,21 @@ class Outcomes:
 
     async def drain(self) -> None:
         """Flush whatever is pending (at shutdown, after run() was cancelled)."""
-        batch: list[Outcome] = []
+        batch: list[_Pending] = []
         while not self._pending.empty():
             batch.append(self._pending.get_nowait())
         if batch:
             await self._flush(batch)
 
-    async def _flush(self, batch: list[Outcome]) -> None:
-        for kind in Kind:
-            group = [o for o in batch if o.kind is kind]
+    async def _flush(self, batch: list[_Pending]) -> None:
+        for kind, write in WRITES.items():
+            group = [p for p in batch if p.outcome.kind is kind]
             if group:
-                await self._flush_kind(kind, group)
+                await self._flush_group(kind, write, group)
 
-    async def _flush_kind(self, kind: Kind, group: list[Outcome]) -> None:
+    async def _flush_group(self, kind: Kind, write: Write, group: list[_Pending]) -> None:
         try:
-            results = await self._send_until_delivered(kind, group)
+            results = await self._send_until_delivered(kind, write, group)
         except Exception as exc:
             if len(group) == 1:
                 _settle(group[0], exc)
@@ -98,47 +166,33 @@ class Outcomes:
                 kind.value,
                 exc,
             )
-            for outcome in group:
-                await self._flush_kind(kind, [outcome])
+            for pending in group:
+                await self._flush_group(kind, write, [pending])
             return
-        for outcome, accepted in zip(group, results, strict=True):
-            _settle(outcome, accepted)
+        for pending, (_, value) in zip(group, results, strict=True):
+            _settle(pending, write.answer(value))
 
-    async def _send_until_delivered(self, kind: Kind, group: list[Outcome]) -> list[bool]:
+    async def _send_until_delivered(
+        self, kind: Kind, write: Write, group: list[_Pending]
+    ) -> Sequence[tuple[Claim, Any]]:
         """Send, retrying connection errors (resending a committed write is accepted)."""
+        outcomes = [p.outcome for p in group]
         delay = 0.05
         while True:
             try:
-                return await self._send(kind, group)
-            except Exception as exc:
-                if not isinstance(exc, TransientError):
-                    raise
+                return await write.send(self._queue, outcomes)
+            except TransientError as exc:
                 log.warning(
                     "flushing %d %s outcomes failed (%s); retrying", len(group), kind.value, exc
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def _send(self, kind: Kind, group: list[Outcome]) -> list[bool]:
-        claims = [o.claim for o in group]
-        result: list[tuple[Claim, Any]]
-        if kind is Kind.COMPLETE:
-            result = await self._queue.complete_many(claims)
-        elif kind is Kind.RETRY:
-            result = await self._queue.retry_many(
-                claims, delays=[o.delay for o in group], errors=[o.error for o in group]
-            )
-        elif kind is Kind.FAIL:
-            result = await self._queue.fail_many(claims, [o.error for o in group])
-        else:
-            result = await self._queue.release_many(claims)
-        return [value is not None and value is not False for _, value in result]
 
-
-def _settle(outcome: Outcome, result: bool | BaseException) -> None:
-    if outcome.accepted.done():  # its reporter gave up waiting (cancelled)
+def _settle(pending: _Pending, result: Answer | BaseException) -> None:
+    if pending.answered.done():  # its reporter gave up waiting (cancelled)
         return
     if isinstance(result, BaseException):
-        outcome.accepted.set_exception(result)
+        pending.answered.set_exception(result)
     else:
-        outcome.accepted.set_result(result)
+        pending.answered.set_result(result)

@@ -49,7 +49,7 @@ from .context import JobContext
 from .handlers import TimedOut, run_in_thread, run_on_loop
 from .leases import LeaseKeeper
 from .listener import listen_for_work
-from .outcomes import Kind, Outcomes
+from .outcomes import Answer, Kind, Outcome, Outcomes
 from .signals import StopSignals
 from .state import Running as _Running
 from .state import WorkerStats
@@ -309,16 +309,17 @@ class Worker:
     async def _execute(self, running: _Running, task: Task) -> None:
         context, claim = running.context, running.claim
         try:
-            kind, delay, error = await self._outcome_of(running, task)
+            outcome = await self._outcome_of(running, task)
             if running.lost:
-                kind = None  # never acknowledge the result of a lost lease
-            if kind is not None:
+                outcome = None  # never acknowledge the result of a lost lease
+            if outcome is not None:
                 running.acknowledging = True
                 self._wakeup.set()  # the slot is free for the next claim
-                if await self._outcomes.report(kind, claim, delay=delay, error=error):
-                    self._count(kind)
+                answer = await self._outcomes.report(outcome)
+                if answer is Answer.LOST:
+                    self._lose(running, f"{outcome.kind.value} refused: lease no longer held")
                 else:
-                    self._lose(running, f"{kind.value} refused: lease no longer held")
+                    self._count(answer)
             elif context.completed:
                 self.stats.completed += 1
         except Exception:
@@ -329,9 +330,7 @@ class Worker:
                 del self._latest[claim.job_id]
             self._wakeup.set()
 
-    async def _outcome_of(
-        self, running: _Running, task: Task
-    ) -> tuple[Kind | None, float | None, object]:
+    async def _outcome_of(self, running: _Running, task: Task) -> Outcome | None:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
         context, claim = running.context, running.claim
         try:
@@ -340,27 +339,27 @@ class Worker:
                 await run_on_loop(task, context, timed_out)
             else:
                 await run_in_thread(self._threads, task, context, timed_out)
-            return (None if context.completed else Kind.COMPLETE), None, None
+            return None if context.completed else Outcome(Kind.COMPLETE, claim)
         except TimedOut:
             if context.completed:  # its transaction committed before the timeout
-                return None, None, None
+                return None
             return self._retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
         except Retry as request:
             return self._retry_or_fail(task, claim, request.delay, request.reason)
         except LeaseLost:
-            return None, None, None
+            return None
         except asyncio.CancelledError:
             if running.lost:
-                return None, None, None
+                return None
             if self._releasing:
-                return Kind.RELEASE, None, None
+                return Outcome(Kind.RELEASE, claim)
             raise
         except Exception as exc:  # a TimeoutError the handler raised itself included
             if context.completed:  # the job's transaction already completed it
                 log.warning("job %d raised after completing: %r", claim.job_id, exc)
-                return None, None, None
+                return None
             if task.errors.classify(exc) is Verdict.FAIL:
-                return Kind.FAIL, None, exc
+                return Outcome(Kind.FAIL, claim, error=exc)
             return self._retry_or_fail(task, claim, None, exc)
 
     def _timed_out(self, running: _Running) -> None:
@@ -369,20 +368,26 @@ class Worker:
 
     def _retry_or_fail(
         self, task: Task, claim: Claim, delay: float | None, error: object
-    ) -> tuple[Kind | None, float | None, object]:
+    ) -> Outcome:
         if not task.attempts_left(claim.attempts, claim.max_attempts):
-            return Kind.FAIL, None, error
-        return Kind.RETRY, delay if delay is not None else task.retry_delay(claim.attempts), error
+            return Outcome(Kind.FAIL, claim, error=error)
+        if delay is None:
+            delay = task.retry_delay(claim.attempts)
+        return Outcome(Kind.RETRY, claim, delay=delay, error=error)
 
-    def _count(self, kind: Kind) -> None:
-        if kind is Kind.COMPLETE:
-            self.stats.completed += 1
-        elif kind is Kind.RETRY:
-            self.stats.retried += 1
-        elif kind is Kind.FAIL:
-            self.stats.failed += 1
-        else:
-            self.stats.released += 1
+    def _count(self, answer: Answer) -> None:
+        """Count an acknowledgement as what the database did (a retry may have failed it)."""
+        match answer:
+            case Answer.COMPLETED:
+                self.stats.completed += 1
+            case Answer.RETRIED:
+                self.stats.retried += 1
+            case Answer.FAILED:
+                self.stats.failed += 1
+            case Answer.RELEASED:
+                self.stats.released += 1
+            case Answer.LOST:
+                pass  # counted by _lose
 
     def _lose(self, running: _Running, reason: str) -> None:
         if running.lost:
