@@ -2,6 +2,13 @@
 
 The server is ``DATABASE_URL`` when set, else leaseq's embedded server under
 ``.leaseq/`` (started once per session, stopped by the last test process).
+
+The contract tests are a conformance suite: they take ``client``, which runs each
+of them once per leg, ``[sync]`` on ``leaseq.Queue`` and ``[async]`` on
+``leaseq.AsyncQueue`` behind the blocking adapter of ``tests/clients.py``. ``queue``
+and ``aqueue`` are the two clients by name, for tests that are about one of them
+(the CLI, the demo, plans, the worker). A stress test marked ``heavy`` runs its
+async leg only with ``--all-legs`` (``.ci/run``'s second pass).
 """
 
 from __future__ import annotations
@@ -10,14 +17,51 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 import leaseq
-from leaseq.testing import aset_clock_offset, set_clock_offset
+from leaseq.testing import aset_clock_offset
+
+from . import clients
+from .clients import CLIENT_CLASSES, CLIENT_KINDS, Client
 
 ROOT = Path(__file__).resolve().parent.parent
+
+ALL_LEGS = "--all-legs"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        ALL_LEGS,
+        action="store_true",
+        help="also run the async leg of tests marked heavy (.ci/run's second pass does)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"heavy: a stress test whose async client leg runs only with {ALL_LEGS}",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption(ALL_LEGS):
+        return
+    skip = pytest.mark.skip(
+        reason=f"async leg of a heavy test: runs with {ALL_LEGS} (.ci/run's second pass)"
+    )
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if (
+            callspec is not None
+            and callspec.params.get("client_kind") == "async"
+            and item.get_closest_marker("heavy") is not None
+        ):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -47,21 +91,66 @@ async def aqueue(database_url: str, schema: str) -> AsyncIterator[leaseq.AsyncQu
         yield q
 
 
-class Clock:
-    """Moves a schema's database clock forward; offsets accumulate."""
+# -- the conformance suite's legs -------------------------------------------------
 
-    def __init__(self, queue: leaseq.Queue) -> None:
-        self.queue = queue
+
+@pytest.fixture(params=CLIENT_KINDS)
+def client_kind(request: pytest.FixtureRequest) -> str:
+    """The leg: "sync" or "async" (the ids ``pytest -v`` shows)."""
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture
+def client_class(client_kind: str) -> type[Client]:
+    """The leg's client class, called as ``leaseq.Queue`` is (``dsn``, ``schema=``, ...)."""
+    return CLIENT_CLASSES[client_kind]
+
+
+@pytest.fixture
+def client(client_class: type[Client], database_url: str, schema: str) -> Iterator[Client]:
+    """The client under test on a fresh, migrated schema."""
+    with client_class(database_url, schema=schema) as c:
+        c.migrate()
+        yield c
+
+
+@pytest.fixture
+def client_connect(client_kind: str, database_url: str) -> Iterator[Callable[..., Any]]:
+    """Open a caller's own connection of the leg's flavour, for ``conn=`` (closed
+    after the test): ``psycopg.Connection``, or the adapter's blocking facade over a
+    ``psycopg.AsyncConnection``. For raw SQL that only checks the database, ``connect``."""
+    opened: list[Any] = []
+
+    def open_connection(**kwargs: Any) -> Any:
+        conn = clients.connect(client_kind, database_url, **kwargs)
+        opened.append(conn)
+        return conn
+
+    yield open_connection
+    for conn in opened:
+        conn.close()
+
+
+class Clock:
+    """Moves a schema's database clock forward; offsets accumulate. Through the
+    client's own helper: ``set_clock_offset``, or ``aset_clock_offset`` on the async leg."""
+
+    def __init__(self, client: Client) -> None:
+        self.queue = client
         self.offset = 0.0
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
-        set_clock_offset(self.queue, self.offset)
+        clients.set_clock_offset(self.queue, self.offset)
 
 
 @pytest.fixture
-def clock(queue: leaseq.Queue) -> Clock:
-    return Clock(queue)
+def clock(request: pytest.FixtureRequest) -> Clock:
+    """The schema's clock, moved by the test's ``client`` (else by ``queue``)."""
+    name = "client" if "client" in request.fixturenames else "queue"
+    client: Client = request.getfixturevalue(name)
+    return Clock(client)
 
 
 class AsyncClock:
