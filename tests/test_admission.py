@@ -10,114 +10,118 @@ import pytest
 import leaseq
 from leaseq import BacklogFull, JobStatus, PayloadTooLarge
 
+from .clients import Client, sync_only
 
-def _job_count(queue: leaseq.Queue) -> int:
-    with queue.connection() as conn:
-        row = conn.execute(f'SELECT count(*) FROM "{queue.schema}".job').fetchone()
+
+def _job_count(client: Client) -> int:
+    with client.connection() as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{client.schema}".job').fetchone()
     assert row is not None
     return int(row[0])
 
 
-def test_max_queued_jobs_refuses_and_writes_nothing(queue: leaseq.Queue) -> None:
-    queue.configure_queue("reports", max_queued_jobs=3)
-    ids = [queue.enqueue("reports", {"n": n}) for n in range(3)]
+def test_max_queued_jobs_refuses_and_writes_nothing(client: Client) -> None:
+    client.configure_queue("reports", max_queued_jobs=3)
+    ids = [client.enqueue("reports", {"n": n}) for n in range(3)]
     with pytest.raises(BacklogFull, match="3 unfinished jobs, limit 3"):
-        queue.enqueue("reports", {"n": 3})
+        client.enqueue("reports", {"n": 3})
     with pytest.raises(BacklogFull):
-        queue.enqueue_many("reports", [{"n": 4}])
-    assert _job_count(queue) == 3
+        client.enqueue_many("reports", [{"n": 4}])
+    assert _job_count(client) == 3
     # Finishing work makes room again; running jobs still count as backlog.
-    (claim,) = queue.claim("reports")
+    (claim,) = client.claim("reports")
     with pytest.raises(BacklogFull):
-        queue.enqueue("reports", {"n": 5})
-    queue.complete(claim)
-    queue.enqueue("reports", {"n": 6})
-    assert queue.queue_settings("reports").backlog_jobs == 3  # type: ignore[union-attr]
+        client.enqueue("reports", {"n": 5})
+    client.complete(claim)
+    client.enqueue("reports", {"n": 6})
+    assert client.queue_settings("reports").backlog_jobs == 3  # type: ignore[union-attr]
     del ids
 
 
-def test_every_way_of_finishing_releases_backlog(queue: leaseq.Queue, clock: Any) -> None:
-    queue.configure_queue("reports", max_queued_jobs=100, max_attempts=1)
+def test_every_way_of_finishing_releases_backlog(client: Client, clock: Any) -> None:
+    client.configure_queue("reports", max_queued_jobs=100, max_attempts=1)
     for _ in range(5):
-        queue.enqueue("reports", {})
-    a, b, c = queue.claim("reports", limit=3, lease=5)
-    queue.complete(a)
-    queue.fail(b, "x")
-    queue.retry(c)  # the last attempt: goes to failed
-    cancelled = queue.enqueue("reports", {})
-    queue.cancel(cancelled)
-    (d,) = queue.claim("reports", limit=1, lease=5)
+        client.enqueue("reports", {})
+    a, b, c = client.claim("reports", limit=3, lease=5)
+    client.complete(a)
+    client.fail(b, "x")
+    client.retry(c)  # the last attempt: goes to failed
+    cancelled = client.enqueue("reports", {})
+    client.cancel(cancelled)
+    (d,) = client.claim("reports", limit=1, lease=5)
     clock.advance(6)
-    queue.reap()  # d's lease expired on its last attempt
-    settings = queue.queue_settings("reports")
+    client.reap()  # d's lease expired on its last attempt
+    settings = client.queue_settings("reports")
     assert settings is not None
     assert settings.backlog_jobs == 1  # one job never claimed
-    queue.replay(b.job_id)  # replay counts it again
-    assert queue.queue_settings("reports").backlog_jobs == 2  # type: ignore[union-attr]
+    client.replay(b.job_id)  # replay counts it again
+    assert client.queue_settings("reports").backlog_jobs == 2  # type: ignore[union-attr]
     del d
 
 
-def test_enqueue_many_is_all_or_nothing(queue: leaseq.Queue) -> None:
-    queue.configure_queue("reports", max_queued_jobs=10)
-    queue.enqueue_many("reports", [{}] * 8)
+def test_enqueue_many_is_all_or_nothing(client: Client) -> None:
+    client.configure_queue("reports", max_queued_jobs=10)
+    client.enqueue_many("reports", [{}] * 8)
     with pytest.raises(BacklogFull):
-        queue.enqueue_many("reports", [{}] * 3)
-    assert _job_count(queue) == 8
-    queue.enqueue_many("reports", [{}] * 2)
+        client.enqueue_many("reports", [{}] * 3)
+    assert _job_count(client) == 8
+    client.enqueue_many("reports", [{}] * 2)
 
 
-def test_max_queued_bytes(queue: leaseq.Queue) -> None:
+def test_max_queued_bytes(client: Client) -> None:
     payload = {"blob": "x" * 90}
     size = len(json.dumps(payload, separators=(",", ":")))
-    queue.configure_queue("reports", max_queued_bytes=size * 2)
-    queue.enqueue("reports", payload)
-    queue.enqueue("reports", payload)
+    client.configure_queue("reports", max_queued_bytes=size * 2)
+    client.enqueue("reports", payload)
+    client.enqueue("reports", payload)
     with pytest.raises(BacklogFull, match="bytes"):
-        queue.enqueue("reports", payload)
-    assert queue.queue_settings("reports").backlog_bytes == 2 * size  # type: ignore[union-attr]
+        client.enqueue("reports", payload)
+    assert client.queue_settings("reports").backlog_bytes == 2 * size  # type: ignore[union-attr]
 
 
-def test_limit_set_on_a_queue_with_a_backlog_counts_what_is_there(queue: leaseq.Queue) -> None:
-    queue.enqueue_many("reports", [{}] * 5)
-    queue.claim("reports", limit=2)
-    settings = queue.configure_queue("reports", max_queued_jobs=6)
+def test_limit_set_on_a_queue_with_a_backlog_counts_what_is_there(client: Client) -> None:
+    client.enqueue_many("reports", [{}] * 5)
+    client.claim("reports", limit=2)
+    settings = client.configure_queue("reports", max_queued_jobs=6)
     assert settings.backlog_jobs == 5
-    queue.enqueue("reports", {})
+    client.enqueue("reports", {})
     with pytest.raises(BacklogFull):
-        queue.enqueue("reports", {})
+        client.enqueue("reports", {})
     # Lifting the limit admits again.
-    queue.configure_queue("reports", max_queued_jobs=None)
-    queue.enqueue("reports", {})
+    client.configure_queue("reports", max_queued_jobs=None)
+    client.enqueue("reports", {})
 
 
-def test_queue_payload_cap(queue: leaseq.Queue) -> None:
-    queue.configure_queue("reports", max_payload_bytes=50)
-    queue.enqueue("reports", {"ok": "x" * 10})
+def test_queue_payload_cap(client: Client) -> None:
+    client.configure_queue("reports", max_payload_bytes=50)
+    client.enqueue("reports", {"ok": "x" * 10})
     with pytest.raises(PayloadTooLarge, match="exceeds the limit of 50 bytes"):
-        queue.enqueue("reports", {"big": "x" * 100})
+        client.enqueue("reports", {"big": "x" * 100})
     with pytest.raises(PayloadTooLarge):
-        queue.enqueue_many("reports", [{"ok": 1}, {"big": "x" * 100}])
-    assert _job_count(queue) == 1
+        client.enqueue_many("reports", [{"ok": 1}, {"big": "x" * 100}])
+    assert _job_count(client) == 1
 
 
-def test_global_payload_cap_is_checked_before_sending(database_url: str, schema: str) -> None:
-    with leaseq.Queue(database_url, schema=schema, max_payload_bytes=1000) as queue:
-        queue.migrate()
+def test_global_payload_cap_is_checked_before_sending(
+    client_class: type[Client], database_url: str, schema: str
+) -> None:
+    with client_class(database_url, schema=schema, max_payload_bytes=1000) as client:
+        client.migrate()
         with pytest.raises(PayloadTooLarge):
-            queue.enqueue("reports", {"big": "x" * 2000})
-        assert queue.stats() == []  # nothing written, not even the queue row
+            client.enqueue("reports", {"big": "x" * 2000})
+        assert client.stats() == []  # nothing written, not even the queue row
 
 
-def test_paused_queue_is_not_claimed(queue: leaseq.Queue) -> None:
-    queue.enqueue("reports", {})
-    queue.configure_queue("reports", paused=True)
-    assert queue.claim("reports") == []
-    assert queue.stats("reports")[0].paused
-    queue.configure_queue("reports", paused=False)
-    assert len(queue.claim("reports")) == 1
+def test_paused_queue_is_not_claimed(client: Client) -> None:
+    client.enqueue("reports", {})
+    client.configure_queue("reports", paused=True)
+    assert client.claim("reports") == []
+    assert client.stats("reports")[0].paused
+    client.configure_queue("reports", paused=False)
+    assert len(client.claim("reports")) == 1
 
 
-def test_configure_queue_rejects_bad_settings_and_writes_nothing(queue: leaseq.Queue) -> None:
+def test_configure_queue_rejects_bad_settings_and_writes_nothing(client: Client) -> None:
     bad: list[dict[str, Any]] = [
         {"lease": 0},
         {"lease": -5},
@@ -131,14 +135,14 @@ def test_configure_queue_rejects_bad_settings_and_writes_nothing(queue: leaseq.Q
     ]
     for settings in bad:
         with pytest.raises(leaseq.InvalidArgument):
-            queue.configure_queue("reports", **settings)
+            client.configure_queue("reports", **settings)
     with pytest.raises(leaseq.InvalidJob):
-        queue.configure_queue("bad queue name!", lease=5)
-    assert queue.queue_settings("reports") is None
+        client.configure_queue("bad queue name!", lease=5)
+    assert client.queue_settings("reports") is None
 
 
-def test_settings_round_trip(queue: leaseq.Queue) -> None:
-    settings = queue.configure_queue(
+def test_settings_round_trip(client: Client) -> None:
+    settings = client.configure_queue(
         "reports",
         lease=30,
         max_attempts=5,
@@ -157,23 +161,23 @@ def test_settings_round_trip(queue: leaseq.Queue) -> None:
     assert (settings.max_queued_jobs, settings.max_queued_bytes) == (1000, 10**9)
     assert settings.max_payload_bytes == 4096
     # Only the named settings change.
-    assert queue.configure_queue("reports", lease=45).max_attempts == 5
-    job_id = queue.enqueue("reports", {})
-    assert queue.get(job_id).max_attempts == 5
-    (claim,) = queue.claim("reports")
+    assert client.configure_queue("reports", lease=45).max_attempts == 5
+    job_id = client.enqueue("reports", {})
+    assert client.get(job_id).max_attempts == 5
+    (claim,) = client.claim("reports")
     assert claim.lease_seconds == 45
 
 
-def _enqueue_buffers(queue: leaseq.Queue) -> int:
+def _enqueue_buffers(client: Client) -> int:
     """Shared buffers the enqueue statement touches, from EXPLAIN (ANALYZE, BUFFERS).
 
     Measured on the second run in one session: the first also counts the catalog
     reads that fill a fresh backend's caches, which says nothing about the queue.
     """
-    operation = queue._store.enqueue("big", {"report_id": 1})
+    operation = client._store.enqueue("big", {"report_id": 1})
     (statement,) = operation.statements
     touched = []
-    with queue.connection() as conn, conn.transaction(force_rollback=True):
+    with client.connection() as conn, conn.transaction(force_rollback=True):
         for _ in range(2):
             (plan,) = conn.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.sql, statement.params
@@ -184,25 +188,29 @@ def _enqueue_buffers(queue: leaseq.Queue) -> int:
 
 
 @pytest.mark.slow
-def test_enqueue_cost_does_not_grow_with_the_backlog(queue: leaseq.Queue) -> None:
+@sync_only(
+    "EXPLAINs the enqueue statement on raw SQL; both clients send that one statement "
+    "(the store builds it), so the async leg would measure the same thing again"
+)
+def test_enqueue_cost_does_not_grow_with_the_backlog(client: Client) -> None:
     """No count(*) per enqueue: the same work with 1 or 1,000,000 queued jobs."""
-    queue.configure_queue("big", max_queued_jobs=10_000_000, max_queued_bytes=10**12)
-    queue.enqueue("big", {"report_id": 0})
-    small = _enqueue_buffers(queue)
-    with queue.connection() as conn:
+    client.configure_queue("big", max_queued_jobs=10_000_000, max_queued_bytes=10**12)
+    client.enqueue("big", {"report_id": 0})
+    small = _enqueue_buffers(client)
+    with client.connection() as conn:
         conn.execute(
-            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, available_at,'
+            f'INSERT INTO "{client.schema}".job (queue, payload, payload_bytes, available_at,'
             "  max_attempts, counted)"
             " SELECT 'big', jsonb_build_object('report_id', i), 16, now(), 20, true"
             " FROM generate_series(1, 1000000) AS i"
         )
         conn.execute(
-            f'INSERT INTO "{queue.schema}".backlog (queue, shard, jobs, bytes)'
+            f'INSERT INTO "{client.schema}".backlog (queue, shard, jobs, bytes)'
             " VALUES ('big', 1, 1000000, 16000000)"
         )
-        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
-    assert queue.stats("big")[0].counts[JobStatus.QUEUED] == 1_000_001
-    large = _enqueue_buffers(queue)
+        conn.execute(f'VACUUM ANALYZE "{client.schema}".job')
+    assert client.stats("big")[0].counts[JobStatus.QUEUED] == 1_000_001
+    large = _enqueue_buffers(client)
     # A deeper b-tree costs a few more pages per index; scanning the backlog
     # would cost thousands.
     print(f"enqueue touched {small} buffers with 1 queued job, {large} with 1,000,001")
@@ -210,65 +218,65 @@ def test_enqueue_cost_does_not_grow_with_the_backlog(queue: leaseq.Queue) -> Non
 
 
 @pytest.mark.slow
-def test_enqueue_many_takes_100k_jobs_in_one_call(queue: leaseq.Queue) -> None:
+def test_enqueue_many_takes_100k_jobs_in_one_call(client: Client) -> None:
     payloads = [{"report_id": n} for n in range(100_000)]
-    ids = queue.enqueue_many("bulk", payloads, priority=3)
+    ids = client.enqueue_many("bulk", payloads, priority=3)
     assert len(ids) == 100_000
     assert ids == sorted(ids)
-    assert queue.stats("bulk")[0].counts[JobStatus.QUEUED] == 100_000
+    assert client.stats("bulk")[0].counts[JobStatus.QUEUED] == 100_000
     # ids come back in payload order
-    assert queue.get(ids[0]).payload == {"report_id": 0}
-    assert queue.get(ids[-1]).payload == {"report_id": 99_999}
+    assert client.get(ids[0]).payload == {"report_id": 0}
+    assert client.get(ids[-1]).payload == {"report_id": 99_999}
 
 
 # -- replays respect admission limits, in bounded batches ---------------------------------
 
 
-def _failed_jobs(queue: leaseq.Queue, name: str, count: int) -> list[int]:
+def _failed_jobs(client: Client, name: str, count: int) -> list[int]:
     """``count`` jobs of ``name`` that failed for good."""
-    ids = queue.enqueue_many(name, [{"n": n} for n in range(count)], max_attempts=1)
-    while claims := queue.claim(name, limit=500):
-        queue.fail_many(claims, ["boom"] * len(claims))
+    ids = client.enqueue_many(name, [{"n": n} for n in range(count)], max_attempts=1)
+    while claims := client.claim(name, limit=500):
+        client.fail_many(claims, ["boom"] * len(claims))
     return ids
 
 
 def test_replay_failed_into_a_full_queue_replays_what_fits_then_refuses(
-    queue: leaseq.Queue,
+    client: Client,
 ) -> None:
-    ids = _failed_jobs(queue, "reports", 250)
-    queue.configure_queue("reports", max_queued_jobs=100)
-    queue.enqueue_many("reports", [{"new": n} for n in range(40)])
+    ids = _failed_jobs(client, "reports", 250)
+    client.configure_queue("reports", max_queued_jobs=100)
+    client.enqueue_many("reports", [{"new": n} for n in range(40)])
     with pytest.raises(BacklogFull) as full:
-        queue.replay_failed("reports", batch=50)
+        client.replay_failed("reports", batch=50)
     # Room for 60: the oldest failures are replayed first, and not one more.
     assert sorted(full.value.replayed) == ids[:60]
-    settings = queue.queue_settings("reports")
+    settings = client.queue_settings("reports")
     assert settings is not None
     assert settings.backlog_jobs == 100
-    assert len(queue.list_jobs("failed", queue="reports", limit=1000)) == 190
-    assert len(queue.list_jobs("queued", queue="reports", limit=1000)) == 100
+    assert len(client.list_jobs("failed", queue="reports", limit=1000)) == 190
+    assert len(client.list_jobs("queued", queue="reports", limit=1000)) == 100
     # A full queue refuses a single replay too, writing nothing.
-    before = queue.get(ids[60])
+    before = client.get(ids[60])
     with pytest.raises(BacklogFull):
-        queue.replay(ids[60])
-    assert queue.get(ids[60]) == before
+        client.replay(ids[60])
+    assert client.get(ids[60]) == before
 
 
-def test_replay_failed_respects_the_byte_limit(queue: leaseq.Queue) -> None:
-    ids = _failed_jobs(queue, "reports", 20)
-    size = queue.get(ids[0]).payload_bytes
-    queue.configure_queue("reports", max_queued_bytes=size * 5)
+def test_replay_failed_respects_the_byte_limit(client: Client) -> None:
+    ids = _failed_jobs(client, "reports", 20)
+    size = client.get(ids[0]).payload_bytes
+    client.configure_queue("reports", max_queued_bytes=size * 5)
     with pytest.raises(BacklogFull) as full:
-        queue.replay_failed("reports")
+        client.replay_failed("reports")
     assert sorted(full.value.replayed) == ids[:5]
 
 
-def test_replay_failed_runs_in_bounded_batches(queue: leaseq.Queue) -> None:
-    ids = _failed_jobs(queue, "reports", 1000)
-    assert sorted(queue.replay_failed("reports", batch=150)) == ids
+def test_replay_failed_runs_in_bounded_batches(client: Client) -> None:
+    ids = _failed_jobs(client, "reports", 1000)
+    assert sorted(client.replay_failed("reports", batch=150)) == ids
     # Each batch is one statement: its replay entries share one timestamp.
     batches: dict[str, int] = {}
-    for job in queue.list_jobs("queued", queue="reports", limit=1000):
+    for job in client.list_jobs("queued", queue="reports", limit=1000):
         at = job.history[-1]["at"]
         batches[at] = batches.get(at, 0) + 1
     assert max(batches.values()) <= 150
@@ -276,21 +284,25 @@ def test_replay_failed_runs_in_bounded_batches(queue: leaseq.Queue) -> None:
 
 
 def test_first_use_of_a_new_queue_inside_a_transaction_does_not_block_other_producers(
-    queue: leaseq.Queue, database_url: str, schema: str, connect: Any
+    client: Client,
+    client_class: type[Client],
+    database_url: str,
+    schema: str,
+    client_connect: Any,
 ) -> None:
     """A producer's open transaction that is the first to use queue `fresh` must
     not make other producers of `fresh` wait for it (they fail fast here if they
     would wait: lock_timeout)."""
     options = {**leaseq._db.CONNECTION_OPTIONS, "options": "-c lock_timeout=3000"}
-    producer = connect()
+    producer = client_connect()
     with (
         producer.transaction(),
-        leaseq.Queue(database_url, schema=schema, connection_options=options) as other,
+        client_class(database_url, schema=schema, connection_options=options) as other,
     ):
-        queue.enqueue("fresh", {"n": 1}, conn=producer)
+        client.enqueue("fresh", {"n": 1}, conn=producer)
         other.enqueue("fresh", {"n": 2})
         other.enqueue_many("fresh", [{"n": 3}])
-        other_tx = connect(options="-c lock_timeout=3000")
+        other_tx = client_connect(options="-c lock_timeout=3000")
         with other_tx.transaction():
             other.enqueue("fresh", {"n": 4}, conn=other_tx)
-    assert queue.stats("fresh")[0].queued == 4
+    assert client.stats("fresh")[0].queued == 4

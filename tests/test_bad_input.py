@@ -11,11 +11,13 @@ import pytest
 import leaseq
 from leaseq import InvalidArgument, InvalidJob, PayloadTooLarge
 
+from .clients import Client
 
-def _nothing_written(queue: leaseq.Queue) -> None:
-    with queue.connection() as conn:
-        jobs = conn.execute(f'SELECT count(*) FROM "{queue.schema}".job').fetchone()
-        queues = conn.execute(f'SELECT count(*) FROM "{queue.schema}".queue').fetchone()
+
+def _nothing_written(client: Client) -> None:
+    with client.connection() as conn:
+        jobs = conn.execute(f'SELECT count(*) FROM "{client.schema}".job').fetchone()
+        queues = conn.execute(f'SELECT count(*) FROM "{client.schema}".queue').fetchone()
     assert jobs == (0,)
     assert queues == (0,)
 
@@ -59,41 +61,41 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("given", "error"), [(b[1], b[2]) for b in BAD_ENQUEUES], ids=[b[0] for b in BAD_ENQUEUES]
 )
 def test_bad_enqueue_is_refused_and_writes_nothing(
-    queue: leaseq.Queue, given: dict[str, Any], error: type[Exception]
+    client: Client, given: dict[str, Any], error: type[Exception]
 ) -> None:
     arguments: dict[str, Any] = {"queue": "reports", "payload": {"report_id": 1}, **given}
     with pytest.raises(error):
-        queue.enqueue(arguments.pop("queue"), arguments.pop("payload"), **arguments)
-    _nothing_written(queue)
+        client.enqueue(arguments.pop("queue"), arguments.pop("payload"), **arguments)
+    _nothing_written(client)
 
 
-def test_bad_payload_in_a_batch_refuses_the_whole_batch(queue: leaseq.Queue) -> None:
+def test_bad_payload_in_a_batch_refuses_the_whole_batch(client: Client) -> None:
     with pytest.raises(InvalidJob):
-        queue.enqueue_many("reports", [{"ok": 1}, {"bad": "\x00"}])
+        client.enqueue_many("reports", [{"ok": 1}, {"bad": "\x00"}])
     with pytest.raises(InvalidJob):
-        queue.enqueue_many("reports", [{"ok": 1}], key="k", seqs=[1, 2])
-    _nothing_written(queue)
+        client.enqueue_many("reports", [{"ok": 1}], key="k", seqs=[1, 2])
+    _nothing_written(client)
 
 
-def test_error_leaves_the_callers_transaction_usable(queue: leaseq.Queue, connect: Any) -> None:
-    conn = connect()
+def test_error_leaves_the_callers_transaction_usable(client: Client, client_connect: Any) -> None:
+    conn = client_connect()
     with conn.transaction():
         with pytest.raises(InvalidJob):
-            queue.enqueue("reports", {"x": "\x00"}, conn=conn)
-        queue.enqueue("reports", {"x": "fine"}, conn=conn)
-    assert len(queue.claim("reports")) == 1
+            client.enqueue("reports", {"x": "\x00"}, conn=conn)
+        client.enqueue("reports", {"x": "fine"}, conn=conn)
+    assert len(client.claim("reports")) == 1
 
 
-def test_escaped_backslash_before_u0000_text_is_not_a_nul(queue: leaseq.Queue) -> None:
-    job_id = queue.enqueue("reports", {"path": "C:\\u0000dir"})
-    assert queue.get(job_id).payload == {"path": "C:\\u0000dir"}
+def test_escaped_backslash_before_u0000_text_is_not_a_nul(client: Client) -> None:
+    job_id = client.enqueue("reports", {"path": "C:\\u0000dir"})
+    assert client.get(job_id).payload == {"path": "C:\\u0000dir"}
 
 
-def test_unicode_payload_round_trips(queue: leaseq.Queue) -> None:
+def test_unicode_payload_round_trips(client: Client) -> None:
     payload = {"customer": "Zoë Ångström 🧾", "amounts": [1.5, -2, 10**18], "none": None}
-    job_id = queue.enqueue("reports", payload)
-    assert queue.get(job_id).payload == payload
-    assert queue.get(job_id).payload_bytes == len(
+    job_id = client.enqueue("reports", payload)
+    assert client.get(job_id).payload == payload
+    assert client.get(job_id).payload_bytes == len(
         '{"customer":"Zoë Ångström 🧾","amounts":[1.5,-2,1000000000000000000],"none":null}'.encode()
     )
 
@@ -111,52 +113,52 @@ def test_unicode_payload_round_trips(queue: leaseq.Queue) -> None:
         {"lease": 86401},
     ],
 )
-def test_bad_claim_arguments(queue: leaseq.Queue, arguments: dict[str, Any]) -> None:
-    queue.enqueue("reports", {})
+def test_bad_claim_arguments(client: Client, arguments: dict[str, Any]) -> None:
+    client.enqueue("reports", {})
     with pytest.raises(InvalidArgument):
-        queue.claim("reports", **arguments)
-    assert queue.stats("reports")[0].counts[leaseq.JobStatus.QUEUED] == 1
+        client.claim("reports", **arguments)
+    assert client.stats("reports")[0].counts[leaseq.JobStatus.QUEUED] == 1
 
 
-def test_bad_renew_and_retry_arguments_change_nothing(queue: leaseq.Queue) -> None:
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
+def test_bad_renew_and_retry_arguments_change_nothing(client: Client) -> None:
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
     with pytest.raises(InvalidArgument):
-        queue.renew(claim, lease=-3)
+        client.renew(claim, lease=-3)
     with pytest.raises(InvalidArgument):
-        queue.retry(claim, delay=-3)
-    assert queue.get(claim.job_id).status is leaseq.JobStatus.RUNNING
-    queue.complete(claim)
+        client.retry(claim, delay=-3)
+    assert client.get(claim.job_id).status is leaseq.JobStatus.RUNNING
+    client.complete(claim)
 
 
 @pytest.mark.parametrize("job_id", [0, -1, "7", 2**63, True])
-def test_bad_job_ids(queue: leaseq.Queue, job_id: Any) -> None:
+def test_bad_job_ids(client: Client, job_id: Any) -> None:
     with pytest.raises(InvalidArgument):
-        queue.get(job_id)
+        client.get(job_id)
 
 
 @pytest.mark.parametrize("schema", ["Upper", "1starts_with_digit", "semi;colon", "x" * 64, ""])
-def test_bad_schema_names(database_url: str, schema: str) -> None:
+def test_bad_schema_names(client_class: type[Client], database_url: str, schema: str) -> None:
     with pytest.raises(InvalidArgument):
-        leaseq.Queue(database_url, schema=schema)
+        client_class(database_url, schema=schema)
 
 
-def test_unmigrated_schema_says_so(database_url: str) -> None:
-    with leaseq.Queue(database_url, schema="never_migrated_here") as queue:
+def test_unmigrated_schema_says_so(client_class: type[Client], database_url: str) -> None:
+    with client_class(database_url, schema="never_migrated_here") as client:
         with pytest.raises(leaseq.NotMigrated, match="leaseq migrate"):
-            queue.enqueue("reports", {})
+            client.enqueue("reports", {})
         with pytest.raises(leaseq.NotMigrated):
-            queue.claim("reports")
+            client.claim("reports")
 
 
-def test_error_text_is_short_and_has_no_secrets(queue: leaseq.Queue) -> None:
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
+def test_error_text_is_short_and_has_no_secrets(client: Client) -> None:
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
     error = ConnectionError(
         "could not reach postgresql://app:hunter2@db.internal/prod; password=hunter2 " + "x" * 5000
     )
-    queue.fail(claim, error)
-    stored = queue.get(claim.job_id).last_error or ""
+    client.fail(claim, error)
+    stored = client.get(claim.job_id).last_error or ""
     assert "hunter2" not in stored
     assert stored.startswith("ConnectionError: could not reach postgresql://app:***@db.internal")
     assert len(stored) <= 2000

@@ -4,113 +4,111 @@ from __future__ import annotations
 
 import pytest
 
-import leaseq
 from leaseq import JobStatus
 
+from .clients import Client
 from .conftest import Clock
 
 
-def _claim_ids(queue: leaseq.Queue, limit: int = 10, lease: float = 30) -> list[int]:
-    return [c.job_id for c in queue.claim("events", limit=limit, lease=lease)]
+def _claim_ids(client: Client, limit: int = 10, lease: float = 30) -> list[int]:
+    return [c.job_id for c in client.claim("events", limit=limit, lease=lease)]
 
 
-def test_only_the_earliest_unfinished_job_of_a_key_is_eligible(queue: leaseq.Queue) -> None:
-    a1 = queue.enqueue("events", {"n": 1}, key="customer-a", seq=1)
-    a2 = queue.enqueue("events", {"n": 2}, key="customer-a", seq=2)
-    b1 = queue.enqueue("events", {"n": 1}, key="customer-b", seq=1)
-    free = queue.enqueue("events", {"n": 0})
+def test_only_the_earliest_unfinished_job_of_a_key_is_eligible(client: Client) -> None:
+    a1 = client.enqueue("events", {"n": 1}, key="customer-a", seq=1)
+    a2 = client.enqueue("events", {"n": 2}, key="customer-a", seq=2)
+    b1 = client.enqueue("events", {"n": 1}, key="customer-b", seq=1)
+    free = client.enqueue("events", {"n": 0})
     # One claim of ten: the heads of both keys and the unordered job, never a2.
-    claims = queue.claim("events", limit=10)
+    claims = client.claim("events", limit=10)
     assert sorted(c.job_id for c in claims) == sorted([a1, b1, free])
-    assert _claim_ids(queue) == []
-    queue.complete(next(c for c in claims if c.job_id == a1))
-    assert _claim_ids(queue) == [a2]
+    assert _claim_ids(client) == []
+    client.complete(next(c for c in claims if c.job_id == a1))
+    assert _claim_ids(client) == [a2]
 
 
-def test_sequence_not_insertion_order_decides(queue: leaseq.Queue) -> None:
-    later = queue.enqueue("events", {}, key="k", seq=20)
-    earlier = queue.enqueue("events", {}, key="k", seq=10)
-    assert _claim_ids(queue) == [earlier]
+def test_sequence_not_insertion_order_decides(client: Client) -> None:
+    later = client.enqueue("events", {}, key="k", seq=20)
+    earlier = client.enqueue("events", {}, key="k", seq=10)
+    assert _claim_ids(client) == [earlier]
     del later
 
 
-def test_key_without_seq_runs_in_enqueue_order(queue: leaseq.Queue) -> None:
-    ids = queue.enqueue_many("events", [{"n": n} for n in range(5)], key="k")
+def test_key_without_seq_runs_in_enqueue_order(client: Client) -> None:
+    ids = client.enqueue_many("events", [{"n": n} for n in range(5)], key="k")
     order = []
-    while claims := queue.claim("events", limit=5):
+    while claims := client.claim("events", limit=5):
         assert len(claims) == 1
         order.append(claims[0].job_id)
-        queue.complete(claims[0])
+        client.complete(claims[0])
     assert order == ids
 
 
-def test_later_job_waits_while_the_earlier_lease_is_expired(
-    queue: leaseq.Queue, clock: Clock
-) -> None:
-    first = queue.enqueue("events", {}, key="k", seq=1)
-    second = queue.enqueue("events", {}, key="k", seq=2)
-    (crashed,) = queue.claim("events", lease=10)
+def test_later_job_waits_while_the_earlier_lease_is_expired(client: Client, clock: Clock) -> None:
+    first = client.enqueue("events", {}, key="k", seq=1)
+    second = client.enqueue("events", {}, key="k", seq=2)
+    (crashed,) = client.claim("events", lease=10)
     assert crashed.job_id == first
     clock.advance(11)
     # Recovery keeps the rule: the expired head is retried before `second`.
-    assert _claim_ids(queue) == [first]
-    assert _claim_ids(queue) == []
+    assert _claim_ids(client) == [first]
+    assert _claim_ids(client) == []
     del second
 
 
-def test_a_retried_head_still_blocks_its_key(queue: leaseq.Queue, clock: Clock) -> None:
-    first = queue.enqueue("events", {}, key="k", seq=1)
-    queue.enqueue("events", {}, key="k", seq=2)
-    (claim,) = queue.claim("events")
-    queue.retry(claim, delay=30)
-    assert _claim_ids(queue) == []  # the head is queued but not yet due
+def test_a_retried_head_still_blocks_its_key(client: Client, clock: Clock) -> None:
+    first = client.enqueue("events", {}, key="k", seq=1)
+    client.enqueue("events", {}, key="k", seq=2)
+    (claim,) = client.claim("events")
+    client.retry(claim, delay=30)
+    assert _claim_ids(client) == []  # the head is queued but not yet due
     clock.advance(31)
-    assert _claim_ids(queue) == [first]
+    assert _claim_ids(client) == [first]
 
 
 @pytest.mark.parametrize("policy", ["block", "continue"])
-def test_failed_head_follows_the_queue_policy(queue: leaseq.Queue, policy: str) -> None:
-    queue.configure_queue("events", ordering_policy=policy)
-    first = queue.enqueue("events", {}, key="k", seq=1, max_attempts=1)
-    second = queue.enqueue("events", {}, key="k", seq=2)
-    (claim,) = queue.claim("events")
-    queue.fail(claim, "permanent")
+def test_failed_head_follows_the_queue_policy(client: Client, policy: str) -> None:
+    client.configure_queue("events", ordering_policy=policy)
+    first = client.enqueue("events", {}, key="k", seq=1, max_attempts=1)
+    second = client.enqueue("events", {}, key="k", seq=2)
+    (claim,) = client.claim("events")
+    client.fail(claim, "permanent")
     if policy == "block":
-        assert _claim_ids(queue) == []
+        assert _claim_ids(client) == []
         # An operator decides: skip the failed head (cancel), and the key moves on.
-        assert queue.cancel(first) is True
-    assert _claim_ids(queue) == [second]
+        assert client.cancel(first) is True
+    assert _claim_ids(client) == [second]
 
 
-def test_replayed_head_runs_before_the_rest_under_block(queue: leaseq.Queue) -> None:
-    first = queue.enqueue("events", {}, key="k", seq=1, max_attempts=1)
-    queue.enqueue("events", {}, key="k", seq=2)
-    (claim,) = queue.claim("events")
-    queue.fail(claim, "bug, since fixed")
-    assert _claim_ids(queue) == []
-    queue.replay(first)
-    assert _claim_ids(queue) == [first]
+def test_replayed_head_runs_before_the_rest_under_block(client: Client) -> None:
+    first = client.enqueue("events", {}, key="k", seq=1, max_attempts=1)
+    client.enqueue("events", {}, key="k", seq=2)
+    (claim,) = client.claim("events")
+    client.fail(claim, "bug, since fixed")
+    assert _claim_ids(client) == []
+    client.replay(first)
+    assert _claim_ids(client) == [first]
 
 
 @pytest.mark.parametrize("policy", ["block", "continue"])
-def test_exhausted_by_crashes_head(queue: leaseq.Queue, clock: Clock, policy: str) -> None:
-    queue.configure_queue("events", ordering_policy=policy)
-    first = queue.enqueue("events", {}, key="k", seq=1, max_attempts=2)
-    second = queue.enqueue("events", {}, key="k", seq=2)
+def test_exhausted_by_crashes_head(client: Client, clock: Clock, policy: str) -> None:
+    client.configure_queue("events", ordering_policy=policy)
+    first = client.enqueue("events", {}, key="k", seq=1, max_attempts=2)
+    second = client.enqueue("events", {}, key="k", seq=2)
     for _ in range(2):
-        assert _claim_ids(queue, lease=5) == [first]
+        assert _claim_ids(client, lease=5) == [first]
         clock.advance(6)
     # Exhausted and expired: still running until reaped, so the key waits.
-    assert _claim_ids(queue) == []
-    assert queue.reap().failed == (first,)
-    assert queue.get(first).status is JobStatus.FAILED
-    assert _claim_ids(queue) == ([] if policy == "block" else [second])
+    assert _claim_ids(client) == []
+    assert client.reap().failed == (first,)
+    assert client.get(first).status is JobStatus.FAILED
+    assert _claim_ids(client) == ([] if policy == "block" else [second])
 
 
-def test_keys_are_scoped_to_their_queue(queue: leaseq.Queue) -> None:
-    queue.enqueue("events", {}, key="k", seq=1)
-    other = queue.enqueue("other", {}, key="k", seq=2)
-    assert [c.job_id for c in queue.claim("other")] == [other]
+def test_keys_are_scoped_to_their_queue(client: Client) -> None:
+    client.enqueue("events", {}, key="k", seq=1)
+    other = client.enqueue("other", {}, key="k", seq=2)
+    assert [c.job_id for c in client.claim("other")] == [other]
 
 
 # The recovery of an expired lease of a key's running job, when an earlier job of
