@@ -366,8 +366,10 @@ async def _job_failed(queue: leaseq.AsyncQueue, job_id: int) -> bool:
 
 
 async def test_a_crashed_service_stops_the_worker_loudly(
-    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from leaseq._worker.leases import LeaseKeeper
+
     app = _app(schema)
 
     @app.task("work")
@@ -376,10 +378,10 @@ async def test_a_crashed_service_stops_the_worker_loudly(
 
     worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1)
 
-    async def broken_heartbeat() -> None:
+    async def broken_heartbeat(self: LeaseKeeper) -> None:
         raise ValueError("boom")
 
-    worker._heartbeat = broken_heartbeat  # type: ignore[method-assign]
+    monkeypatch.setattr(LeaseKeeper, "renew_forever", broken_heartbeat)
     with pytest.raises(RuntimeError, match="a worker service crashed") as crashed:
         await asyncio.wait_for(worker.run(), 20)
     assert isinstance(crashed.value.__cause__, ValueError)

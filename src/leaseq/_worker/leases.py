@@ -13,6 +13,9 @@ still be kept meanwhile:
   was sent, plus its lease, minus a margin. Past it, the attempt is lost: the
   handler is told and its result is never acknowledged, before the database
   would let another worker reclaim the job.
+
+The worker starts each loop as a service of its own (``heartbeat`` and
+``deadlines``), so a crash of either stops the worker loudly.
 """
 
 from __future__ import annotations
@@ -20,32 +23,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
 
 from .._async_client import AsyncQueue
 from .._errors import TransientError
 from .._logs import get_logger
 from .._types import RENEWAL_BUSY
-from .state import Running, WorkerStats
+from .registry import AttemptRegistry
+from .state import Attempt, WorkerStats
 
 log = get_logger("leaseq.worker")
 
-Lose = Callable[[Running, str], None]
-
 
 class LeaseKeeper:
+    """Keeps the leases of the registry's attempts; loses those it cannot keep."""
+
     def __init__(
         self,
         queue: AsyncQueue,
-        running: Mapping[tuple[int, int], Running],
-        lose: Lose,
+        attempts: AttemptRegistry,
         *,
         renew_fraction: float,
         stats: WorkerStats,
     ) -> None:
         self._queue = queue
-        self._running = running
-        self._lose = lose
+        self._attempts = attempts
         self._renew_fraction = renew_fraction
         self._stats = stats
         self._renewal_wakeup = asyncio.Event()
@@ -60,15 +61,13 @@ class LeaseKeeper:
         while True:
             now = time.monotonic()
             due = [
-                r
-                for r in self._running.values()
-                if _kept(r) and r.renewal_due(now, self._renew_fraction)
+                a for a in self._attempts if _kept(a) and a.renewal_due(now, self._renew_fraction)
             ]
             if due:
                 await self._renew(due)
             await _wait(self._renewal_wakeup, self._tick())
 
-    async def _renew(self, due: list[Running]) -> None:
+    async def _renew(self, due: list[Attempt]) -> None:
         sent = time.monotonic()
         try:
             results = await self._queue.renew_many([r.claim for r in due])
@@ -76,37 +75,39 @@ class LeaseKeeper:
             self._stats.database_errors += 1
             log.warning("lease renewal failed (%s); retrying", exc)
             return  # the deadlines stand; the next tick tries again
-        for running, (_, until) in zip(due, results, strict=True):
+        for attempt, (_, until) in zip(due, results, strict=True):
             if until is RENEWAL_BUSY:
                 self._stats.renewals_busy += 1  # locked elsewhere right now: next tick
             elif until is not None:
-                running.lease_from = max(running.lease_from, sent)
-            elif _kept(running) and not running.acknowledging:
+                attempt.lease_from = max(attempt.lease_from, sent)
+            elif _kept(attempt) and not attempt.acknowledging:
                 # (an acknowledged job is no longer running: its own outcome tells)
-                self._lose(running, "the lease could not be renewed")
+                self._attempts.lose(attempt, "the lease could not be renewed")
 
     async def watch_deadlines(self) -> None:
         while True:
             now = time.monotonic()
             upcoming: list[float] = []
-            for running in list(self._running.values()):
-                if not _kept(running) or running.acknowledging:
+            for attempt in self._attempts:
+                if not _kept(attempt) or attempt.acknowledging:
                     continue  # nothing left to tell a handler that has returned
-                if now >= running.deadline:
-                    self._lose(running, "no renewal was confirmed before its local deadline")
+                if now >= attempt.deadline:
+                    self._attempts.lose(
+                        attempt, "no renewal was confirmed before its local deadline"
+                    )
                 else:
-                    upcoming.append(running.deadline)
+                    upcoming.append(attempt.deadline)
             # Never longer than a second: a renewal may have moved a deadline later only.
             await _wait(self._deadline_wakeup, min([*upcoming, now + 1.0]) - now)
 
     def _tick(self) -> float:
-        shortest = min((r.claim.lease_seconds for r in self._running.values()), default=60.0)
+        shortest = min((a.claim.lease_seconds for a in self._attempts), default=60.0)
         return min(max(shortest * self._renew_fraction / 4, 0.05), 1.0)
 
 
-def _kept(running: Running) -> bool:
+def _kept(attempt: Attempt) -> bool:
     """Whether this attempt still needs its lease: not lost, not completed by its handler."""
-    return not running.lost and not running.context.completed
+    return not attempt.lost and not attempt.context.completed
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

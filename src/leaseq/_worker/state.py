@@ -1,4 +1,4 @@
-"""What the worker keeps about itself and each running attempt."""
+"""What the worker keeps about itself (its stats) and about each attempt it runs."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ class WorkerStats:
 
 
 @dataclass
-class Running:
-    """One attempt this worker runs, from its claim until its handler has returned."""
+class Attempt:
+    """One attempt this worker runs, from its claim until its outcome is acknowledged."""
 
     claim: Claim
     context: JobContext
@@ -44,7 +44,7 @@ class Running:
     lease_from: float
     #: An async handler can be cancelled; a sync handler's thread cannot be stopped.
     cancellable: bool
-    task: asyncio.Task[None] | None = None
+    task: asyncio.Task[None] | None = None  # runs the handler, then the acknowledgement
     lost: bool = False  # the lease is gone: whatever the handler does is never acknowledged
     acknowledging: bool = False  # the handler returned; its outcome is being flushed
 

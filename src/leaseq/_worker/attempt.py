@@ -1,0 +1,141 @@
+"""One attempt of one job: its handler run to an :class:`~.outcomes.Outcome`, then acknowledged.
+
+:meth:`AttemptRunner.outcome_of` runs the handler under its task's timeout
+(:mod:`.handlers`) and says how the attempt ended:
+
+* it returned: COMPLETE, unless its ``job.transaction()`` already completed the job;
+* it asked for a retry (:class:`~leaseq.Retry`), raised an error its task's
+  ErrorPolicy retries (a ``TimeoutError`` of its own included), or ran past its
+  task's timeout: RETRY, or FAIL when its task allows no more attempts;
+* it raised an error the policy fails (``PermanentError``, ``fail_on``, not in
+  ``retry_on``): FAIL;
+* it was cancelled at shutdown: RELEASE;
+* nothing to acknowledge (None): its lease was lost (``LeaseLost``, or the
+  attempt was lost meanwhile), or its transaction completed the job before it
+  timed out or raised.
+
+The outcome is then reported to :class:`~.outcomes.Outcomes` and counted as
+what the database did with it; an outcome the database refuses (the lease is
+no longer held) loses the attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+from .._errors import LeaseLost
+from .._logs import get_logger
+from .._retry import Retry, Verdict
+from .._types import Claim
+from .app import Task
+from .handlers import TimedOut, run_in_thread, run_on_loop
+from .outcomes import Answer, Kind, Outcome, Outcomes
+from .registry import AttemptRegistry
+from .state import Attempt, WorkerStats
+from .threads import DaemonThreads
+
+log = get_logger("leaseq.worker")
+
+
+class AttemptRunner:
+    """Runs each claimed attempt in a task of its own, from its handler to its acknowledgement."""
+
+    def __init__(
+        self, attempts: AttemptRegistry, outcomes: Outcomes, stats: WorkerStats, *, slots: int
+    ) -> None:
+        self._attempts = attempts
+        self._outcomes = outcomes
+        self._stats = stats
+        self._threads = DaemonThreads(slots, "leaseq-job")  # sync handlers: one per slot
+
+    def start(self, attempt: Attempt, task: Task) -> None:
+        attempt.task = asyncio.create_task(self._run(attempt, task))
+
+    def close(self) -> None:
+        """Let the threads end once free; never waits (one still running ends with the process)."""
+        self._threads.shutdown()
+
+    async def _run(self, attempt: Attempt, task: Task) -> None:
+        try:
+            outcome = await self.outcome_of(attempt, task)
+            if attempt.lost:
+                outcome = None  # never acknowledge the result of a lost lease
+            if outcome is not None:
+                self._attempts.handler_returned(attempt)
+                answer = await self._outcomes.report(outcome)
+                if answer is Answer.LOST:
+                    reason = f"{outcome.kind.value} refused: lease no longer held"
+                    self._attempts.lose(attempt, reason)
+                else:
+                    _count(self._stats, answer)
+            elif attempt.context.completed:
+                self._stats.completed += 1
+        except Exception:
+            log.exception("job %d: could not record its outcome", attempt.claim.job_id)
+        finally:
+            self._attempts.finish(attempt)
+
+    async def outcome_of(self, attempt: Attempt, task: Task) -> Outcome | None:
+        """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
+        context, claim = attempt.context, attempt.claim
+        try:
+            timed_out = functools.partial(self._timed_out, attempt)
+            if task.is_async:
+                await run_on_loop(task, context, timed_out)
+            else:
+                await run_in_thread(self._threads, task, context, timed_out)
+        except TimedOut:
+            if context.completed:  # its transaction committed before the timeout
+                return None
+            return _retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
+        except Retry as request:
+            return _retry_or_fail(task, claim, request.delay, request.reason)
+        except LeaseLost:
+            return None
+        except asyncio.CancelledError:
+            if attempt.lost:
+                return None
+            if self._attempts.releasing:
+                return Outcome(Kind.RELEASE, claim)
+            raise
+        except Exception as exc:  # a TimeoutError the handler raised itself included
+            if context.completed:  # the job's transaction already completed it
+                log.warning("job %d raised after completing: %r", claim.job_id, exc)
+                return None
+            if task.errors.classify(exc) is Verdict.FAIL:
+                return Outcome(Kind.FAIL, claim, error=exc)
+            return _retry_or_fail(task, claim, None, exc)
+        return None if context.completed else Outcome(Kind.COMPLETE, claim)
+
+    def _timed_out(self, attempt: Attempt) -> None:
+        self._stats.timeouts += 1
+        attempt.context.mark_lost("timed out")  # job.transaction() now refuses
+
+
+def _retry_or_fail(task: Task, claim: Claim, delay: float | None, error: object) -> Outcome:
+    """RETRY while the task allows another attempt, else FAIL.
+
+    The database has the last word: a retry of a job with no attempts left (by
+    the job's own row) fails it, and its answer says so.
+    """
+    if not task.attempts_left(claim.attempts, claim.max_attempts):
+        return Outcome(Kind.FAIL, claim, error=error)
+    if delay is None:
+        delay = task.retry_delay(claim.attempts)
+    return Outcome(Kind.RETRY, claim, delay=delay, error=error)
+
+
+def _count(stats: WorkerStats, answer: Answer) -> None:
+    """Count an acknowledgement as what the database did with it (not what was asked)."""
+    match answer:
+        case Answer.COMPLETED:
+            stats.completed += 1
+        case Answer.RETRIED:
+            stats.retried += 1
+        case Answer.FAILED:
+            stats.failed += 1
+        case Answer.RELEASED:
+            stats.released += 1
+        case Answer.LOST:
+            pass  # counted where the attempt is lost (AttemptRegistry.lose)

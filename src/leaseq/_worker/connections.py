@@ -1,0 +1,55 @@
+"""The worker's clients: the handlers' pools, and a connection of its own for each service.
+
+A handler's transaction may hold a pooled connection as long as it likes. So the
+claim loop, the heartbeat and the acknowledgements each have a connection of
+their own (they send one statement at a time): none of them ever waits for a
+handler to give one back. Every client carries ``WORKER_CONNECTIONS``
+(keepalives, a TCP user timeout, no long idle transactions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._async_client import WORKER_CONNECTIONS, AsyncQueue
+from .._sync_client import Queue
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerClients:
+    handlers: Queue  # JobContext.connection() / transaction() (sync handlers)
+    handlers_async: AsyncQueue  # JobContext.atransaction(); maintenance
+    claims: AsyncQueue
+    renewals: AsyncQueue
+    acknowledgements: AsyncQueue
+    listener: AsyncQueue | None  # LISTEN, on its own DSN (None: polling only)
+
+    @classmethod
+    def open(
+        cls, dsn: str, schema: str, *, concurrency: int, listen_dsn: str | None
+    ) -> WorkerClients:
+        """The clients (their pools open on first use); ``listen_dsn`` None: no listener."""
+
+        def own(on: str = dsn) -> AsyncQueue:
+            return AsyncQueue(on, schema=schema, pool_size=1, connection_options=WORKER_CONNECTIONS)
+
+        return cls(
+            # One connection per slot: every sync handler may hold one at once.
+            handlers=Queue(
+                dsn, schema=schema, pool_size=concurrency, connection_options=WORKER_CONNECTIONS
+            ),
+            handlers_async=AsyncQueue(
+                dsn, schema=schema, pool_size=4, connection_options=WORKER_CONNECTIONS
+            ),
+            claims=own(),
+            renewals=own(),
+            acknowledgements=own(),
+            listener=None if listen_dsn is None else own(listen_dsn),
+        )
+
+    async def close(self) -> None:
+        for queue in (self.claims, self.renewals, self.acknowledgements, self.handlers_async):
+            await queue.close()
+        if self.listener is not None:
+            await self.listener.close()
+        self.handlers.close()

@@ -1,0 +1,117 @@
+"""The attempts a worker runs: who holds a slot, which attempt is a job's newest, losing one.
+
+Attempts are keyed by claim, ``(job_id, lease_version)``, not by job: this worker
+may reclaim a job whose lease it lost (it expired while the handler ran on), and
+then the old attempt is lost and the new one runs beside it until the old one's
+handler returns.
+
+The registry also holds the wake-up the claim loop sleeps on: a freed slot, a
+notification, a stop request all set it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from .._logs import get_logger
+from .._types import Claim
+from .context import JobContext
+from .state import Attempt, WorkerStats
+
+log = get_logger("leaseq.worker")
+
+
+class AttemptRegistry:
+    def __init__(self, concurrency: int, stats: WorkerStats) -> None:
+        self._concurrency = concurrency
+        self._stats = stats
+        self._by_claim: dict[tuple[int, int], Attempt] = {}
+        self._newest: dict[int, Attempt] = {}  # the newest attempt of each job here
+        self._wakeup = asyncio.Event()
+        #: The worker is past its grace period: an attempt cancelled now is released.
+        self.releasing = False
+
+    def __len__(self) -> int:
+        return len(self._by_claim)
+
+    def __iter__(self) -> Iterator[Attempt]:
+        """A snapshot: attempts may come and go while the caller looks at each."""
+        return iter(list(self._by_claim.values()))
+
+    def add(
+        self, claim: Claim, context: JobContext, *, lease_from: float, cancellable: bool
+    ) -> Attempt:
+        stale = self._newest.get(claim.job_id)
+        if stale is not None:
+            self.lose(stale, "the lease expired and the job was claimed again")
+        attempt = Attempt(claim, context, lease_from=lease_from, cancellable=cancellable)
+        self._by_claim[(claim.job_id, claim.lease_version)] = attempt
+        self._newest[claim.job_id] = attempt
+        return attempt
+
+    def handler_returned(self, attempt: Attempt) -> None:
+        """Its outcome is on its way to the database: its slot is free for the next claim."""
+        attempt.acknowledging = True
+        self.wake()
+
+    def finish(self, attempt: Attempt) -> None:
+        claim = attempt.claim
+        self._by_claim.pop((claim.job_id, claim.lease_version), None)
+        if self._newest.get(claim.job_id) is attempt:
+            del self._newest[claim.job_id]
+        self.wake()
+
+    def free_slots(self) -> int:
+        # A handler that has returned frees its slot at once: its acknowledgement
+        # is flushed while the next claim runs. Unacknowledged jobs are capped at
+        # `concurrency` too, so a slow database cannot make the worker hoard. An
+        # attempt whose sync thread still runs (timed out, or lost) keeps its slot.
+        acknowledging = sum(1 for a in self._by_claim.values() if a.acknowledging)
+        working = len(self._by_claim) - acknowledging
+        return min(self._concurrency - working, self._concurrency - acknowledging)
+
+    def lose(self, attempt: Attempt, reason: str) -> None:
+        """The lease is gone: tell the handler, and never acknowledge what it returns."""
+        if attempt.lost:
+            return
+        attempt.lost = True
+        attempt.context.mark_lost(reason)
+        self._stats.lost_leases += 1
+        log.warning(
+            "job %d (lease version %d): lease lost: %s",
+            attempt.claim.job_id,
+            attempt.claim.lease_version,
+            reason,
+        )
+        # A sync attempt stays until its thread returns (it holds a slot); job.lost tells it.
+        if attempt.cancellable and attempt.task is not None and not attempt.acknowledging:
+            attempt.task.cancel()
+
+    async def release_all(self) -> None:
+        """Stop every attempt whose handler still runs; each task then releases its job.
+
+        Async handlers first: cancelled, they stop (and clean up) before their release.
+        A sync handler's thread cannot be stopped: its job is released while the thread
+        runs on; it is a daemon and ends with the process, and job.lost fences it.
+        Acknowledged attempts just wait for their flush.
+        """
+        self.releasing = True
+        left = list(self._by_claim.values())
+        for cancellable in (True, False):
+            tasks = [a.task for a in left if a.task is not None and a.cancellable is cancellable]
+            for attempt in left:
+                if attempt.cancellable is cancellable and not attempt.acknowledging:
+                    attempt.context.mark_lost("worker shutting down")
+                    if attempt.task is not None:
+                        attempt.task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def sleep_until_woken(self, timeout: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        self._wakeup.clear()
