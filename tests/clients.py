@@ -294,6 +294,10 @@ _build(BlockingQueue)
 #: What a conformance test drives: the sync client, or the async one behind the adapter.
 Client: TypeAlias = leaseq.Queue | BlockingQueue
 
+#: A caller's own connection of a leg's flavour (``client_connect``), for ``conn=``.
+ClientConnection: TypeAlias = psycopg.Connection[Any] | BlockingConnection
+ClientConnect: TypeAlias = Callable[..., ClientConnection]
+
 #: Each leg's client class: ``Queue``, or the adapter (same constructor arguments).
 CLIENT_CLASSES: dict[str, type[Client]] = {"sync": leaseq.Queue, "async": BlockingQueue}
 
@@ -307,7 +311,7 @@ def set_clock_offset(client: Client, offset_seconds: float) -> None:
         set_sync_clock_offset(client, offset_seconds)
 
 
-def connect(kind: str, conninfo: str, **kwargs: Any) -> Any:
+def connect(kind: str, conninfo: str, **kwargs: Any) -> ClientConnection:
     """A caller's own connection of the leg's flavour, to pass as ``conn=``: a
     ``psycopg.Connection``, or a :class:`BlockingConnection` over an async one."""
     if kind == "sync":

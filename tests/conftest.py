@@ -26,7 +26,7 @@ import leaseq
 from leaseq.testing import aset_clock_offset
 
 from . import clients
-from .clients import CLIENT_CLASSES, CLIENT_KINDS, Client
+from .clients import CLIENT_CLASSES, CLIENT_KINDS, Client, ClientConnect, ClientConnection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,13 +116,13 @@ def client(client_class: type[Client], database_url: str, schema: str) -> Iterat
 
 
 @pytest.fixture
-def client_connect(client_kind: str, database_url: str) -> Iterator[Callable[..., Any]]:
+def client_connect(client_kind: str, database_url: str) -> Iterator[ClientConnect]:
     """Open a caller's own connection of the leg's flavour, for ``conn=`` (closed
     after the test): ``psycopg.Connection``, or the adapter's blocking facade over a
     ``psycopg.AsyncConnection``. For raw SQL that only checks the database, ``connect``."""
-    opened: list[Any] = []
+    opened: list[ClientConnection] = []
 
-    def open_connection(**kwargs: Any) -> Any:
+    def open_connection(**kwargs: Any) -> ClientConnection:
         conn = clients.connect(client_kind, database_url, **kwargs)
         opened.append(conn)
         return conn

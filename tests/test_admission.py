@@ -10,7 +10,7 @@ import pytest
 import leaseq
 from leaseq import BacklogFull, JobStatus, PayloadTooLarge
 
-from .clients import Client, sync_only
+from .clients import Client, ClientConnect, sync_only
 
 
 def _job_count(client: Client) -> int:
@@ -288,7 +288,7 @@ def test_first_use_of_a_new_queue_inside_a_transaction_does_not_block_other_prod
     client_class: type[Client],
     database_url: str,
     schema: str,
-    client_connect: Any,
+    client_connect: ClientConnect,
 ) -> None:
     """A producer's open transaction that is the first to use queue `fresh` must
     not make other producers of `fresh` wait for it (they fail fast here if they

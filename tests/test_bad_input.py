@@ -11,7 +11,7 @@ import pytest
 import leaseq
 from leaseq import InvalidArgument, InvalidJob, PayloadTooLarge
 
-from .clients import Client
+from .clients import Client, ClientConnect
 
 
 def _nothing_written(client: Client) -> None:
@@ -77,7 +77,9 @@ def test_bad_payload_in_a_batch_refuses_the_whole_batch(client: Client) -> None:
     _nothing_written(client)
 
 
-def test_error_leaves_the_callers_transaction_usable(client: Client, client_connect: Any) -> None:
+def test_error_leaves_the_callers_transaction_usable(
+    client: Client, client_connect: ClientConnect
+) -> None:
     conn = client_connect()
     with conn.transaction():
         with pytest.raises(InvalidJob):

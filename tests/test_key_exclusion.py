@@ -19,7 +19,7 @@ import pytest
 import leaseq
 from leaseq import JobStatus
 
-from .clients import Client
+from .clients import Client, ClientConnect
 from .conftest import Clock
 
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
@@ -41,7 +41,7 @@ def test_an_earlier_job_enqueued_while_a_later_one_runs_waits(client: Client) ->
 
 
 def test_out_of_order_commits_of_two_producers_never_run_two_jobs_at_once(
-    client: Client, client_connect: Connect
+    client: Client, client_connect: ClientConnect
 ) -> None:
     """Reproduced defect (b): A enqueues seq 1 in an open transaction, B enqueues
     seq 2 and commits, a claim takes seq 2, then A commits."""
@@ -58,7 +58,7 @@ def test_out_of_order_commits_of_two_producers_never_run_two_jobs_at_once(
 
 
 def test_a_producer_rollback_leaves_the_key_claimable(
-    client: Client, client_connect: Connect
+    client: Client, client_connect: ClientConnect
 ) -> None:
     head = client.enqueue("events", {}, key="k", seq=5)
     producer = client_connect()
@@ -194,7 +194,7 @@ def test_reverse_order_producer_keeps_one_claimable_job_per_key(client: Client) 
 
 
 def test_concurrent_producers_and_claimers_never_run_two_jobs_of_a_key(
-    client: Client, client_connect: Connect
+    client: Client, client_connect: ClientConnect
 ) -> None:
     """4 producers enqueue into 12 keys in transactions that commit in random order
     (some roll back) while 4 claimers take and finish jobs. Every claim is checked

@@ -1,6 +1,8 @@
 """Resends and re-runs of fenced writes.
 
-Two requirements that pull in opposite directions, each where it belongs:
+Each test runs on both clients (``client``), but the two about the worker's
+parts (JobContext, the acknowledgements), which take their clients by name. Two
+requirements that pull in opposite directions, each where it belongs:
 
 * the worker's own acknowledgement (no effect rides on it), resent after an
   ambiguous commit, reports the write it already made, never a lost lease;
@@ -11,10 +13,8 @@ Two requirements that pull in opposite directions, each where it belongs:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 import leaseq
@@ -22,19 +22,19 @@ from leaseq import AlreadyCompleted, JobStatus, LeaseLost
 from leaseq._worker.context import JobContext
 from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
-Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
+from .clients import Client, ClientConnect
 
 
-def _counter(queue: leaseq.Queue) -> str:
-    table = f'"{queue.schema}".counter'
-    with queue.connection() as conn:
+def _counter(client: Client) -> str:
+    table = f'"{client.schema}".counter'
+    with client.connection() as conn:
         conn.execute(f"CREATE TABLE {table} (n int NOT NULL)")
         conn.execute(f"INSERT INTO {table} VALUES (0)")
     return table
 
 
-def _count(queue: leaseq.Queue, table: str) -> int:
-    with queue.connection() as conn:
+def _count(client: Client, table: str) -> int:
+    with client.connection() as conn:
         row = conn.execute(f"SELECT n FROM {table}").fetchone()
     assert row is not None
     return int(row[0])
@@ -44,46 +44,27 @@ def _count(queue: leaseq.Queue, table: str) -> int:
 
 
 def test_rerun_of_a_committed_effect_and_completion_is_refused(
-    queue: leaseq.Queue, connect: Connect
+    client: Client, client_connect: ClientConnect
 ) -> None:
-    table = _counter(queue)
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
-    conn = connect()
+    table = _counter(client)
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    conn = client_connect()
 
     def effect_and_completion() -> None:
         with conn.transaction():
             conn.execute(f"UPDATE {table} SET n = n + 1")
-            queue.complete(claim, conn=conn)
+            client.complete(claim, conn=conn)
 
     effect_and_completion()
     with pytest.raises(AlreadyCompleted) as refused:
         effect_and_completion()  # e.g. a retry loop that did not see the first COMMIT
     assert isinstance(refused.value, LeaseLost)
-    assert _count(queue, table) == 1
-    assert queue.get(claim.job_id).status is JobStatus.DONE
+    assert _count(client, table) == 1
+    assert client.get(claim.job_id).status is JobStatus.DONE
 
 
-async def test_rerun_of_a_committed_effect_and_completion_is_refused_async(
-    aqueue: leaseq.AsyncQueue, database_url: str
-) -> None:
-    table = f'"{aqueue.schema}".counter'
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await conn.execute(f"CREATE TABLE {table} (n int NOT NULL)")
-        await conn.execute(f"INSERT INTO {table} VALUES (0)")
-        await aqueue.enqueue("reports", {})
-        (claim,) = await aqueue.claim("reports")
-        for attempt in range(2):
-            try:
-                async with conn.transaction():
-                    await conn.execute(f"UPDATE {table} SET n = n + 1")
-                    await aqueue.complete(claim, conn=conn)
-            except AlreadyCompleted:
-                assert attempt == 1
-        cursor = await conn.execute(f"SELECT n FROM {table}")
-        assert await cursor.fetchone() == (1,)
-
-
+# Not a client conformance test: the worker's JobContext takes both clients, by name.
 def test_job_transaction_run_twice_commits_its_effect_once(
     queue: leaseq.Queue, aqueue: leaseq.AsyncQueue
 ) -> None:
@@ -100,108 +81,108 @@ def test_job_transaction_run_twice_commits_its_effect_once(
 
 @pytest.mark.parametrize("write", ["retry", "fail"])
 def test_rerun_of_a_retry_or_fail_in_a_callers_transaction_is_refused(
-    queue: leaseq.Queue, connect: Connect, write: str
+    client: Client, client_connect: ClientConnect, write: str
 ) -> None:
-    table = _counter(queue)
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
-    conn = connect()
+    table = _counter(client)
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    conn = client_connect()
 
     def run() -> None:
         with conn.transaction():
             conn.execute(f"UPDATE {table} SET n = n + 1")
             if write == "retry":
-                queue.retry(claim, delay=60, error="later", conn=conn)
+                client.retry(claim, delay=60, error="later", conn=conn)
             else:
-                queue.fail(claim, "for good", conn=conn)
+                client.fail(claim, "for good", conn=conn)
 
     run()
     with pytest.raises(LeaseLost):
         run()
-    assert _count(queue, table) == 1
+    assert _count(client, table) == 1
 
 
 def test_batch_completion_in_a_callers_transaction_reports_earlier_completions(
-    queue: leaseq.Queue, connect: Connect
+    client: Client, client_connect: ClientConnect
 ) -> None:
-    queue.enqueue_many("reports", [{}, {}])
-    first, second = queue.claim("reports", limit=2)
-    queue.complete(first)
-    conn = connect()
+    client.enqueue_many("reports", [{}, {}])
+    first, second = client.claim("reports", limit=2)
+    client.complete(first)
+    conn = client_connect()
     with conn.transaction():
-        results = queue.complete_many([first, second], conn=conn)
+        results = client.complete_many([first, second], conn=conn)
     assert results == [(first, False), (second, True)]
 
 
 # -- the worker's acknowledgements recognise their own committed write --------------------
 
 
-def test_resent_fail_is_accepted(queue: leaseq.Queue) -> None:
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
-    queue.fail(claim, "bad input")
-    queue.fail(claim, "bad input")  # the first COMMIT's answer was lost
-    assert queue.fail_many([claim], ["bad input"]) == [(claim, True)]
-    job = queue.get(claim.job_id)
+def test_resent_fail_is_accepted(client: Client) -> None:
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    client.fail(claim, "bad input")
+    client.fail(claim, "bad input")  # the first COMMIT's answer was lost
+    assert client.fail_many([claim], ["bad input"]) == [(claim, True)]
+    job = client.get(claim.job_id)
     assert (job.status, job.last_error) == (JobStatus.FAILED, "bad input")
     assert [entry["outcome"] for entry in job.history] == ["failed"]
 
 
-def test_resent_release_is_accepted(queue: leaseq.Queue) -> None:
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
-    assert queue.release_many([claim]) == [(claim, True)]
-    assert queue.release_many([claim]) == [(claim, True)]
-    job = queue.get(claim.job_id)
+def test_resent_release_is_accepted(client: Client) -> None:
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    assert client.release_many([claim]) == [(claim, True)]
+    assert client.release_many([claim]) == [(claim, True)]
+    job = client.get(claim.job_id)
     assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
     assert [entry["outcome"] for entry in job.history] == ["released"]
 
 
-def test_resent_last_attempt_retry_reports_failed(queue: leaseq.Queue) -> None:
-    queue.enqueue("reports", {}, max_attempts=1)
-    (claim,) = queue.claim("reports")
-    assert queue.retry(claim, error="boom") is JobStatus.FAILED
-    assert queue.retry(claim, error="boom") is JobStatus.FAILED
-    assert [entry["outcome"] for entry in queue.get(claim.job_id).history] == ["failed"]
+def test_resent_last_attempt_retry_reports_failed(client: Client) -> None:
+    client.enqueue("reports", {}, max_attempts=1)
+    (claim,) = client.claim("reports")
+    assert client.retry(claim, error="boom") is JobStatus.FAILED
+    assert client.retry(claim, error="boom") is JobStatus.FAILED
+    assert [entry["outcome"] for entry in client.get(claim.job_id).history] == ["failed"]
 
 
 def test_resend_after_the_job_moved_on_is_accepted_and_changes_nothing(
-    queue: leaseq.Queue,
+    client: Client,
 ) -> None:
-    queue.enqueue("reports", {})
-    (first,) = queue.claim("reports")
-    queue.release_many([first])
-    (second,) = queue.claim("reports")  # another worker took the released job
-    before = queue.get(first.job_id)
-    assert queue.release_many([first]) == [(first, True)]
-    assert queue.get(first.job_id) == before
-    queue.complete(second)  # the new owner is unaffected
+    client.enqueue("reports", {})
+    (first,) = client.claim("reports")
+    client.release_many([first])
+    (second,) = client.claim("reports")  # another worker took the released job
+    before = client.get(first.job_id)
+    assert client.release_many([first]) == [(first, True)]
+    assert client.get(first.job_id) == before
+    client.complete(second)  # the new owner is unaffected
 
-    queue.enqueue("failing", {})
-    (failing,) = queue.claim("failing")
-    queue.fail(failing, "boom")
-    queue.replay(failing.job_id)
-    replayed = queue.get(failing.job_id)
-    queue.fail(failing, "boom")  # a late resend of the fail from before the replay
-    assert queue.get(failing.job_id) == replayed
+    client.enqueue("failing", {})
+    (failing,) = client.claim("failing")
+    client.fail(failing, "boom")
+    client.replay(failing.job_id)
+    replayed = client.get(failing.job_id)
+    client.fail(failing, "boom")  # a late resend of the fail from before the replay
+    assert client.get(failing.job_id) == replayed
 
 
-def test_a_different_write_of_the_same_claim_is_not_a_resend(queue: leaseq.Queue) -> None:
+def test_a_different_write_of_the_same_claim_is_not_a_resend(client: Client) -> None:
     """A claim that retried cannot later fail or release: that is no resend."""
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
-    queue.retry(claim, delay=0)
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    client.retry(claim, delay=0)
     with pytest.raises(LeaseLost):
-        queue.fail(claim, "late")
-    assert queue.release_many([claim]) == [(claim, False)]
-    (claim,) = queue.claim("reports")
-    queue.release_many([claim])
-    assert queue.retry_many([claim], delays=[0]) == [(claim, None)]
-    (claim,) = queue.claim("reports")
-    queue.fail(claim, "for good")
-    assert queue.retry_many([claim], delays=[0]) == [(claim, None)]
-    assert queue.release_many([claim]) == [(claim, False)]
-    assert queue.get(claim.job_id).status is JobStatus.FAILED
+        client.fail(claim, "late")
+    assert client.release_many([claim]) == [(claim, False)]
+    (claim,) = client.claim("reports")
+    client.release_many([claim])
+    assert client.retry_many([claim], delays=[0]) == [(claim, None)]
+    (claim,) = client.claim("reports")
+    client.fail(claim, "for good")
+    assert client.retry_many([claim], delays=[0]) == [(claim, None)]
+    assert client.release_many([claim]) == [(claim, False)]
+    assert client.get(claim.job_id).status is JobStatus.FAILED
 
 
 class _CommitThenDrop(leaseq.AsyncQueue):
