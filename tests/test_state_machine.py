@@ -1,4 +1,8 @@
-"""Stateful property test: ``leaseq.Queue`` on a real database against a pure-Python model.
+"""Stateful property test: each client on a real database against a pure-Python model.
+
+It runs once per leg (``client_class``): ``leaseq.Queue``, and ``leaseq.AsyncQueue``
+behind the blocking adapter of ``tests/clients.py``; the model and its invariants
+are the same for both.
 
 A Hypothesis ``RuleBasedStateMachine`` enqueues, claims, completes, renews, retries,
 fails, releases, reaps, replays and cancels jobs in two queues (one per ordering
@@ -36,7 +40,8 @@ from hypothesis.stateful import (
 
 import leaseq
 from leaseq import Claim, JobStatus, OrderingPolicy
-from leaseq.testing import set_clock_offset
+
+from .clients import Client, set_clock_offset
 
 QUEUED, RUNNING, DONE = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.DONE
 FAILED, CANCELLED = JobStatus.FAILED, JobStatus.CANCELLED
@@ -116,18 +121,18 @@ LOST = "LeaseLost"  # a fenced write's result when the claim no longer owns its 
 
 
 class QueueMachine(RuleBasedStateMachine):
-    def __init__(self, url: str, policy: OrderingPolicy) -> None:
+    def __init__(self, client_class: type[Client], url: str, policy: OrderingPolicy) -> None:
         super().__init__()
         self.url = url
         self.schema = f"sm_{uuid.uuid4().hex[:16]}"
         other = OrderingPolicy.CONTINUE if policy is OrderingPolicy.BLOCK else OrderingPolicy.BLOCK
         self.policies = {"q1": policy, "q2": other}
         self.conn = psycopg.connect(url, autocommit=True)
-        self.queue = leaseq.Queue(url, schema=self.schema, pool_size=2)
+        self.client = client_class(url, schema=self.schema, pool_size=2)
         try:
-            self.queue.migrate()
+            self.client.migrate()
             for name, ordering in self.policies.items():
-                configured = self.queue.configure_queue(
+                configured = self.client.configure_queue(
                     name,
                     lease=QUEUE_LEASE,
                     max_attempts=QUEUE_MAX_ATTEMPTS,
@@ -148,7 +153,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.payloads = 0
 
     def teardown(self) -> None:
-        self.queue.close()
+        self.client.close()
         try:
             self.conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
         finally:
@@ -300,7 +305,7 @@ class QueueMachine(RuleBasedStateMachine):
         stamp: int,
     ) -> None:
         assert job_id not in self.jobs, f"job id {job_id} handed out twice"
-        job = self.queue.get(job_id)
+        job = self.client.get(job_id)
         # available_at is clock() + delay and created_at is statement_timestamp(), in one
         # statement: they differ by exactly the clock offset plus the delay.
         assert job.available_at - job.created_at == timedelta(seconds=self.now + (delay or 0))
@@ -348,13 +353,13 @@ class QueueMachine(RuleBasedStateMachine):
             "key": key,
         }
         if count == 1:
-            ids = [self.queue.enqueue(queue, payloads[0], seq=seqs[0], **options)]
+            ids = [self.client.enqueue(queue, payloads[0], seq=seqs[0], **options)]
         else:
             batch_seqs = None if seqs[0] is None else [seq or 0 for seq in seqs]
-            ids = self.queue.enqueue_many(queue, payloads, seqs=batch_seqs, **options)
+            ids = self.client.enqueue_many(queue, payloads, seqs=batch_seqs, **options)
         stamp = self.next_stamp()
         assert len(ids) == count == len(set(ids))
-        by_payload = {self.queue.get(job_id).payload["n"]: job_id for job_id in ids}
+        by_payload = {self.client.get(job_id).payload["n"]: job_id for job_id in ids}
         for payload, seq in zip(payloads, seqs, strict=True):
             self.add_job(
                 by_payload[payload["n"]],
@@ -381,7 +386,7 @@ class QueueMachine(RuleBasedStateMachine):
         expired, ready = self.claimable(queue)
         eligible = {job.job_id for job in expired + ready}
         expected = {job.job_id for job in (expired[:limit] + ready[:limit])[:limit]}
-        claims = self.queue.claim(queue, limit=limit, lease=lease)
+        claims = self.client.claim(queue, limit=limit, lease=lease)
         stamp = self.next_stamp()
         got = [c.job_id for c in claims]
         assert len(got) == len(set(got)), f"a job was claimed twice in one call: {got}"
@@ -403,7 +408,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert c.payload == job.payload
             assert c.lease_seconds == seconds
             assert c.idempotency_key == f"{self.schema}:{c.job_id}"
-            row = self.queue.get(c.job_id)
+            row = self.client.get(c.job_id)
             assert row.lease_until == c.lease_until
             assert row.claimed_at is not None
             assert c.lease_until - row.claimed_at == timedelta(seconds=seconds)
@@ -463,7 +468,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(seconds=clock_steps)
     def advance_clock(self, seconds: int) -> None:
         self.now += seconds
-        set_clock_offset(self.queue, self.now)
+        set_clock_offset(self.client, self.now)
 
     @rule(
         action=st.sampled_from(["reap", "replay", "cancel", "replay_failed"]),
@@ -479,7 +484,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.replay_failed(data.draw(queue_names, label="queue"))
         elif not self.jobs:
             with pytest.raises(leaseq.JobNotFound):
-                getattr(self.queue, action)(1)
+                getattr(self.client, action)(1)
         elif action == "replay":
             self.replay(self.pick_job(data, (FAILED, CANCELLED), kind))
         else:
@@ -489,7 +494,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def complete(self, issued: list[IssuedClaim], batch: bool) -> None:
         results = self.fenced(
-            "complete", issued, self.queue.complete, self.queue.complete_many, batch
+            "complete", issued, self.client.complete, self.client.complete_many, batch
         )
         for item, result in zip(issued, results, strict=True):
             claim, job = item.claim, self.jobs[item.claim.job_id]
@@ -509,8 +514,8 @@ class QueueMachine(RuleBasedStateMachine):
         results = self.fenced(
             "renew",
             issued,
-            lambda claim: self.queue.renew(claim, lease=lease),
-            lambda claims: self.queue.renew_many(claims, lease=lease),
+            lambda claim: self.client.renew(claim, lease=lease),
+            lambda claims: self.client.renew_many(claims, lease=lease),
             batch,
         )
         after = self.db_clock()
@@ -532,8 +537,8 @@ class QueueMachine(RuleBasedStateMachine):
         results = self.fenced(
             "retry",
             issued,
-            lambda claim: self.queue.retry(claim, delay=delays[0], error="boom"),
-            lambda claims: self.queue.retry_many(
+            lambda claim: self.client.retry(claim, delay=delays[0], error="boom"),
+            lambda claims: self.client.retry_many(
                 claims, delays=delays, errors=["boom"] * len(claims)
             ),
             batch,
@@ -551,7 +556,7 @@ class QueueMachine(RuleBasedStateMachine):
                 assert result is QUEUED, f"got {result}: {self.describe(job.job_id)}"
                 item.retried_to = QUEUED
                 self.end_lease(job, QUEUED)
-                row = self.queue.get(claim.job_id)
+                row = self.client.get(claim.job_id)
                 entry = row.history[-1]
                 assert entry["outcome"] == "retry"
                 # The backoff is configured to 0, so no delay means "available now".
@@ -573,8 +578,8 @@ class QueueMachine(RuleBasedStateMachine):
         results = self.fenced(
             "fail",
             issued,
-            lambda claim: self.queue.fail(claim, "gave up"),
-            lambda claims: self.queue.fail_many(claims, ["gave up"] * len(claims)),
+            lambda claim: self.client.fail(claim, "gave up"),
+            lambda claims: self.client.fail_many(claims, ["gave up"] * len(claims)),
             batch,
         )
         for item, result in zip(issued, results, strict=True):
@@ -583,7 +588,7 @@ class QueueMachine(RuleBasedStateMachine):
                 assert result is not LOST, f"live claim lost: {self.describe(job.job_id)}"
                 self.end_lease(job, FAILED)
                 item.outcome = "failed"
-                assert self.queue.get(claim.job_id).last_error == "gave up"
+                assert self.client.get(claim.job_id).last_error == "gave up"
             elif item.outcome == "failed":
                 # This claim's fail committed already: a resend is accepted, changes nothing.
                 assert result is not LOST, "a repeated fail must be accepted"
@@ -591,7 +596,7 @@ class QueueMachine(RuleBasedStateMachine):
                 assert result is LOST, f"stale fail accepted: {self.describe(job.job_id)}"
 
     def release(self, issued: list[IssuedClaim]) -> None:
-        results = self.fenced("release", issued, None, self.queue.release_many, batch=True)
+        results = self.fenced("release", issued, None, self.client.release_many, batch=True)
         stamp = self.next_stamp()
         for item, result in zip(issued, results, strict=True):
             claim, job = item.claim, self.jobs[item.claim.job_id]
@@ -607,7 +612,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.end_lease(job, QUEUED)
             job.attempts = max(job.attempts - 1, 0)  # an interrupted attempt does not count
             job.available = (self.now, stamp)
-            row = self.queue.get(job.job_id)
+            row = self.client.get(job.job_id)
             assert row.history[-1]["outcome"] == "released"
             assert row.available_at == datetime.fromisoformat(row.history[-1]["at"])
             job.available_at = row.available_at
@@ -625,7 +630,7 @@ class QueueMachine(RuleBasedStateMachine):
             and self.lease_expired(job)
             and job.attempts >= job.max_attempts
         }
-        result = self.queue.reap(limit=limit)
+        result = self.client.reap(limit=limit)
         self.next_stamp()
         assert set(result.exhausted_queued) <= exhausted_queued, result
         assert set(result.expired_running) <= expired_running, result
@@ -635,7 +640,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.end_lease(self.jobs[job_id], FAILED)
 
     def replay(self, job: ModelJob) -> None:
-        changed = self.queue.replay(job.job_id)
+        changed = self.client.replay(job.job_id)
         stamp = self.next_stamp()
         if job.status not in (FAILED, CANCELLED):
             assert changed is False, f"replayed a {job.status} job"
@@ -645,7 +650,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def replay_failed(self, queue: str) -> None:
         failed = [job for job in self.jobs.values() if job.queue == queue and job.status is FAILED]
-        replayed = self.queue.replay_failed(queue)
+        replayed = self.client.replay_failed(queue)
         stamp = self.next_stamp()
         assert replayed == sorted(job.job_id for job in failed)
         for job in failed:
@@ -657,13 +662,13 @@ class QueueMachine(RuleBasedStateMachine):
         # The fencing token moves on, so no claim from before the replay owns the job.
         job.lease_version += 1
         job.available = (self.now, stamp)
-        row = self.queue.get(job.job_id)
+        row = self.client.get(job.job_id)
         assert row.history[-1]["outcome"] == "replayed"
         assert row.available_at == datetime.fromisoformat(row.history[-1]["at"])
         job.available_at = row.available_at
 
     def cancel(self, job: ModelJob) -> None:
-        changed = self.queue.cancel(job.job_id)
+        changed = self.client.cancel(job.job_id)
         self.next_stamp()
         if job.status in (QUEUED, FAILED):
             assert changed is True
@@ -727,7 +732,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def stats_match_the_model(self) -> None:
-        stats = {s.queue: s for s in self.queue.stats()}
+        stats = {s.queue: s for s in self.client.stats()}
         assert set(stats) == set(QUEUES)
         for name in QUEUES:
             jobs = [job for job in self.jobs.values() if job.queue == name]
@@ -738,26 +743,31 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("policy", list(OrderingPolicy))
-def test_queue_matches_model(database_url: str, policy: OrderingPolicy) -> None:
+def test_queue_matches_model(
+    client_class: type[Client], database_url: str, policy: OrderingPolicy
+) -> None:
     """q1 uses ``policy`` and q2 the other one, so a policy is also checked to be per queue."""
-    run_state_machine_as_test(lambda: QueueMachine(database_url, policy), settings=SETTINGS)
+    run_state_machine_as_test(
+        lambda: QueueMachine(client_class, database_url, policy), settings=SETTINGS
+    )
 
 
-def test_stale_retry_after_fail_and_replay_is_lease_lost(queue: leaseq.Queue) -> None:
-    job_id = queue.enqueue("jobs", {})
-    (claim,) = queue.claim("jobs")
-    queue.fail(claim, "gave up")
-    assert queue.replay(job_id)
+def test_stale_retry_after_fail_and_replay_is_lease_lost(client: Client) -> None:
+    job_id = client.enqueue("jobs", {})
+    (claim,) = client.claim("jobs")
+    client.fail(claim, "gave up")
+    assert client.replay(job_id)
     with pytest.raises(leaseq.LeaseLost):
-        queue.retry(claim, error="from a stale worker")
-    assert queue.get(job_id).lease_version == claim.lease_version + 1
+        client.retry(claim, error="from a stale worker")
+    assert client.get(job_id).lease_version == claim.lease_version + 1
 
 
-def test_retry_with_a_released_claim_is_lease_lost(queue: leaseq.Queue) -> None:
-    job_id = queue.enqueue("jobs", {})
-    (claim,) = queue.claim("jobs")
-    assert queue.release_many([claim]) == [(claim, True)]
+def test_retry_with_a_released_claim_is_lease_lost(client: Client) -> None:
+    job_id = client.enqueue("jobs", {})
+    (claim,) = client.claim("jobs")
+    assert client.release_many([claim]) == [(claim, True)]
     with pytest.raises(leaseq.LeaseLost):
-        queue.retry(claim, error="from a worker that let the job go")
-    assert queue.get(job_id).history[-1]["outcome"] == "released"
+        client.retry(claim, error="from a worker that let the job go")
+    assert client.get(job_id).history[-1]["outcome"] == "released"
