@@ -360,12 +360,10 @@ async def test_renew_many_skips_a_locked_row_and_reports_it_busy(
         )
         # Waiting for our lock here would be the defect: wait_for raises after 10 s.
         results = await asyncio.wait_for(aqueue.renew_many([locked, free, done], lease=60), 10)
-    from leaseq._store import RENEWAL_BUSY
-
     (_, busy), (_, renewed), (_, lost) = results
-    assert busy is RENEWAL_BUSY
+    assert busy is leaseq.RENEWAL_BUSY
     assert renewed is not None
-    assert renewed is not RENEWAL_BUSY
+    assert renewed is not leaseq.RENEWAL_BUSY
     assert lost is None
     assert (await aqueue.get(free.job_id)).lease_until == renewed
     # The single-claim form waits for the lock like the other single fenced writes.
