@@ -17,6 +17,7 @@ from leaseq import JobStatus
 
 from .conftest import ROOT
 from .worker_app import TABLES
+from .worker_processes import Spawn, worker_processes
 
 
 @pytest.fixture
@@ -27,43 +28,10 @@ def setup_tables(queue: leaseq.Queue) -> leaseq.Queue:
     return queue
 
 
-Spawn = Callable[..., subprocess.Popen[str]]
-
-
 @pytest.fixture
 def spawn_worker(database_url: str, schema: str) -> Iterator[Spawn]:
-    started: list[subprocess.Popen[str]] = []
-
-    def spawn(*arguments: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "leaseq",
-                "worker",
-                "tests.worker_app:app",
-                "--schema",
-                schema,
-                "--poll-interval",
-                "0.2",
-                *arguments,
-            ],
-            cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        started.append(process)
-        return process
-
-    yield spawn
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-        if process.stdout:
-            process.stdout.close()
+    with worker_processes(database_url, schema, own_session=False) as spawn:
+        yield spawn
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

@@ -9,10 +9,9 @@ import os
 import pickle
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,9 +21,9 @@ import leaseq
 from leaseq import JobStatus
 from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
-from .conftest import ROOT
 from .test_worker import Running, _all_finished, _until
 from .test_worker_processes import _attempts_logged, _wait, setup_tables  # noqa: F401
+from .worker_processes import Spawn, worker_processes
 
 
 def _app(schema: str) -> leaseq.App:
@@ -410,45 +409,11 @@ async def test_a_timed_out_sync_handler_keeps_its_lease_until_its_thread_returns
     assert worker.stats.lost_leases == 0
 
 
-Spawn = Callable[..., subprocess.Popen[str]]
-
-
 @pytest.fixture
 def spawn_in_session(database_url: str, schema: str) -> Iterator[Spawn]:
     """`leaseq worker` in a session (process group) of its own, killed with its group."""
-    started: list[subprocess.Popen[str]] = []
-
-    def spawn(*arguments: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "leaseq",
-                "worker",
-                "tests.worker_app:app",
-                "--schema",
-                schema,
-                "--poll-interval",
-                "0.2",
-                *arguments,
-            ],
-            cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        started.append(process)
-        return process
-
-    yield spawn
-    for process in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # the group we created: our own children
-        process.wait(10)
-        if process.stdout:
-            process.stdout.close()
+    with worker_processes(database_url, schema, own_session=True) as spawn:
+        yield spawn
 
 
 def test_a_sync_handler_that_ignores_lost_does_not_keep_the_process_alive(
