@@ -1,0 +1,22 @@
+"""The ``leaseq`` command: a thin shell over the client, worker and maintenance.
+
+Its rooms: ``common`` (the group, database options, errors, output), ``running``
+(migrate, worker, maintenance, demo) and ``jobs`` (enqueue, status, failed,
+replay, cancel, reap, queue configure).
+"""
+
+from __future__ import annotations
+
+from . import jobs, running  # noqa: F401 - registers their commands on the group
+from .common import cli, scrubbed_crash
+
+__all__ = ["cli", "main"]
+
+
+def main() -> None:
+    with scrubbed_crash():
+        cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""What every ``leaseq`` command shares: the group, database options, errors, output.
+
+Everything a command prints that it did not write itself (errors, tracebacks, log
+records, stored job errors) goes through :func:`leaseq._redact.redact` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+
+from leaseq import (
+    DatabaseUnavailable,
+    LeaseqError,
+    Queue,
+    TransientError,
+)
+
+from .._config import configured_database_url
+from .._logs import RedactingFilter
+from .._redact import redact, remember_dsn
+
+F = TypeVar("F", bound=Callable[..., Any])
+# Piped output (CI logs, scripts) gets room for whole tables instead of 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
+
+
+def _remember_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A URL option's password is known to redact before anything can fail."""
+    if value:
+        remember_dsn(value)
+    return value
+
+
+def database_options(command: F) -> F:
+    """--database-url and --schema on every command, with the library's fallbacks."""
+    command = click.option(
+        "--schema",
+        default="leaseq",
+        show_default=True,
+        envvar="LEASEQ_SCHEMA",
+        help="The schema leaseq's tables live in.",
+    )(command)
+    return click.option(
+        "--database-url",
+        default=None,
+        callback=_remember_url,
+        help="PostgreSQL URL. Default: $LEASEQ_DATABASE_URL, $DATABASE_URL, else the "
+        "embedded server under ./.leaseq/.",
+    )(command)
+
+
+@contextmanager
+def open_queue(database_url: str | None, schema: str) -> Iterator[Queue]:
+    # One-shot commands: fail within seconds, with one line, if the server is away.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    with Queue(database_url, schema=schema, pool_size=2, connect_timeout=5) as queue:
+        yield queue
+
+
+class CommandError(click.ClickException):
+    """A leaseq error or an unreachable database: one line on stderr, exit 1."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {redact(self.message)}", err=True)
+
+
+class LeaseqGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TransientError as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            if not isinstance(exc, DatabaseUnavailable):  # (which says so itself)
+                reason = f"cannot reach the database: {reason}"
+            raise CommandError(redact(reason)) from exc
+        except LeaseqError as exc:
+            raise CommandError(redact(str(exc))) from exc
+
+
+@contextmanager
+def scrubbed_crash() -> Iterator[None]:
+    """An unexpected error still ends the process with its traceback, but scrubbed:
+    it may quote a DSN (libpq quotes a password it cannot percent-decode)."""
+    try:
+        yield
+    except Exception:
+        sys.stderr.write(redact(traceback.format_exc()))
+        sys.exit(1)
+
+
+@click.group(cls=LeaseqGroup)
+@click.version_option(package_name="leaseq")
+def cli() -> None:
+    """leaseq: reliable background jobs on PostgreSQL."""
+    configured_database_url()  # remembers the environment's URLs before anything can fail
+
+
+def configure_logging() -> None:
+    handler = RichHandler(console=Console(stderr=True), show_path=False)
+    # leaseq's own loggers scrub their records; this catches everyone else's
+    # (the driver's pool, asyncio's "exception was never retrieved"...).
+    handler.addFilter(RedactingFilter())
+    logging.basicConfig(
+        level=os.environ.get("LEASEQ_LOG_LEVEL", "INFO"), format="%(message)s", handlers=[handler]
+    )

@@ -1,0 +1,189 @@
+"""Commands on jobs and queues: enqueue, status, failed, replay, cancel, reap, queue configure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from leaseq import (
+    InvalidArgument,
+    Job,
+    JobStatus,
+)
+
+from .._redact import redact
+from .common import cli, console, database_options, open_queue
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("payload", metavar="JSON")
+@click.option("--delay", type=float, default=None, help="Seconds before it may run.")
+@click.option("--key", default=None, help="Ordering key.")
+@click.option("--seq", type=int, default=None, help="Sequence within the ordering key.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--max-attempts", type=int, default=None)
+@database_options
+def enqueue(
+    queue_name: str, payload: str, database_url: str | None, schema: str, **options: Any
+) -> None:
+    """Enqueue one job whose payload is the JSON text given."""
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"payload is not valid JSON: {exc}") from None
+    with open_queue(database_url, schema) as queue:
+        job_id = queue.enqueue(queue_name, value, **options)
+    click.echo(job_id)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--queue", "queue_name", default=None)
+@database_options
+def status(as_json: bool, queue_name: str | None, database_url: str | None, schema: str) -> None:
+    """Per queue: jobs by state, queued bytes, oldest ready age, expired leases."""
+    with open_queue(database_url, schema) as queue:
+        stats = queue.stats(queue_name)
+    if as_json:
+        rows = [
+            {
+                "queue": s.queue,
+                **{k.value: v for k, v in s.counts.items()},
+                "queued_bytes": s.queued_bytes,
+                "oldest_ready_age": s.oldest_ready_age,
+                "expired_leases": s.expired_leases,
+                "paused": s.paused,
+            }
+            for s in stats
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="leaseq status", box=box.SIMPLE_HEAD)
+    width = max((len(s.queue) + 9 for s in stats), default=5)
+    table.add_column("queue", no_wrap=True, min_width=width)
+    for heading in (*(state.value for state in JobStatus), "bytes", "oldest", "expired"):
+        table.add_column(heading, justify="right", no_wrap=True)
+    for s in stats:
+        age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
+        name = s.queue + (" (paused)" if s.paused else "")
+        table.add_row(
+            name,
+            *(str(s.counts[k]) for k in JobStatus),
+            str(s.queued_bytes),
+            age,
+            str(s.expired_leases),
+        )
+    console.print(table)
+
+
+@cli.command()
+@click.option("--queue", "queue_name", default=None)
+@click.option("--limit", default=50, show_default=True)
+@database_options
+def failed(queue_name: str | None, limit: int, database_url: str | None, schema: str) -> None:
+    """List failed jobs with their last error and attempts."""
+    with open_queue(database_url, schema) as queue:
+        jobs = queue.list_jobs(JobStatus.FAILED, queue=queue_name, limit=limit)
+    _print_jobs(jobs, "failed jobs")
+
+
+def _print_jobs(jobs: list[Job], title: str) -> None:
+    table = Table("job", "queue", "attempts", "finished", title=title, box=box.SIMPLE_HEAD)
+    table.add_column("last error", overflow="fold")
+    for job in jobs:
+        finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
+        table.add_row(
+            str(job.job_id),
+            job.queue,
+            f"{job.attempts}/{job.max_attempts}",
+            finished,
+            Text(redact(job.last_error or "")),
+        )
+    console.print(table)
+
+
+@cli.command()
+@click.argument("job_id", type=int, required=False)
+@click.option("--queue", "queue_name", default=None)
+@click.option("--all-failed", is_flag=True, help="Replay every failed job of --queue.")
+@database_options
+def replay(
+    job_id: int | None,
+    queue_name: str | None,
+    all_failed: bool,
+    database_url: str | None,
+    schema: str,
+) -> None:
+    """Put a failed or cancelled job back in its queue (same id, fresh attempts)."""
+    if (job_id is None) == (not all_failed):
+        raise InvalidArgument("give a JOB_ID, or --queue Q --all-failed")
+    with open_queue(database_url, schema) as queue:
+        if all_failed:
+            if queue_name is None:
+                raise InvalidArgument("--all-failed needs --queue")
+            ids = queue.replay_failed(queue_name)
+            click.echo(f"replayed {len(ids)} jobs")
+        else:
+            assert job_id is not None
+            if not queue.replay(job_id):
+                raise InvalidArgument(f"job {job_id} is {queue.get(job_id).status}: not replayed")
+            click.echo(f"replayed job {job_id}")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@database_options
+def cancel(job_id: int, database_url: str | None, schema: str) -> None:
+    """Cancel a queued job, or skip a failed one."""
+    with open_queue(database_url, schema) as queue:
+        if not queue.cancel(job_id):
+            raise InvalidArgument(f"job {job_id} is {queue.get(job_id).status}: not cancelled")
+    click.echo(f"cancelled job {job_id}")
+
+
+@cli.command()
+@database_options
+def reap(database_url: str | None, schema: str) -> None:
+    """Fail jobs with no attempts left (queued, or running with an expired lease)."""
+    with open_queue(database_url, schema) as queue:
+        result = queue.reap()
+    click.echo(
+        f"failed {len(result)} exhausted jobs" + (f": {list(result.failed)}" if result else "")
+    )
+
+
+@cli.group("queue")
+def queue_group() -> None:
+    """Per-queue settings."""
+
+
+@queue_group.command("configure")
+@click.argument("name")
+@click.option("--lease", type=float, default=None, help="Lease seconds.")
+@click.option("--max-attempts", type=int, default=None)
+@click.option("--backoff-base", type=float, default=None)
+@click.option("--backoff-cap", type=float, default=None)
+@click.option("--ordering-policy", type=click.Choice(["block", "continue"]), default=None)
+@click.option("--max-queued", "max_queued_jobs", type=int, default=None)
+@click.option("--max-queued-bytes", type=int, default=None)
+@click.option("--max-payload-bytes", type=int, default=None)
+@click.option("--pause/--resume", "paused", default=None)
+@database_options
+def configure(name: str, database_url: str | None, schema: str, **settings: Any) -> None:
+    """Change a queue's settings; options not given stay as they are."""
+    given = {key: value for key, value in settings.items() if value is not None}
+    with open_queue(database_url, schema) as queue:
+        result = queue.configure_queue(name, **given)
+    click.echo(
+        f"queue {result.name}: lease={result.lease:g}s max_attempts={result.max_attempts} "
+        f"backoff={result.backoff_base:g}..{result.backoff_cap:g}s "
+        f"ordering={result.ordering_policy.value} max_queued={result.max_queued_jobs} "
+        f"max_queued_bytes={result.max_queued_bytes} "
+        f"max_payload_bytes={result.max_payload_bytes} paused={result.paused}"
+    )

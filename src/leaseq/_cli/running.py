@@ -1,0 +1,164 @@
+"""Commands that run something: migrate, worker, maintenance, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+
+from leaseq import (
+    App,
+    AsyncQueue,
+    InvalidArgument,
+    Maintenance,
+    Worker,
+)
+
+from .._config import configured_database_url
+from .._redact import remember_dsn
+from .._worker.supervisor import Supervisor
+from .common import (
+    _remember_url,
+    cli,
+    configure_logging,
+    database_options,
+    open_queue,
+    scrubbed_crash,
+)
+
+
+@cli.command()
+@database_options
+def migrate(database_url: str | None, schema: str) -> None:
+    """Create or upgrade leaseq's schema (safe to run concurrently)."""
+    with open_queue(database_url, schema) as queue:
+        applied = queue.migrate()
+    click.echo(f"applied migrations {applied}" if applied else "schema is up to date")
+
+
+@cli.command()
+@click.argument("app_reference", metavar="MODULE:APP")
+@click.option("--queues", "-q", multiple=True, help="Queues to work (default: all the app's).")
+@click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs per process.")
+@click.option("--processes", "-p", default=1, show_default=True, help="Worker processes.")
+@click.option("--lease", type=float, default=None, help="Lease seconds (default: per queue).")
+@click.option("--poll-interval", type=float, default=1.0, show_default=True)
+@click.option(
+    "--listen/--no-listen",
+    default=True,
+    show_default=True,
+    help="LISTEN for wake-ups; --no-listen for PgBouncer transaction pooling.",
+)
+@click.option(
+    "--listen-database-url",
+    default=None,
+    callback=_remember_url,
+    help="A direct URL just for LISTEN.",
+)
+@click.option("--shutdown-grace", type=float, default=30.0, show_default=True)
+@click.option(
+    "--maintenance/--no-maintenance",
+    default=True,
+    show_default=True,
+    help="Take part in the leader election for the reaper.",
+)
+@click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
+@database_options
+def worker(app_reference: str, processes: int, **options: Any) -> None:
+    """Run the handlers of MODULE:APP."""
+    App.load(app_reference)  # fail early, in the parent, on a bad reference
+    if processes < 1:
+        raise InvalidArgument("--processes must be at least 1")
+    if processes == 1:
+        _run_worker(app_reference, options)
+        return
+    supervisor = Supervisor(
+        processes,
+        _run_worker_process,
+        (app_reference, options),
+        shutdown_timeout=options["shutdown_grace"] + 30,
+    )
+    sys.exit(supervisor.run())
+
+
+def _run_worker_process(app_reference: str, options: dict[str, Any]) -> None:
+    """A child of --processes: a fresh process, whose crash nobody above it scrubs."""
+    configured_database_url(options["database_url"])  # remembers it, and the environment's
+    if options["listen_database_url"]:
+        remember_dsn(options["listen_database_url"])
+    with scrubbed_crash():
+        _run_worker(app_reference, options)
+
+
+def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
+    configure_logging()
+    sys.path.insert(0, os.getcwd())
+    app = App.load(app_reference)
+    if options["schema"] != "leaseq" or app.schema == "leaseq":
+        app.schema = options["schema"]
+    runner = Worker(
+        app,
+        dsn=options["database_url"],
+        queues=options["queues"] or None,
+        concurrency=options["concurrency"],
+        lease=options["lease"],
+        poll_interval=options["poll_interval"],
+        listen=options["listen"],
+        listen_dsn=options["listen_database_url"],
+        shutdown_grace=options["shutdown_grace"],
+        maintenance=options["maintenance"],
+        maintenance_interval=options["maintenance_interval"],
+    )
+    try:
+        asyncio.run(runner.run(install_signal_handlers=True))
+    except asyncio.CancelledError:
+        # A second signal: leave now; unfinished leases expire and are recovered.
+        os._exit(1)
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="Exit after the burst (for tests and CI).")
+@click.option("--requests", default=60, show_default=True, help="Report requests to submit.")
+@click.option("--processes", default=2, show_default=True, help="Worker processes.")
+@click.option("--concurrency", default=4, show_default=True, help="Jobs per worker process.")
+@click.option("--kill-worker", is_flag=True, help="SIGKILL one worker in the middle of the burst.")
+@click.option("--port", default=8000, show_default=True, help="HTTP port on 127.0.0.1 (0: any).")
+@click.option(
+    "--database-url",
+    default=None,
+    callback=_remember_url,
+    help="Else $LEASEQ_DATABASE_URL, $DATABASE_URL, else the embedded server under ./.leaseq/.",
+)
+def demo(database_url: str | None, **options: Any) -> None:
+    """Run the report-generation demo: HTTP service, workers, a burst of requests."""
+    try:
+        from ..demo.run import run_demo  # noqa: PLC0415 - needs the optional demo extra
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"the demo needs its extra: pip install 'leaseq[demo]' ({exc.name} is missing)"
+        ) from exc
+    sys.exit(run_demo(database_url, **options))
+
+
+@cli.command()
+@click.option("--interval", type=float, default=5.0, show_default=True)
+@database_options
+def maintenance(interval: float, database_url: str | None, schema: str) -> None:
+    """Run the reaper as its own process (one leader per schema)."""
+    configure_logging()
+
+    async def run() -> None:
+        main = asyncio.current_task()
+        assert main is not None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(signum, main.cancel)
+        async with AsyncQueue(database_url, schema=schema, pool_size=1) as queue:
+            with contextlib.suppress(asyncio.CancelledError):
+                await Maintenance(queue, interval=interval).run()
+
+    asyncio.run(run())
