@@ -21,6 +21,10 @@ from ._sync_client import Queue
 from ._types import (
     RENEWAL_BUSY,
     Claim,
+    ClaimPlan,
+    CleanupHolder,
+    Health,
+    IndexHealth,
     Job,
     JobStatus,
     OrderingPolicy,
@@ -28,6 +32,7 @@ from ._types import (
     QueueStats,
     ReapResult,
     RenewalBusy,
+    TableHealth,
 )
 from ._worker import App, JobContext, Worker
 
@@ -41,7 +46,11 @@ __all__ = [
     "BacklogFull",
     "Backoff",
     "Claim",
+    "ClaimPlan",
+    "CleanupHolder",
     "DatabaseUnavailable",
+    "Health",
+    "IndexHealth",
     "InvalidArgument",
     "InvalidJob",
     "Job",
@@ -61,6 +70,7 @@ __all__ = [
     "ReapResult",
     "RenewalBusy",
     "Retry",
+    "TableHealth",
     "TransientError",
     "Worker",
     "__version__",

@@ -23,7 +23,17 @@ from typing import Any, Self
 from . import _migrate, _steps
 from ._client_base import ClientBase
 from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
-from ._types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult, RenewalBusy
+from ._types import (
+    Claim,
+    ClaimPlan,
+    Health,
+    Job,
+    JobStatus,
+    QueueSettings,
+    QueueStats,
+    ReapResult,
+    RenewalBusy,
+)
 
 # AsyncConnection is the type of ``conn=`` and of ``connection()``: exported with it.
 __all__ = ["AsyncConnection", "AsyncQueue"]
@@ -267,6 +277,20 @@ class AsyncQueue(ClientBase):
     async def queue_settings(self, name: str) -> QueueSettings | None:
         """A queue's settings, or None if it was never used."""
         return await self._db.run(self._store.queue_settings(name))
+
+    # -- health -------------------------------------------------------------------
+
+    async def health(self, *, long_transaction: float = 60.0) -> Health:
+        """The schema's tables and indexes (sizes, live and dead rows, last vacuum and
+        analyze), what holds back their cleanup, whether autovacuum runs, and
+        warnings in plain language; a transaction open for ``long_transaction``
+        seconds that holds back cleanup is warned about."""
+        return await self._db.run(self._store.health(long_transaction=long_transaction))
+
+    async def explain_claim(self, queue: str) -> ClaimPlan:
+        """The plan the server picks now for a claim of ``queue`` (EXPLAIN; the
+        claim does not run), with a warning when it does not read the ready index."""
+        return await self._db.run(self._store.explain_claim(queue))
 
     # async-only: begin
     # -- the worker's own needs (asyncio only) ---------------------------------------

@@ -16,7 +16,17 @@ from typing import Any, Self
 from . import _migrate, _steps
 from ._client_base import ClientBase
 from ._db import Connection, Database
-from ._types import Claim, Job, JobStatus, QueueSettings, QueueStats, ReapResult, RenewalBusy
+from ._types import (
+    Claim,
+    ClaimPlan,
+    Health,
+    Job,
+    JobStatus,
+    QueueSettings,
+    QueueStats,
+    ReapResult,
+    RenewalBusy,
+)
 
 # Connection is the type of ``conn=`` and of ``connection()``: exported with it.
 __all__ = ["Connection", "Queue"]
@@ -258,3 +268,17 @@ class Queue(ClientBase):
     def queue_settings(self, name: str) -> QueueSettings | None:
         """A queue's settings, or None if it was never used."""
         return self._db.run(self._store.queue_settings(name))
+
+    # -- health -------------------------------------------------------------------
+
+    def health(self, *, long_transaction: float = 60.0) -> Health:
+        """The schema's tables and indexes (sizes, live and dead rows, last vacuum and
+        analyze), what holds back their cleanup, whether autovacuum runs, and
+        warnings in plain language; a transaction open for ``long_transaction``
+        seconds that holds back cleanup is warned about."""
+        return self._db.run(self._store.health(long_transaction=long_transaction))
+
+    def explain_claim(self, queue: str) -> ClaimPlan:
+        """The plan the server picks now for a claim of ``queue`` (EXPLAIN; the
+        claim does not run), with a warning when it does not read the ready index."""
+        return self._db.run(self._store.explain_claim(queue))

@@ -1,13 +1,13 @@
 """The ``leaseq`` command: a thin shell over the client, worker and maintenance.
 
 Its rooms: ``common`` (the group, database options, errors, output), ``running``
-(migrate, worker, maintenance, demo) and ``jobs`` (enqueue, status, failed,
-replay, cancel, reap, queue configure).
+(migrate, worker, maintenance, demo), ``jobs`` (enqueue, status, failed,
+replay, cancel, reap, queue configure) and ``health`` (health, explain).
 """
 
 from __future__ import annotations
 
-from . import jobs, running  # noqa: F401 - registers their commands on the group
+from . import health, jobs, running  # noqa: F401 - registers their commands on the group
 from .common import cli, scrubbed_crash
 
 __all__ = ["cli", "main"]

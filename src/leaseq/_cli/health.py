@@ -1,0 +1,129 @@
+"""Commands about the schema's health: `leaseq health` and `leaseq explain`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+
+from leaseq import ClaimPlan, Health
+
+from .common import cli, console, database_options, open_queue
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--long-transaction",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds a transaction may hold back cleanup before it is warned about.",
+)
+@database_options
+def health(as_json: bool, long_transaction: float, database_url: str | None, schema: str) -> None:
+    """Table and index sizes, dead rows, vacuum, what holds back cleanup; warnings."""
+    with open_queue(database_url, schema) as queue:
+        report = queue.health(long_transaction=long_transaction)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(report), indent=2, default=_json_value))
+        return
+    _print_health(report)
+
+
+@cli.command()
+@click.option("--queue", "queue_name", default=None, help="Default: every queue.")
+@database_options
+def explain(queue_name: str | None, database_url: str | None, schema: str) -> None:
+    """The live plan of the claim statement (EXPLAIN; nothing is claimed)."""
+    with open_queue(database_url, schema) as queue:
+        names = [queue_name] if queue_name else [s.queue for s in queue.stats()]
+        plans = [queue.explain_claim(name) for name in names]
+    if not plans:
+        click.echo("no queues yet")
+    for plan in plans:
+        _print_plan(plan)
+
+
+def _json_value(value: object) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"not JSON: {value!r}")
+
+
+def _size(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"  # pragma: no cover - the loop returns at GB
+
+
+def _when(value: datetime | None) -> str:
+    return "never" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _last(manual: datetime | None, auto: datetime | None) -> str:
+    newest = max((v for v in (manual, auto) if v is not None), default=None)
+    kind = "" if newest is None else (" (auto)" if newest == auto else " (manual)")
+    return _when(newest) + kind
+
+
+def _print_health(report: Health) -> None:
+    tables = Table(title="tables", box=box.SIMPLE_HEAD)
+    for heading in ("table", "total", "indexes", "live", "dead", "last vacuum", "last analyze"):
+        left = heading.startswith(("table", "last"))
+        tables.add_column(heading, justify="left" if left else "right")
+    for t in report.tables:
+        tables.add_row(
+            t.name + ("" if t.autovacuum_enabled else " (autovacuum off)"),
+            _size(t.total_bytes),
+            _size(t.index_bytes),
+            f"{t.live_tuples:,}",
+            f"{t.dead_tuples:,}",
+            _last(t.last_vacuum, t.last_autovacuum),
+            _last(t.last_analyze, t.last_autoanalyze),
+        )
+    console.print(tables)
+    indexes = Table(title="indexes", box=box.SIMPLE_HEAD)
+    for heading in ("table", "index", "size", "scans"):
+        indexes.add_column(heading, justify="right" if heading in ("size", "scans") else "left")
+    for i in report.indexes:
+        indexes.add_row(i.table, i.name, _size(i.bytes), f"{i.scans:,}")
+    console.print(indexes)
+    if report.holders:
+        holders = Table(title="holding back cleanup (oldest first)", box=box.SIMPLE_HEAD)
+        for heading in ("what", "state", "open for", "xmin age"):
+            holders.add_column(heading)
+        for h in report.holders:
+            held = "-" if h.held_seconds is None else f"{h.held_seconds:.0f}s"
+            holders.add_row(f"{h.kind} {h.name}", h.state, held, f"{h.xmin_age:,}")
+        console.print(holders)
+    autovacuum = "on" if report.server_autovacuum else "off"
+    click.echo(
+        f"autovacuum: {autovacuum} for the server; "
+        + (
+            "the maintenance leader vacuums the job table itself"
+            if report.leader_vacuums
+            else "the job table is vacuumed by autovacuum"
+        )
+    )
+    if not report.warnings:
+        click.echo("no warnings")
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}")
+
+
+def _print_plan(plan: ClaimPlan) -> None:
+    verdict = "reads the ready index" if plan.reads_ready_index else "does NOT read the ready index"
+    click.echo(f"claim of queue {plan.queue!r}: {verdict}")
+    click.echo(plan.plan)
+    for warning in plan.warnings:
+        click.echo(f"warning: {warning}")
+    click.echo()

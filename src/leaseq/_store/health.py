@@ -1,0 +1,98 @@
+"""Operations about the schema's health: its tables, what holds back cleanup, the
+claim's live plan, and the leader's vacuum of the job table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _health as health
+from .. import _validate as validate
+from .._statement import Operation, Rows, Statement
+from .._types import ClaimPlan, CleanupHolder, Health, IndexHealth, TableHealth
+from .base import StoreBase, ignore
+
+
+class HealthOperations(StoreBase):
+    """What `leaseq health`, `leaseq explain` and the maintenance leader run."""
+
+    def health(
+        self, *, long_transaction: float = health.LONG_TRANSACTION_SECONDS
+    ) -> Operation[Health]:
+        params = {"schema_name": self.schema}
+        long_transaction = validate.seconds(
+            long_transaction, "long_transaction", 10 * 365 * 86400, allow_zero=True
+        )
+        schema = self.schema
+
+        def decode(rows: list[Rows]) -> Health:
+            ((autovacuum, track_counts, idle_timeout, _version),) = rows[0]
+            tables = tuple(TableHealth(*row) for row in rows[1])
+            indexes = tuple(IndexHealth(*row) for row in rows[2])
+            holders = tuple(CleanupHolder(*row) for row in rows[3])
+            job = next((t for t in tables if t.name == "job"), None)
+            leader_vacuums = job is not None and not (
+                autovacuum and track_counts and job.autovacuum_enabled
+            )
+            return Health(
+                tables=tables,
+                indexes=indexes,
+                holders=holders,
+                server_autovacuum=bool(autovacuum and track_counts),
+                idle_in_transaction_timeout=str(idle_timeout),
+                leader_vacuums=leader_vacuums,
+                warnings=health.warnings(
+                    tables,
+                    holders,
+                    schema=schema,
+                    server_autovacuum=bool(autovacuum),
+                    track_counts=bool(track_counts),
+                    idle_in_transaction_timeout=str(idle_timeout),
+                    long_transaction=long_transaction,
+                ),
+            )
+
+        return Operation(
+            (
+                Statement(self.sql("health_settings.sql")),
+                Statement(self.sql("health_tables.sql"), params),
+                Statement(self.sql("health_indexes.sql"), params),
+                Statement(self.sql("health_holders.sql")),
+            ),
+            decode,
+        )
+
+    def explain_claim(self, queue: str, *, limit: int = 10) -> Operation[ClaimPlan]:
+        """The plan the server would pick now for a claim of ``queue`` (not run)."""
+        params: dict[str, Any] = {
+            "queue": validate.queue_name(queue),
+            "limit": validate.claim_limit(limit),
+            "lease": None,
+        }
+        schema = self.schema
+
+        def decode(rows: list[Rows]) -> ClaimPlan:
+            text = "\n".join(str(row[0]) for row in rows[0])
+            return ClaimPlan(
+                queue=queue,
+                plan=text,
+                reads_ready_index=health.READY_INDEX in text,
+                warnings=health.claim_plan_warnings(text, queue=queue, schema=schema),
+            )
+
+        explain = self.sql("explain.sql") + self.sql("claim.sql")
+        return Operation((Statement(explain, params),), decode)
+
+    def vacuum_check(self) -> Operation[bool]:
+        """True when autovacuum is off for the job table and its dead rows are due."""
+
+        def decode(rows: list[Rows]) -> bool:
+            if not rows[0]:
+                return False
+            ((off, dead, estimated),) = rows[0]
+            return bool(off) and health.vacuum_due(int(dead), int(estimated))
+
+        params = {"job_table": f"{self._quoted}.job"}
+        return Operation((Statement(self.sql("vacuum_check.sql"), params),), decode)
+
+    def vacuum_job(self) -> Operation[None]:
+        return Operation((Statement(self.sql("vacuum_job.sql")),), ignore)

@@ -1,0 +1,13 @@
+-- For the maintenance leader: is autovacuum off for the job table (the server
+-- setting, track_counts, or the table's reloption), and how many dead tuples
+-- it has against its size.
+SELECT NOT (current_setting('autovacuum')::boolean
+            AND current_setting('track_counts')::boolean
+            AND coalesce((SELECT o.option_value::boolean
+                          FROM pg_options_to_table(c.reloptions) AS o
+                          WHERE o.option_name = 'autovacuum_enabled'), true)),
+       coalesce(s.n_dead_tup, 0),
+       greatest(c.reltuples, 0)::bigint
+FROM pg_class AS c
+LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+WHERE c.oid = to_regclass(%(job_table)s)

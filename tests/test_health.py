@@ -1,0 +1,220 @@
+"""Table health, what holds back cleanup, the leader's vacuum, and the claim's live plan.
+
+Each check states what an operator must be told: a long transaction elsewhere in
+the database is named as the reason dead rows stay; autovacuum being off is said
+and then covered by the maintenance leader; a claim plan that stops reading the
+ready index is flagged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+import leaseq
+from leaseq._cli import cli
+
+from .clients import Client
+
+Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
+
+
+def _churn(client: Client, queue_name: str, jobs: int, batch: int = 1000) -> None:
+    """Enqueue, claim and complete ``jobs`` jobs: two dead row versions each."""
+    for start in range(0, jobs, batch):
+        client.enqueue_many(queue_name, [{"n": n} for n in range(start, start + batch)])
+        while claims := client.claim(queue_name, limit=batch):
+            client.complete_many(claims)
+
+
+def _job_table(client: Client, **options: float) -> leaseq.TableHealth:
+    table = client.health(**options).table("job")
+    assert table is not None
+    return table
+
+
+def _until_dead_rows(client: Client, predicate: Callable[[int], bool], what: str) -> None:
+    """The statistics the server keeps lag a moment behind the writes."""
+    deadline = time.monotonic() + 30
+    while not predicate(_job_table(client).dead_tuples):
+        if time.monotonic() > deadline:
+            pytest.fail(f"dead rows never {what}: {_job_table(client).dead_tuples}")
+        time.sleep(0.2)
+
+
+def _vacuum(connect: Connect, schema: str) -> None:
+    with connect(autocommit=True) as conn:
+        conn.execute(f'VACUUM "{schema}".job')
+
+
+def test_health_describes_every_table_and_index_of_the_schema(client: Client) -> None:
+    client.enqueue("reports", {"n": 1})
+    report = client.health()
+    names = {t.name for t in report.tables}
+    assert {"job", "queue", "backlog", "key_repair"} <= names
+    job = report.table("job")
+    assert job is not None
+    assert job.total_bytes >= job.table_bytes + job.index_bytes > 0
+    assert {"job_ready_idx", "job_lease_idx", "job_pkey"} <= {
+        i.name for i in report.indexes if i.table == "job"
+    }
+    assert all(i.bytes > 0 for i in report.indexes)
+
+
+def test_an_unmigrated_schema_is_reported_not_raised(
+    client_class: type[Client], database_url: str
+) -> None:
+    with client_class(database_url, schema="t_never_migrated_here") as fresh:
+        report = fresh.health()
+    assert report.tables == ()
+    assert any("leaseq migrate" in w for w in report.warnings)
+
+
+def test_a_long_transaction_is_named_as_the_reason_dead_rows_stay(
+    client: Client, connect: Connect, schema: str
+) -> None:
+    holder = connect(autocommit=True)
+    holder_pid = holder.info.backend_pid
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT 1")  # takes the snapshot; then idles in transaction
+    _churn(client, "reports", 20_000)  # 20,000 claims and completions after it began
+    _vacuum(connect, schema)  # cannot remove what the snapshot may still see
+    _until_dead_rows(client, lambda dead: dead >= 20_000, "counted")
+
+    report = client.health(long_transaction=0.5)
+    holders = [h for h in report.holders if h.name.startswith(f"pid {holder_pid}")]
+    assert holders
+    assert holders[0].state == "idle in transaction"
+    reasons = [w for w in report.warnings if f"pid {holder_pid}" in w]
+    assert len(reasons) == 1, report.warnings
+    assert "why the queue slows down" in reasons[0]
+    assert f"pg_terminate_backend({holder_pid})" in reasons[0]
+    assert "dead rows" in reasons[0]
+
+    holder.execute("ROLLBACK")
+    deadline = time.monotonic() + 30
+    while _job_table(client).dead_tuples >= 1000:  # other tests' short transactions pass
+        assert time.monotonic() < deadline, "the dead rows were never removed"
+        _vacuum(connect, schema)
+        time.sleep(0.2)
+    after = client.health(long_transaction=0.5)
+    assert not [w for w in after.warnings if f"pid {holder_pid}" in w]
+
+
+def test_a_transaction_under_the_threshold_is_not_warned_about(
+    client: Client, connect: Connect
+) -> None:
+    holder = connect(autocommit=True)
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT 1")
+    report = client.health(long_transaction=3600)
+    assert any(h.name.startswith(f"pid {holder.info.backend_pid}") for h in report.holders)
+    assert not [w for w in report.warnings if f"pid {holder.info.backend_pid}" in w]
+    holder.execute("ROLLBACK")
+
+
+def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_it(
+    aqueue: leaseq.AsyncQueue, queue: leaseq.Queue, connect: Connect, schema: str
+) -> None:
+    with connect(autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".job SET (autovacuum_enabled = false)')
+    report = queue.health()
+    assert report.leader_vacuums
+    assert any("autovacuum is off" in w for w in report.warnings)
+    _churn(queue, "reports", 3000)
+    _until_dead_rows(queue, lambda dead: dead > 3000, "counted")
+
+    async def lead_until_vacuumed() -> leaseq.Maintenance:
+        maintenance = leaseq.Maintenance(aqueue, interval=0.1)
+        task = asyncio.create_task(maintenance.run())
+        deadline = time.monotonic() + 30
+        while maintenance.vacuums == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return maintenance
+
+    assert asyncio.run(lead_until_vacuumed()).vacuums >= 1
+    job = _job_table(queue)
+    assert job.last_vacuum is not None  # a manual vacuum: the leader's, not autovacuum's
+    _until_dead_rows(queue, lambda dead: dead < 1000, "removed")
+
+
+def test_the_leader_leaves_vacuum_to_autovacuum_when_it_runs(
+    aqueue: leaseq.AsyncQueue, queue: leaseq.Queue
+) -> None:
+    if not queue.health().server_autovacuum:
+        pytest.skip("autovacuum is off for this server (the embedded one runs it)")
+    assert not queue.health().leader_vacuums
+    _churn(queue, "reports", 3000)
+
+    async def lead_a_while() -> int:
+        maintenance = leaseq.Maintenance(aqueue, interval=0.1)
+        task = asyncio.create_task(maintenance.run())
+        await asyncio.sleep(1.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return maintenance.vacuums
+
+    assert asyncio.run(lead_a_while()) == 0
+
+
+def test_the_claim_plan_reads_the_ready_index_over_a_large_table(
+    queue: leaseq.Queue, connect: Connect, schema: str
+) -> None:
+    with connect(autocommit=True) as conn:  # 100,000 finished rows, fast
+        conn.execute(
+            f"""INSERT INTO "{schema}".job (queue, payload, payload_bytes, status,
+                   available_at, max_attempts, attempts, finished_at)
+                SELECT 'reports', '{{}}', 2, 'done', now(), 20, 1, now()
+                FROM generate_series(1, 100000)"""
+        )
+    for start in range(1, 20_001, 5000):  # one key's backlog of 20,000
+        queue.enqueue_many("reports", [{}] * 5000, key="k", seqs=range(start, start + 5000))
+    queue.enqueue_many("reports", [{}] * 100)
+    with connect(autocommit=True) as conn:
+        conn.execute(f'ANALYZE "{schema}".job')
+    plan = queue.explain_claim("reports")
+    assert plan.reads_ready_index, plan.plan
+    assert plan.warnings == ()
+    assert queue.stats("reports")[0].counts[leaseq.JobStatus.RUNNING] == 0  # nothing claimed
+
+    with connect(autocommit=True) as conn:  # now the plan cannot read it
+        conn.execute(f'DROP INDEX "{schema}".job_ready_idx')
+    plan = queue.explain_claim("reports")
+    assert not plan.reads_ready_index
+    assert len(plan.warnings) == 1
+    assert "job_ready_idx" in plan.warnings[0]
+
+
+def test_bad_input_to_health_and_explain_is_refused(client: Client) -> None:
+    with pytest.raises(leaseq.InvalidArgument):
+        client.health(long_transaction=-1)
+    with pytest.raises(leaseq.InvalidArgument):
+        client.explain_claim("no spaces allowed")
+
+
+def test_cli_health_and_explain(queue: leaseq.Queue, database_url: str, schema: str) -> None:
+    queue.enqueue("reports", {"n": 1})
+    runner = CliRunner()
+    options = ["--database-url", database_url, "--schema", schema]
+    result = runner.invoke(cli, ["health", *options])
+    assert result.exit_code == 0, result.output
+    assert "job_ready_idx" in result.output
+    assert "autovacuum:" in result.output
+    result = runner.invoke(cli, ["health", "--json", *options])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert {"job", "queue"} <= {t["name"] for t in document["tables"]}
+    result = runner.invoke(cli, ["explain", "--queue", "reports", *options])
+    assert result.exit_code == 0, result.output
+    assert "claim of queue 'reports': reads the ready index" in result.output
+    result = runner.invoke(cli, ["explain", *options])
+    assert result.exit_code == 0
+    assert "'reports'" in result.output
