@@ -10,7 +10,11 @@ among them) gets the scrubbed text instead.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from ._redact import redact
 
@@ -54,6 +58,36 @@ def _traceback(record: logging.LogRecord) -> str:
 
 
 _FILTER = RedactingFilter()
+
+#: The fields a log record about a job carries (``extra=job_fields(claim)``), so
+#: that a log search can follow one job, or one attempt of it, across workers.
+JOB_FIELDS = ("queue", "job_id", "attempt", "lease_version")
+#: Further context some records carry.
+CONTEXT_FIELDS = ("task", "outcome", "duration_seconds", "error")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, the
+    job's fields when the record is about a job, and the traceback when there is one
+    (already scrubbed by :class:`RedactingFilter`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": redact(_message(record)),
+        }
+        fields: Mapping[str, Any] = record.__dict__
+        for name in (*JOB_FIELDS, *CONTEXT_FIELDS):
+            value = fields.get(name)
+            if value is not None:
+                document[name] = redact(value) if isinstance(value, str) else value
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(_traceback(record))
+        if record.exc_text:
+            document["traceback"] = record.exc_text
+        return json.dumps(document, default=str)
 
 
 def get_logger(name: str) -> logging.Logger:

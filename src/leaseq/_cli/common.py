@@ -26,7 +26,7 @@ from leaseq import (
 )
 
 from .._config import configured_database_url
-from .._logs import RedactingFilter
+from .._logs import JsonFormatter, RedactingFilter
 from .._redact import redact, remember_dsn
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,8 +105,28 @@ def cli() -> None:
     configured_database_url()  # remembers the environment's URLs before anything can fail
 
 
-def configure_logging() -> None:
-    handler = RichHandler(console=Console(stderr=True), show_path=False)
+#: --log-format: rich for people at a terminal, json for log collectors.
+LOG_FORMATS = ("rich", "json")
+
+
+def log_format_option(command: F) -> F:
+    return click.option(
+        "--log-format",
+        type=click.Choice(LOG_FORMATS),
+        default="rich",
+        show_default=True,
+        envvar="LEASEQ_LOG_FORMAT",
+        help="json: one object per line, with queue, job_id, attempt, lease_version.",
+    )(command)
+
+
+def configure_logging(log_format: str = "rich") -> None:
+    handler: logging.Handler
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler = RichHandler(console=Console(stderr=True), show_path=False)
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())

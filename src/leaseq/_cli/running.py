@@ -27,6 +27,7 @@ from .common import (
     cli,
     configure_logging,
     database_options,
+    log_format_option,
     open_queue,
     scrubbed_crash,
 )
@@ -68,6 +69,7 @@ def migrate(database_url: str | None, schema: str) -> None:
     help="Take part in the leader election for the reaper.",
 )
 @click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
+@log_format_option
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
@@ -77,6 +79,7 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
     if processes == 1:
         _run_worker(app_reference, options)
         return
+    configure_logging(options["log_format"])  # the supervisor's own lines
     supervisor = Supervisor(
         processes,
         _run_worker_process,
@@ -96,7 +99,7 @@ def _run_worker_process(app_reference: str, options: dict[str, Any]) -> None:
 
 
 def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
-    configure_logging()
+    configure_logging(options["log_format"])
     sys.path.insert(0, os.getcwd())
     app = App.load(app_reference)
     if options["schema"] != "leaseq" or app.schema == "leaseq":
@@ -147,10 +150,11 @@ def demo(database_url: str | None, **options: Any) -> None:
 
 @cli.command()
 @click.option("--interval", type=float, default=5.0, show_default=True)
+@log_format_option
 @database_options
-def maintenance(interval: float, database_url: str | None, schema: str) -> None:
+def maintenance(interval: float, log_format: str, database_url: str | None, schema: str) -> None:
     """Run the reaper as its own process (one leader per schema)."""
-    configure_logging()
+    configure_logging(log_format)
 
     async def run() -> None:
         main = asyncio.current_task()
