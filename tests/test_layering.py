@@ -25,7 +25,7 @@ SOURCE = Path(leaseq.__file__).resolve().parent
 #: one package, like _worker's, may import each other).
 LAYERS: list[set[str]] = [
     {"_errors", "_types", "_redact", "_statement"},
-    {"_validate", "_decoding", "_logs", "_health"},
+    {"_validate", "_decoding", "_logs", "_health", "_tracing"},
     {"_embedded", "_retry"},
     {"_config", "_store", "_db"},
     {"_migrate", "_steps", "_client_base"},

@@ -20,7 +20,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from . import _migrate, _steps
+from . import _migrate, _steps, _tracing
 from ._client_base import ClientBase
 from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
 from ._types import (
@@ -110,19 +110,23 @@ class AsyncQueue(ClientBase):
         ``key``/``seq`` order it within its ordering key; ``idempotency_key`` is
         the business key handlers see (default: the job's identity).
         """
-        operation = self._store.enqueue(
-            queue,
-            payload,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            key=key,
-            seq=seq,
-            idempotency_key=idempotency_key,
-        )
-        steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
-        return await self._db.run_steps(steps, conn)
+        with _tracing.send(queue) as send:
+            operation = self._store.enqueue(
+                queue,
+                payload,
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                key=key,
+                seq=seq,
+                idempotency_key=idempotency_key,
+                trace_context=send.context,
+            )
+            steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
+            job_id = await self._db.run_steps(steps, conn)
+            send.sent([job_id])
+        return job_id
 
     async def enqueue_many(
         self,
@@ -139,18 +143,22 @@ class AsyncQueue(ClientBase):
     ) -> list[int]:
         """Enqueue many jobs of one queue in one statement; returns their ids in
         input order. All or nothing. With ``conn``, in your transaction."""
-        operation = self._store.enqueue_many(
-            queue,
-            payloads,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            key=key,
-            seqs=seqs,
-        )
-        steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
-        return await self._db.run_steps(steps, conn)
+        with _tracing.send(queue) as send:
+            operation = self._store.enqueue_many(
+                queue,
+                payloads,
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                key=key,
+                seqs=seqs,
+                trace_context=send.context,
+            )
+            steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
+            job_ids = await self._db.run_steps(steps, conn)
+            send.sent(job_ids)
+        return job_ids
 
     # -- workers: claim, then fenced writes --------------------------------------
 

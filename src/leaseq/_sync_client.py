@@ -13,7 +13,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from . import _migrate, _steps
+from . import _migrate, _steps, _tracing
 from ._client_base import ClientBase
 from ._db import Connection, Database
 from ._types import (
@@ -103,19 +103,23 @@ class Queue(ClientBase):
         ``key``/``seq`` order it within its ordering key; ``idempotency_key`` is
         the business key handlers see (default: the job's identity).
         """
-        operation = self._store.enqueue(
-            queue,
-            payload,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            key=key,
-            seq=seq,
-            idempotency_key=idempotency_key,
-        )
-        steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
-        return self._db.run_steps(steps, conn)
+        with _tracing.send(queue) as send:
+            operation = self._store.enqueue(
+                queue,
+                payload,
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                key=key,
+                seq=seq,
+                idempotency_key=idempotency_key,
+                trace_context=send.context,
+            )
+            steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
+            job_id = self._db.run_steps(steps, conn)
+            send.sent([job_id])
+        return job_id
 
     def enqueue_many(
         self,
@@ -132,18 +136,22 @@ class Queue(ClientBase):
     ) -> list[int]:
         """Enqueue many jobs of one queue in one statement; returns their ids in
         input order. All or nothing. With ``conn``, in your transaction."""
-        operation = self._store.enqueue_many(
-            queue,
-            payloads,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            key=key,
-            seqs=seqs,
-        )
-        steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
-        return self._db.run_steps(steps, conn)
+        with _tracing.send(queue) as send:
+            operation = self._store.enqueue_many(
+                queue,
+                payloads,
+                delay=delay,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                key=key,
+                seqs=seqs,
+                trace_context=send.context,
+            )
+            steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
+            job_ids = self._db.run_steps(steps, conn)
+            send.sent(job_ids)
+        return job_ids
 
     # -- workers: claim, then fenced writes --------------------------------------
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ class JobOperations(StoreBase):
         key: str | None = None,
         seq: int | None = None,
         idempotency_key: str | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Operation[int]:
         encoded = validate.payload(payload, self.max_payload_bytes)
         ordering_key, ordering_seq = validate.ordering(key, seq)
@@ -58,6 +60,7 @@ class JobOperations(StoreBase):
             "idempotency_key": None
             if idempotency_key is None
             else validate.text_key(idempotency_key, "idempotency key"),
+            "trace_context": _trace_context(trace_context),
         }
         return Operation((Statement(self.sql("enqueue.sql"), params),), lambda r: r[0][0][0])
 
@@ -72,6 +75,7 @@ class JobOperations(StoreBase):
         max_attempts: int | None = None,
         key: str | None = None,
         seqs: Sequence[int] | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Operation[list[int]]:
         encoded = [validate.payload(p, self.max_payload_bytes) for p in payloads]
         if seqs is not None and len(seqs) != len(encoded):
@@ -90,6 +94,7 @@ class JobOperations(StoreBase):
             **self._schedule(delay, run_at, priority, max_attempts),
             "key": ordering[0][0] if ordering else None,
             "seqs": [seq for _, seq in ordering],
+            "trace_context": _trace_context(trace_context),
         }
         return Operation(
             (Statement(self.sql("enqueue_many.sql"), params),),
@@ -303,3 +308,8 @@ def _only(
         return value
 
     return Operation(batch.statements, decode)
+
+
+def _trace_context(context: Mapping[str, str] | None) -> str | None:
+    """The propagator's fields, as JSON text (leaseq writes them, never the caller)."""
+    return None if not context else json.dumps(dict(context))

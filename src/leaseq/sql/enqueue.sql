@@ -10,7 +10,7 @@ notified AS (
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, idempotency_key, counted
+    ordering_key, ordering_seq, idempotency_key, counted, trace_context
 )
 SELECT
     %(queue)s,
@@ -23,6 +23,7 @@ SELECT
     %(key)s::text,
     %(seq)s::bigint,
     %(idempotency_key)s::text,
-    admitted.counted
+    admitted.counted,
+    %(trace_context)s::jsonb
 FROM admitted LEFT JOIN notified ON true
 RETURNING job_id

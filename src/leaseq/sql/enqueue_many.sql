@@ -23,7 +23,7 @@ ordered AS (
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, blocked, counted
+    ordering_key, ordering_seq, blocked, counted, trace_context
 )
 SELECT
     %(queue)s,
@@ -36,7 +36,8 @@ SELECT
     %(key)s::text,
     input.seq,
     input.blocked,
-    admitted.counted
+    admitted.counted,
+    %(trace_context)s::jsonb
 FROM admitted LEFT JOIN notified ON true, ordered AS input
 ORDER BY input.position
 RETURNING job_id

@@ -1,0 +1,125 @@
+"""OpenTelemetry spans per the messaging conventions, when ``opentelemetry-api`` is there.
+
+* ``send {queue}`` (kind PRODUCER) around an enqueue. The context of that span
+  is injected (W3C ``traceparent``/``tracestate``, or whatever propagator the
+  application configured) into a small dict stored on the job, so that
+* ``process {queue}`` (kind CONSUMER), around a handler in the worker, continues
+  the producer's trace: its parent is the ``send`` span, even in another
+  process, on another machine, after a retry.
+
+Without the ``otel`` extra (``pip install 'leaseq[otel]'``) every function here
+is a no-op and nothing is stored on the job. With the API but no SDK configured
+the spans are non-recording and their context is invalid: nothing is stored
+either. Attributes follow the OpenTelemetry messaging semantic conventions
+(``messaging.system``, ``messaging.operation.type``, ``messaging.destination.name``,
+``messaging.message.id``, ``messaging.batch.message_count``), plus leaseq's
+attempt and lease version on ``process``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError:  # the otel extra is not installed: tracing is off
+    trace = None  # type: ignore[assignment]
+
+from ._types import Claim
+
+SYSTEM = "leaseq"
+#: What a job stores: the propagator's fields (e.g. {"traceparent": "00-..."}).
+TraceContext = dict[str, str]
+
+
+def _tracer() -> Any:
+    from . import __version__  # noqa: PLC0415 - the package imports this module
+
+    return trace.get_tracer("leaseq", __version__)
+
+
+class Send:
+    """The ``send`` span of one enqueue call: the context to store on its jobs."""
+
+    def __init__(self, span: Any, context: TraceContext | None) -> None:
+        self._span = span
+        #: Stored on every job of the call (None: no trace to continue).
+        self.context = context
+
+    def sent(self, job_ids: Sequence[int]) -> None:
+        if self._span is None:
+            return
+        if len(job_ids) == 1:
+            self._span.set_attribute("messaging.message.id", str(job_ids[0]))
+        else:
+            self._span.set_attribute("messaging.batch.message_count", len(job_ids))
+
+
+@contextmanager
+def send(queue: str, count: int = 1) -> Iterator[Send]:
+    """A PRODUCER span around an enqueue of ``count`` jobs into ``queue``."""
+    if trace is None:
+        yield Send(None, None)
+        return
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": queue,
+    }
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    with _tracer().start_as_current_span(
+        f"send {queue}", kind=SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        carrier: TraceContext = {}
+        if span.get_span_context().is_valid:
+            propagate.inject(carrier)
+        yield Send(span, carrier or None)
+
+
+class Process:
+    """The ``process`` span of one attempt: told how the attempt ended."""
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+
+    def ended(self, outcome: str, error: BaseException | None = None) -> None:
+        if self._span is None:
+            return
+        self._span.set_attribute("leaseq.outcome", outcome)
+        if error is not None:
+            self._span.record_exception(error)
+            self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+
+
+@contextmanager
+def process(claim: Claim, trace_context: Mapping[str, str] | None) -> Iterator[Process]:
+    """A CONSUMER span around one attempt's handler, a child of the job's ``send``."""
+    if trace is None:
+        yield Process(None)
+        return
+    parent = propagate.extract(dict(trace_context)) if trace_context else None
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": claim.queue,
+        "messaging.message.id": str(claim.job_id),
+        "leaseq.attempt": claim.attempts,
+        "leaseq.lease_version": claim.lease_version,
+    }
+    if claim.key is not None:
+        attributes["leaseq.ordering_key"] = claim.key
+    with _tracer().start_as_current_span(
+        f"process {claim.queue}",
+        context=parent,
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,  # the attempt reports its own outcome (ended())
+        set_status_on_exception=False,
+    ) as span:
+        yield Process(span)

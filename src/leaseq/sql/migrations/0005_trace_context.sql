@@ -1,0 +1,8 @@
+-- leaseq migration 0005: the producer's trace context on each job.
+--
+-- With the `otel` extra and a configured tracer, an enqueue stores the context
+-- of its `send` span here (the propagator's fields, e.g. {"traceparent": ...}),
+-- and the worker's `process` span continues that trace. NULL when there is no
+-- trace to continue. Adding a nullable column without a default rewrites
+-- nothing: it is instant on a table of any size.
+ALTER TABLE {schema}.job ADD COLUMN trace_context jsonb;
