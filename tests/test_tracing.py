@@ -1,0 +1,143 @@
+"""OpenTelemetry: a `send` span per enqueue whose context the job keeps, and a
+`process` span in the worker that continues the producer's trace.
+
+The SDK's in-memory exporter records what an application's tracer would export.
+A tracer provider can be set once per process, so this module sets one for the
+whole test process and each test reads only the spans of its own trace.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+import leaseq
+
+from .clients import Client
+from .conftest import ROOT
+
+EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tracer_provider() -> None:
+    current = trace.get_tracer_provider()
+    if not isinstance(current, TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+        trace.set_tracer_provider(provider)
+
+
+def _spans_of(trace_id: int) -> list[ReadableSpan]:
+    return [s for s in EXPORTER.get_finished_spans() if s.context.trace_id == trace_id]
+
+
+def _send_span(parent: trace.Span) -> ReadableSpan:
+    (send,) = [
+        s for s in _spans_of(parent.get_span_context().trace_id) if s.name.startswith("send ")
+    ]
+    return send
+
+
+def _stored_context(client: Client, job_id: int) -> object:
+    with client.connection() as conn:
+        row = conn.execute(
+            f'SELECT trace_context FROM "{client.schema}".job WHERE job_id = %s', (job_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_an_enqueue_is_a_send_span_whose_context_the_job_keeps(client: Client) -> None:
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /reports") as request:
+        job_id = client.enqueue("reports", {"report": 1})
+    trace_id = request.get_span_context().trace_id
+    (send,) = [s for s in _spans_of(trace_id) if s.name == "send reports"]
+    assert send.kind is SpanKind.PRODUCER
+    assert send.parent is not None
+    assert send.parent.span_id == request.get_span_context().span_id
+    assert send.attributes is not None
+    assert send.attributes["messaging.system"] == "leaseq"
+    assert send.attributes["messaging.operation.type"] == "send"
+    assert send.attributes["messaging.destination.name"] == "reports"
+    assert send.attributes["messaging.message.id"] == str(job_id)
+    stored = _stored_context(client, job_id)
+    assert isinstance(stored, dict)
+    # W3C traceparent: version-traceid-spanid-flags; the span id is the send span's.
+    _, stored_trace, stored_span, _ = stored["traceparent"].split("-")
+    assert int(stored_trace, 16) == trace_id
+    assert int(stored_span, 16) == send.context.span_id
+
+
+def test_a_batch_enqueue_is_one_send_span_for_all_its_jobs(client: Client) -> None:
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("import") as parent:
+        ids = client.enqueue_many("reports", [{"n": n} for n in range(3)])
+    (send,) = [
+        s for s in _spans_of(parent.get_span_context().trace_id) if s.name.startswith("send")
+    ]
+    assert send.attributes is not None
+    assert send.attributes["messaging.batch.message_count"] == 3
+    contexts = {str(_stored_context(client, job_id)) for job_id in ids}
+    assert len(contexts) == 1  # every job of the batch continues the one send span
+
+
+def test_a_refused_enqueue_ends_its_span_as_an_error_and_writes_nothing(client: Client) -> None:
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("bad") as parent, pytest.raises(leaseq.InvalidJob):
+        client.enqueue("reports", {"n": 1}, priority=10**9)
+    (send,) = [
+        s for s in _spans_of(parent.get_span_context().trace_id) if s.name.startswith("send")
+    ]
+    assert send.status.status_code is trace.StatusCode.ERROR
+    assert client.list_jobs(leaseq.JobStatus.QUEUED, queue="reports") == []
+
+
+def _run_without(setup: str, database_url: str, schema: str) -> str:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        {setup}
+        import leaseq
+        with leaseq.Queue({database_url!r}, schema={schema!r}) as queue:
+            queue.migrate()
+            job_id = queue.enqueue("reports", {{"n": 1}})
+            with queue.connection() as conn:
+                (context,) = conn.execute(
+                    'SELECT trace_context FROM "{schema}".job WHERE job_id = %s', (job_id,)
+                ).fetchone()
+        print("stored:", context)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_without_the_extra_nothing_is_traced_and_nothing_stored(
+    database_url: str, schema: str
+) -> None:
+    hidden = "sys.modules['opentelemetry'] = None  # as if the otel extra were not installed"
+    assert _run_without(hidden, database_url, schema) == "stored: None"
+
+
+def test_with_the_api_but_no_sdk_nothing_is_stored(database_url: str, schema: str) -> None:
+    assert _run_without("", database_url, schema) == "stored: None"
