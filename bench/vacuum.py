@@ -5,7 +5,7 @@ Both runs drain the same number of jobs from a job table whose autovacuum is off
 claiming in small batches as workers do and completing each batch. One run has a
 maintenance leader beside it (which vacuums the job table once its dead rows
 pass 1000 + 1% of its rows); the other has none. Printed: the claim rate per
-window of the drain, the dead rows at its end, and the ratio of the two runs.
+window of the drain, the dead rows and the table's size at its end, and the ratio of the two runs.
 
     .venv/bin/python bench/vacuum.py [--jobs 200000] [--batch 20] [--database-url URL]
 """
@@ -78,7 +78,8 @@ def drain(url: str, jobs: int, batch: int, *, leader: bool) -> float:
     print(
         f"{label:26s} {jobs / elapsed:8.0f} jobs/s; per window: "
         + " ".join(f"{r:.0f}" for r in rates)
-        + f"; dead rows at the end ~{dead.dead_tuples:,}"
+        + f"; dead rows at the end ~{dead.dead_tuples:,}, table + indexes "
+        + f"{dead.total_bytes / 2**20:.0f} MiB"
         + (f"; {vacuums[0]} vacuums" if vacuums else "")
     )
     return jobs / elapsed
