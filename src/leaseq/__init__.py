@@ -24,10 +24,12 @@ from ._types import (
     Job,
     JobStatus,
     OrderingPolicy,
+    PruneResult,
     QueueSettings,
     QueueStats,
     ReapResult,
     RenewalBusy,
+    RetentionMode,
 )
 from ._worker import App, JobContext, Worker
 
@@ -55,11 +57,13 @@ __all__ = [
     "OrderingPolicy",
     "PayloadTooLarge",
     "PermanentError",
+    "PruneResult",
     "Queue",
     "QueueSettings",
     "QueueStats",
     "ReapResult",
     "RenewalBusy",
+    "RetentionMode",
     "Retry",
     "TransientError",
     "Worker",
