@@ -1,9 +1,14 @@
-"""Maintenance with exactly one active instance per schema: the reaper.
+"""Maintenance with exactly one active instance per schema: the reaper, then retention.
 
 Every worker may run it; the one that takes the schema's session advisory lock
 leads, on a dedicated connection that it also reaps through, so leadership ends
 the moment that session does (crash, network loss, server restart) and another
 worker takes over. ``leaseq maintenance`` runs it as its own process.
+
+Each round reaps, then applies the queues' retention (``AsyncQueue.prune``) one
+bounded batch at a time, ``prune_pause`` seconds apart so that autovacuum keeps
+up, for at most one ``interval``: a large backlog of finished jobs is worked off
+over many rounds and never delays the next reaping by more than that.
 """
 
 from __future__ import annotations
@@ -14,31 +19,46 @@ from ._async_client import AsyncQueue
 from ._db import Session
 from ._errors import TransientError
 from ._logs import get_logger
-from ._types import ReapResult
+from ._types import PruneResult, ReapResult
 
 log = get_logger("leaseq.maintenance")
 
 
 class Maintenance:
-    """The reaper with one active instance per schema (see the module's docs):
-    ``await Maintenance(queue).run()`` in a process of your own, or let workers
-    run it (they do by default)."""
+    """The reaper and retention with one active instance per schema (see the
+    module's docs): ``await Maintenance(queue).run()`` in a process of your own,
+    or let workers run it (they do by default). ``retention=False`` only reaps."""
 
-    def __init__(self, queue: AsyncQueue, *, interval: float = 5.0, batch: int = 1000) -> None:
+    def __init__(
+        self,
+        queue: AsyncQueue,
+        *,
+        interval: float = 5.0,
+        batch: int = 1000,
+        retention: bool = True,
+        prune_pause: float = 0.1,
+    ) -> None:
         self.queue = queue
         self.interval = interval
         self.batch = batch
+        self.retention = retention
+        self.prune_pause = prune_pause
         self.leading = False
         self.reaped = 0
+        #: Jobs retention removed from the job table (deleted or archived) so far.
+        self.pruned = 0
 
     async def run(self) -> None:
-        """Lead when possible, reap every ``interval`` seconds; never returns."""
+        """Lead when possible, reap and apply retention every ``interval`` seconds;
+        never returns."""
         while True:
             try:
                 async with self.queue._session() as session:
                     self.leading = await session.run(self.queue._store.maintenance_lock())
                     while self.leading:
                         await self._reap(session)
+                        if self.retention:
+                            await self._prune()
                         await asyncio.sleep(self.interval)
             except TransientError as exc:
                 log.warning("maintenance connection lost (%s)", exc)
@@ -54,3 +74,25 @@ class Maintenance:
                 log.info("reaper failed %d exhausted jobs: %s", len(result), list(result.failed))
             if len(result) < self.batch:
                 return
+
+    async def _prune(self) -> None:
+        """Retention batches until nothing is due, for one interval at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.interval
+        while True:
+            result = await self.queue.prune(batch=self.batch, max_batches=1)
+            self._log(result)
+            if not result.more or loop.time() >= deadline:
+                return
+            await asyncio.sleep(self.prune_pause)
+
+    def _log(self, result: PruneResult) -> None:
+        self.pruned += len(result)
+        for what, counts in (
+            ("deleted", result.deleted),
+            ("archived", result.archived),
+            ("deleted from the archive", result.expired),
+        ):
+            if counts:
+                described = ", ".join(f"{q}/{s.value}: {n}" for (q, s), n in sorted(counts.items()))
+                log.info("retention %s %d jobs (%s)", what, sum(counts.values()), described)

@@ -2,12 +2,12 @@
 
 Its rooms: ``common`` (the group, database options, errors, output), ``running``
 (migrate, worker, maintenance, demo) and ``jobs`` (enqueue, status, failed,
-replay, cancel, reap, queue configure).
+replay, cancel, reap, queue configure), ``retention`` (prune).
 """
 
 from __future__ import annotations
 
-from . import jobs, running  # noqa: F401 - registers their commands on the group
+from . import jobs, retention, running  # noqa: F401 - registers their commands on the group
 from .common import cli, scrubbed_crash
 
 __all__ = ["cli", "main"]
