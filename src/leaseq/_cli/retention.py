@@ -48,7 +48,7 @@ def format_duration(seconds: float | None) -> str:
     """``1d``, ``2h``, ``90s``; ``never`` for None (kept forever)."""
     if seconds is None:
         return NEVER
-    for unit in ("w", "d", "h", "m"):
+    for unit in ("d", "h", "m"):
         if seconds >= UNITS[unit] and seconds % UNITS[unit] == 0:
             return f"{seconds / UNITS[unit]:g}{unit}"
     return f"{seconds:g}s"

@@ -1,0 +1,327 @@
+"""Retention: per-queue settings per finished state, applied in bounded batches by
+the maintenance leader and by ``prune``; the archive; never a queued or running job,
+never a failed job that holds its ordering key under ``block``; admission counters
+untouched. The 50,000-row prune beside a working claim loop: test_retention_load.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import InvalidArgument, JobNotFound, JobStatus, RetentionMode
+
+from .clients import Client
+from .conftest import AsyncClock, Clock
+
+DAY = 86400.0
+DONE, CANCELLED, FAILED = JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED
+
+
+def finish(client: Client, queue: str, status: JobStatus, count: int = 1, **kw: Any) -> list[int]:
+    """``count`` jobs of ``queue`` brought to ``status`` the way users do it."""
+    ids = client.enqueue_many(queue, [{"n": n} for n in range(count)], **kw)
+    if status is CANCELLED:
+        for job_id in ids:
+            assert client.cancel(job_id)
+        return ids
+    claims = client.claim(queue, limit=count)
+    assert sorted(c.job_id for c in claims) == sorted(ids)
+    if status is DONE:
+        client.complete_many(claims)
+    else:
+        client.fail_many(claims, ["broken"] * count)
+    return ids
+
+
+def exists(client: Client, job_id: int) -> bool:
+    try:
+        client.get(job_id)
+    except JobNotFound:
+        return False
+    return True
+
+
+def rows(client: Client, sql: str, params: Any = None) -> list[Any]:
+    with client.connection() as conn:
+        return list(conn.execute(sql.replace("{schema}", f'"{client.schema}"'), params).fetchall())
+
+
+def test_defaults_are_in_the_settings(client: Client) -> None:
+    client.enqueue("reports", {})
+    settings = client.queue_settings("reports")
+    assert settings is not None
+    assert (settings.retain_done, settings.retain_cancelled, settings.retain_failed) == (
+        DAY,
+        7 * DAY,
+        30 * DAY,
+    )
+    assert settings.retention_mode is RetentionMode.DELETE
+    assert settings.retain_archived == 90 * DAY
+    changed = client.configure_queue(
+        "reports", retain_done=60, retain_failed=None, retention_mode="archive"
+    )
+    assert (changed.retain_done, changed.retain_cancelled, changed.retain_failed) == (
+        60,
+        7 * DAY,
+        None,
+    )
+    assert changed.retention_mode is RetentionMode.ARCHIVE
+    assert client.queue_settings("reports") == changed
+
+
+def test_each_state_is_kept_for_its_own_retention(client: Client, clock: Clock) -> None:
+    client.configure_queue("q", retain_done=60, retain_cancelled=120, retain_failed=180)
+    done = finish(client, "q", DONE, 2)
+    cancelled = finish(client, "q", CANCELLED, 2)
+    failed = finish(client, "q", FAILED, 2)
+    assert len(client.prune()) == 0  # nothing is old enough yet
+    clock.advance(90)
+    result = client.prune()
+    assert (result.deleted, result.archived, result.expired) == ({("q", DONE): 2}, {}, {})
+    assert not any(exists(client, j) for j in done)
+    assert all(exists(client, j) for j in cancelled + failed)
+    clock.advance(60)
+    assert client.prune().deleted == {("q", CANCELLED): 2}
+    assert all(exists(client, j) for j in failed)
+    clock.advance(60)
+    assert client.prune().deleted == {("q", FAILED): 2}
+    assert not any(exists(client, j) for j in failed)
+
+
+def test_none_keeps_forever_unless_an_operator_says_older_than(
+    client: Client, clock: Clock
+) -> None:
+    client.configure_queue("q", retain_done=None, retain_cancelled=None, retain_failed=None)
+    ids = finish(client, "q", DONE) + finish(client, "q", CANCELLED) + finish(client, "q", FAILED)
+    clock.advance(50 * 365 * DAY)
+    assert len(client.prune()) == 0
+    assert all(exists(client, j) for j in ids)
+    # An explicit age replaces the queues' retention (an operator's decision).
+    result = client.prune(states=["done"], older_than=DAY)
+    assert result.deleted == {("q", DONE): 1}
+    assert [exists(client, j) for j in ids] == [False, True, True]
+
+
+def test_queued_and_running_jobs_are_never_pruned_even_when_old(
+    client: Client, clock: Clock
+) -> None:
+    client.configure_queue("q", retain_done=0, retain_cancelled=0, retain_failed=0)
+    queued = client.enqueue("q", {"state": "queued"}, delay=3600)
+    running = client.enqueue("q", {"state": "running"})
+    (claim,) = client.claim("q", lease=60)
+    assert claim.job_id == running
+    # A replayed job was failed (it has a finished past) and is queued again.
+    replayed = finish(client, "q", FAILED)[0]
+    assert client.replay(replayed)
+    clock.advance(365 * DAY)  # the lease expired long ago: still a running job
+    result = client.prune(older_than=0)
+    assert len(result) == 0
+    statuses = {j: client.get(j).status for j in (queued, running, replayed)}
+    assert statuses == {
+        queued: JobStatus.QUEUED,
+        running: JobStatus.RUNNING,
+        replayed: JobStatus.QUEUED,
+    }
+
+
+def test_a_failed_job_holding_its_key_under_block_is_kept(client: Client, clock: Clock) -> None:
+    first, second = client.enqueue_many("q", [{"n": 1}, {"n": 2}], key="account-7", seqs=[1, 2])
+    plain = client.enqueue("q", {"n": 0})
+    claims = client.claim("q", limit=2)
+    assert sorted(c.job_id for c in claims) == sorted([first, plain])
+    client.fail_many(claims, ["broken", "broken"])
+    clock.advance(31 * DAY)
+    result = client.prune()
+    assert result.deleted == {("q", FAILED): 1}  # the unordered one only
+    assert not exists(client, plain)
+    assert client.get(first).status is FAILED
+    # The key is still held: its next job waits for an operator.
+    assert client.claim("q") == []
+    assert len(client.prune(older_than=0)) == 0  # not even by an explicit age
+    # Under `continue` the failed job no longer holds anything: it may go.
+    client.configure_queue("q", ordering_policy="continue")
+    assert client.prune().deleted == {("q", FAILED): 1}
+    assert not exists(client, first)
+    (claim,) = client.claim("q")
+    assert claim.job_id == second
+
+
+def test_dry_run_counts_what_a_prune_removes_and_writes_nothing(
+    client: Client, clock: Clock
+) -> None:
+    client.configure_queue("a", retain_done=60)
+    client.configure_queue("b", retain_cancelled=60, retention_mode="archive")
+    finish(client, "a", DONE, 3)
+    finish(client, "a", FAILED, 2)
+    finish(client, "b", CANCELLED, 4)
+    clock.advance(120)
+    before = rows(client, "SELECT job_id, xmin::text, xmax::text FROM {schema}.job ORDER BY 1")
+    planned = client.prune(dry_run=True)
+    assert planned.dry_run
+    assert (planned.deleted, planned.archived) == ({("a", DONE): 3}, {("b", CANCELLED): 4})
+    # No row deleted, locked (a lock sets xmax) or rewritten (xmin); nothing archived.
+    after = rows(client, "SELECT job_id, xmin::text, xmax::text FROM {schema}.job ORDER BY 1")
+    assert after == before
+    assert rows(client, "SELECT count(*) FROM {schema}.job_archive") == [(0,)]
+    done = client.prune()
+    assert (done.deleted, done.archived, done.dry_run) == (planned.deleted, planned.archived, False)
+
+
+def test_archive_mode_moves_rows_whole_and_the_archive_has_its_own_retention(
+    client: Client, clock: Clock
+) -> None:
+    client.configure_queue("q", retention_mode="archive", retain_done=60, retain_archived=3600)
+    ids = finish(client, "q", DONE, 3)
+    jobs = {j: client.get(j) for j in ids}
+    clock.advance(120)
+    result = client.prune()
+    assert (result.deleted, result.archived) == ({}, {("q", DONE): 3})
+    assert not any(exists(client, j) for j in ids)
+    archived = rows(
+        client,
+        "SELECT job_id, queue, payload, status, attempts, lease_version, created_at, finished_at,"
+        " archived_at FROM {schema}.job_archive ORDER BY job_id",
+    )
+    assert [row[:8] for row in archived] == [
+        (
+            j.job_id,
+            j.queue,
+            j.payload,
+            j.status.value,
+            j.attempts,
+            j.lease_version,
+            j.created_at,
+            j.finished_at,
+        )
+        for j in jobs.values()
+    ]
+    assert all(row[8] > row[7] for row in archived)  # archived after it finished
+    clock.advance(1800)
+    assert client.prune().expired == {}
+    clock.advance(1900)
+    assert client.prune().expired == {("q", DONE): 3}
+    assert rows(client, "SELECT count(*) FROM {schema}.job_archive") == [(0,)]
+
+
+def test_the_archive_has_every_column_of_the_job_table(client: Client) -> None:
+    """A migration that adds a column to job must add it to job_archive and to
+    sql/prune.sql's move, or archived jobs would lose it."""
+    columns = (
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+    )
+    job = rows(client, columns, (f'"{client.schema}".job',))
+    archive = rows(client, columns, (f'"{client.schema}".job_archive',))
+    assert sorted(archive) == sorted([*job, ("archived_at", "timestamp with time zone")])
+
+
+def test_batches_are_bounded(client: Client, clock: Clock) -> None:
+    client.configure_queue("q", retain_done=0)
+    finish(client, "q", DONE, 25)
+    clock.advance(1)
+    first = client.prune(batch=10, max_batches=1)
+    assert (first.deleted, first.more) == ({("q", DONE): 10}, True)
+    rest = client.prune(batch=10, pause=0)
+    assert (rest.deleted, rest.more) == ({("q", DONE): 15}, False)
+
+
+def test_prune_keeps_the_admission_counters_exact(client: Client, clock: Clock) -> None:
+    client.configure_queue("q", max_queued_jobs=1000, retain_done=0, retain_failed=0)
+    finish(client, "q", DONE, 5)
+    finish(client, "q", FAILED, 3)
+    finish(client, "q", CANCELLED, 2)
+    client.enqueue_many("q", [{"big": "x" * 100}] * 4)
+    client.claim("q", limit=1)
+    before = client.queue_settings("q")
+    assert before is not None
+    unfinished = rows(
+        client,
+        "SELECT count(*), coalesce(sum(payload_bytes), 0) FROM {schema}.job"
+        " WHERE queue = 'q' AND status IN ('queued', 'running')",
+    )
+    assert [(before.backlog_jobs, before.backlog_bytes)] == unfinished
+    clock.advance(8 * DAY)
+    assert len(client.prune()) == 10
+    after = client.queue_settings("q")
+    assert after is not None
+    assert (after.backlog_jobs, after.backlog_bytes) == (before.backlog_jobs, before.backlog_bytes)
+
+
+@pytest.mark.parametrize(
+    ("call", "arguments"),
+    [
+        ("configure_queue", {"retain_done": -1}),
+        ("configure_queue", {"retain_failed": float("nan")}),
+        ("configure_queue", {"retain_cancelled": "7d"}),
+        ("configure_queue", {"retain_archived": -0.5}),
+        ("configure_queue", {"retention_mode": "shred"}),
+        ("prune", {"states": ["queued"]}),
+        ("prune", {"states": ["running", "done"]}),
+        ("prune", {"states": ["bogus"]}),
+        ("prune", {"states": []}),
+        ("prune", {"older_than": -5}),
+        ("prune", {"archived_older_than": -5}),
+        ("prune", {"batch": 0}),
+        ("prune", {"batch": 10**6}),
+        ("prune", {"pause": -1}),
+        ("prune", {"max_batches": 0}),
+    ],
+)
+def test_bad_input_is_refused_and_writes_nothing(
+    client: Client, clock: Clock, call: str, arguments: dict[str, Any]
+) -> None:
+    client.configure_queue("q", retain_done=0)
+    (job_id,) = finish(client, "q", DONE)
+    clock.advance(10)
+    before = client.queue_settings("q")
+    with pytest.raises(InvalidArgument):
+        if call == "configure_queue":
+            client.configure_queue("q", **arguments)
+        else:
+            client.prune(**arguments)
+    assert client.queue_settings("q") == before
+    assert exists(client, job_id)
+
+
+def test_one_queue_and_chosen_states_only(client: Client, clock: Clock) -> None:
+    for name in ("a", "b"):
+        client.configure_queue(name, retain_done=0, retain_cancelled=0)
+        finish(client, name, DONE)
+        finish(client, name, CANCELLED)
+    clock.advance(1)
+    assert client.prune("a", states=["cancelled"]).deleted == {("a", CANCELLED): 1}
+    assert client.prune(states=[DONE]).deleted == {("a", DONE): 1, ("b", DONE): 1}
+    assert client.prune().deleted == {("b", CANCELLED): 1}
+
+
+async def test_the_maintenance_leader_applies_retention(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock
+) -> None:
+    await aqueue.configure_queue("q", retain_done=60, retention_mode="delete")
+    await aqueue.configure_queue("archived", retain_cancelled=60, retention_mode="archive")
+    (done,) = await aqueue.enqueue_many("q", [{}])
+    await aqueue.complete_many(await aqueue.claim("q"))
+    kept = await aqueue.enqueue("q", {}, delay=10 * DAY)
+    cancelled = await aqueue.enqueue("archived", {})
+    assert await aqueue.cancel(cancelled)
+    await aclock.advance(120)
+    maintenance = leaseq.Maintenance(aqueue, interval=0.05, batch=10, prune_pause=0)
+    task = asyncio.create_task(maintenance.run())
+    try:
+        async with asyncio.timeout(30):
+            while maintenance.pruned < 2:
+                await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    for job_id in (done, cancelled):
+        with pytest.raises(JobNotFound):
+            await aqueue.get(job_id)
+    assert (await aqueue.get(kept)).status is JobStatus.QUEUED
+    async with aqueue.connection() as conn:
+        cursor = await conn.execute(f'SELECT job_id FROM "{aqueue.schema}".job_archive')
+        assert await cursor.fetchall() == [(cancelled,)]
