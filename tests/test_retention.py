@@ -1,11 +1,13 @@
 """Retention: per-queue settings per finished state, applied in bounded batches by
 the maintenance leader and by ``prune``; the archive; never a queued or running job,
 never a failed job that holds its ordering key under ``block``; admission counters
-untouched. The 50,000-row prune beside a working claim loop: test_retention_load.py."""
+untouched; and 50,000 finished jobs pruned while a claim loop drains new work."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -325,3 +327,157 @@ async def test_the_maintenance_leader_applies_retention(
     async with aqueue.connection() as conn:
         cursor = await conn.execute(f'SELECT job_id FROM "{aqueue.schema}".job_archive')
         assert await cursor.fetchall() == [(cancelled,)]
+
+
+BULK = 50_000
+
+
+def _table_health(queue: leaseq.Queue) -> tuple[int, int, int, int]:
+    """(dead tuples, live tuples, deletes so far, total size in bytes) of the job table."""
+    with queue.connection() as conn:
+        ((dead, live, deleted, size),) = conn.execute(
+            "SELECT n_dead_tup, n_live_tup, n_tup_del, pg_total_relation_size(relid)"
+            " FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'job'",
+            (queue.schema,),
+        ).fetchall()
+    return dead, live, deleted, size
+
+
+def _health_after(queue: leaseq.Queue, deletes: int) -> tuple[int, int, int, int]:
+    """The table's numbers once the backends that deleted have reported (each flushes
+    its statistics within about a second of going idle)."""
+    deadline = time.monotonic() + 15
+    while True:
+        health = _table_health(queue)
+        if health[2] >= deletes or time.monotonic() > deadline:
+            return health
+        time.sleep(0.2)
+
+
+def test_50k_finished_jobs_pruned_while_a_claim_loop_drains_new_work(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    """Nothing queued or running is touched, every claim completes, the admission
+    counters stay exact; the longest claim, the dead tuples and the table size are
+    measured and printed (timings are not asserted: bench/ is for that)."""
+    queue.configure_queue("old", retain_done=DAY, max_queued_jobs=10**6)
+    queue.configure_queue("work", max_queued_jobs=10**6)
+    with queue.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, status,'
+            " available_at, max_attempts, attempts, lease_version, created_at, claimed_at,"
+            " finished_at, counted)"
+            " SELECT 'old', jsonb_build_object('n', n), 10, 'done', now() - interval '3 days',"
+            " 20, 1, 1, now() - interval '3 days', now() - interval '3 days',"
+            " now() - interval '2 days' - n * interval '1 millisecond', true"
+            " FROM generate_series(1, %s) AS n",
+            (BULK,),
+        )
+        conn.execute(f'ANALYZE "{queue.schema}".job')
+    # Unfinished jobs of the pruned queue: waiting (delayed) and running (a long lease).
+    waiting = queue.enqueue_many("old", [{"waiting": n} for n in range(50)], delay=DAY)
+    queue.enqueue_many("old", [{"running": n} for n in range(50)])
+    running = {c.job_id: c for c in queue.claim("old", limit=50, lease=3600)}
+    backlog = queue.queue_settings("old"), queue.queue_settings("work")
+
+    stop = threading.Event()
+    produced: list[int] = []
+    completed: list[int] = []
+    claim_seconds: list[float] = []
+    errors: list[BaseException] = []
+
+    def produce(worker: leaseq.Queue) -> None:
+        while not stop.is_set():
+            produced.extend(worker.enqueue_many("work", [{"new": n} for n in range(20)]))
+            time.sleep(0.005)
+
+    def drain(worker: leaseq.Queue) -> None:
+        idle_after_stop = 0
+        while idle_after_stop < 3:
+            started = time.perf_counter()
+            claims = worker.claim("work", limit=10)
+            claim_seconds.append(time.perf_counter() - started)
+            if claims:
+                accepted = worker.complete_many(claims)
+                completed.extend(c.job_id for c, ok in accepted if ok)
+            elif stop.is_set():
+                idle_after_stop += 1
+            else:
+                time.sleep(0.002)
+
+    lock_waits: list[tuple[str, str]] = []
+
+    def watch(worker: leaseq.Queue) -> None:
+        """Samples the server's sessions for statements on this schema waiting for a
+        lock (a claim held up by the pruner would show here)."""
+        with worker.connection() as conn:
+            while not stop.is_set():
+                lock_waits.extend(
+                    conn.execute(
+                        "SELECT wait_event, left(query, 200) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                        (f'%"{queue.schema}"%',),
+                    ).fetchall()
+                )
+                time.sleep(0.005)
+
+    def guarded(target: Any, worker: leaseq.Queue) -> None:
+        try:
+            target(worker)
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            errors.append(exc)
+
+    before = _table_health(queue)
+    with leaseq.Queue(database_url, schema=queue.schema) as worker:
+        threads = [
+            threading.Thread(target=guarded, args=(produce, worker)),
+            *(threading.Thread(target=guarded, args=(drain, worker)) for _ in range(2)),
+            threading.Thread(target=guarded, args=(watch, worker)),
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)  # the claim loop is running before the prune starts
+        claims_before_prune = len(claim_seconds)
+        started = time.perf_counter()
+        result = queue.prune(batch=1000, pause=0.05)
+        prune_seconds = time.perf_counter() - started
+        claims_during_prune = claim_seconds[claims_before_prune:]
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors
+    after = _health_after(queue, before[2] + BULK)
+
+    assert result.deleted == {("old", DONE): BULK}
+    assert (result.archived, result.expired) == ({}, {})
+    # Every claim completed; every job produced during the prune was claimed and done.
+    assert claims_during_prune
+    assert sorted(completed) == sorted(produced)
+    # No claim (nor anything else of this schema) was seen waiting for a lock.
+    assert lock_waits == []
+    # No queued or running job was touched.
+    assert [queue.get(j).status for j in waiting] == [JobStatus.QUEUED] * len(waiting)
+    for job_id, claim in running.items():
+        job = queue.get(job_id)
+        assert (job.status, job.lease_version) == (JobStatus.RUNNING, claim.lease_version)
+    # The admission counters are what they were: finished rows are not counted.
+    assert (queue.queue_settings("old"), queue.queue_settings("work")) == backlog
+    with queue.connection() as conn:
+        ((left,),) = conn.execute(
+            f"SELECT count(*) FROM \"{queue.schema}\".job WHERE queue = 'old' AND status = 'done'"
+        ).fetchall()
+    assert left == 0
+
+    with queue.connection() as conn:
+        conn.execute(f'VACUUM "{queue.schema}".job')
+    vacuumed = _table_health(queue)
+    print(
+        f"\npruned {BULK} done jobs in {prune_seconds:.2f}s (batches of 1000, 0.05s apart) "
+        f"while {len(claims_during_prune)} claims ran: longest claim "
+        f"{max(claims_during_prune) * 1000:.1f} ms, median "
+        f"{sorted(claims_during_prune)[len(claims_during_prune) // 2] * 1000:.1f} ms; "
+        f"{len(completed)} new jobs done, {len(lock_waits)} lock waits seen\n"
+        f"job table: dead tuples {before[0]} -> {after[0]} (after VACUUM {vacuumed[0]}), "
+        f"size {before[3] / 2**20:.1f} MiB -> "
+        f"{after[3] / 2**20:.1f} MiB (after VACUUM {vacuumed[3] / 2**20:.1f} MiB)"
+    )

@@ -26,7 +26,6 @@ WITH settings AS MATERIALIZED (
 ),
 targets AS (
     SELECT s.name AS queue, t.status,
-           s.retention_mode = 'archive' AS archive,
            s.ordering_policy = 'block' AS keeps_keyed_failed,
            {schema}.clock()
                - make_interval(secs => coalesce(%(older_than)s::double precision, t.retain))
@@ -40,12 +39,15 @@ targets AS (
 ),
 -- Per target, the head of its range of job_finished_idx; LIMIT on the whole.
 picked AS MATERIALIZED (
-    SELECT p.job_id, t.archive
+    SELECT p.job_id
     FROM targets AS t
     CROSS JOIN LATERAL (
         SELECT j.job_id
         FROM {schema}.job AS j
         WHERE j.queue = t.queue AND j.status = t.status AND j.finished_at < t.cutoff
+          -- (implied by the line above, but the planner needs to read it to use the
+          -- partial index: t.status is only known at run time)
+          AND j.status IN ('done', 'cancelled', 'failed')
           AND NOT (t.keeps_keyed_failed AND j.status = 'failed' AND j.ordering_key IS NOT NULL)
         ORDER BY j.finished_at, j.job_id
         LIMIT %(limit)s
@@ -53,11 +55,13 @@ picked AS MATERIALIZED (
     ) AS p
     LIMIT %(limit)s
 ),
+-- By primary key lookups of the ids picked (never a join the planner could turn
+-- into a scan of the table).
 removed AS (
     DELETE FROM {schema}.job AS j
-    USING picked AS p
-    WHERE j.job_id = p.job_id AND j.status IN ('done', 'cancelled', 'failed')
-    RETURNING j.*, p.archive
+    WHERE j.job_id = ANY (ARRAY(SELECT p.job_id FROM picked AS p))
+      AND j.status IN ('done', 'cancelled', 'failed')
+    RETURNING j.*
 ),
 archived AS (
     INSERT INTO {schema}.job_archive (
@@ -70,9 +74,12 @@ archived AS (
            r.ordering_key, r.ordering_seq, r.idempotency_key, r.last_error, r.history,
            r.counted, r.created_at, r.claimed_at, r.finished_at, r.blocked, {schema}.clock()
     FROM removed AS r
-    WHERE r.archive
+    JOIN settings AS s ON s.name = r.queue
+    WHERE s.retention_mode = 'archive'
 )
-SELECT CASE WHEN r.archive THEN 'archived' ELSE 'deleted' END, r.queue, r.status, count(*)
+SELECT CASE WHEN s.retention_mode = 'archive' THEN 'archived' ELSE 'deleted' END,
+       r.queue, r.status, count(*)
 FROM removed AS r
+JOIN settings AS s ON s.name = r.queue
 GROUP BY 1, 2, 3
 ORDER BY 2, 3, 1

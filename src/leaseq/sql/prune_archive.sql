@@ -28,8 +28,7 @@ picked AS MATERIALIZED (
 ),
 removed AS (
     DELETE FROM {schema}.job_archive AS a
-    USING picked AS p
-    WHERE a.job_id = p.job_id
+    WHERE a.job_id = ANY (ARRAY(SELECT p.job_id FROM picked AS p))
     RETURNING a.queue, a.status
 )
 SELECT 'expired', r.queue, r.status, count(*)
