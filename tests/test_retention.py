@@ -11,9 +11,11 @@ import time
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
 import leaseq
 from leaseq import InvalidArgument, JobNotFound, JobStatus, RetentionMode
+from leaseq._cli import cli
 
 from .clients import Client
 from .conftest import AsyncClock, Clock
@@ -481,3 +483,95 @@ def test_50k_finished_jobs_pruned_while_a_claim_loop_drains_new_work(
         f"size {before[3] / 2**20:.1f} MiB -> "
         f"{after[3] / 2**20:.1f} MiB (after VACUUM {vacuumed[3] / 2**20:.1f} MiB)"
     )
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def _invoke(database_url: str, schema: str, *arguments: str) -> Result:
+    return CliRunner().invoke(cli, [*arguments, "--database-url", database_url, "--schema", schema])
+
+
+def test_cli_queue_configure_reads_and_prints_durations(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    result = _invoke(
+        database_url,
+        queue.schema,
+        *("queue", "configure", "reports", "--retain-done", "90s", "--retain-cancelled", "2h"),
+        *("--retain-failed", "never", "--retention-mode", "archive", "--retain-archived", "30d"),
+    )
+    assert result.exit_code == 0, result.output
+    assert (
+        "retain_done=90s retain_cancelled=2h retain_failed=never retention_mode=archive "
+        "retain_archived=30d" in result.output
+    )
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert (settings.retain_done, settings.retain_cancelled, settings.retain_failed) == (
+        90,
+        7200,
+        None,
+    )
+    assert (settings.retention_mode, settings.retain_archived) == (RetentionMode.ARCHIVE, 30 * DAY)
+    result = _invoke(
+        database_url,
+        queue.schema,
+        "queue",
+        "configure",
+        "reports",
+        "--retain-failed",
+        "forever",
+        "--retain-done",
+        "1d",
+    )
+    assert "retain_done=1d" in result.output
+    assert "retain_failed=never" in result.output
+    before = queue.queue_settings("reports")
+    for bad in ("-5s", "3 fortnights", "soon"):
+        refused = _invoke(
+            database_url, queue.schema, "queue", "configure", "reports", "--retain-done", bad
+        )
+        assert refused.exit_code == 2, refused.output
+        assert "not a duration" in refused.output
+    assert queue.queue_settings("reports") == before
+
+
+def test_cli_prune_prints_what_it_removed_per_queue_and_state(
+    queue: leaseq.Queue, database_url: str, clock: Clock
+) -> None:
+    queue.configure_queue("a", retain_done=60)
+    queue.configure_queue("b", retention_mode="archive", retain_cancelled=60)
+    finish(queue, "a", DONE, 3)
+    finish(queue, "a", FAILED, 2)
+    finish(queue, "b", CANCELLED, 4)
+    clock.advance(120)
+    dry = _invoke(database_url, queue.schema, "prune", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would remove 7 finished jobs (dry run: nothing written)" in dry.output
+    assert len(queue.list_jobs("done", queue="a")) == 3
+    only = _invoke(
+        database_url,
+        queue.schema,
+        "prune",
+        "--queue",
+        "a",
+        "--state",
+        "failed",
+        "--older-than",
+        "1m",
+    )
+    assert only.exit_code == 0, only.output
+    assert "removed 2 finished jobs" in only.output
+    lines = [line.split() for line in only.output.splitlines()]
+    assert ["a", "failed", "2", "0", "0"] in lines
+    everything = _invoke(database_url, queue.schema, "prune", "--batch", "2", "--pause", "0")
+    assert everything.exit_code == 0, everything.output
+    assert "removed 7 finished jobs" in everything.output
+    lines = [line.split() for line in everything.output.splitlines()]
+    assert ["a", "done", "3", "0", "0"] in lines
+    assert ["b", "cancelled", "0", "4", "0"] in lines
+    assert "removed 0 finished jobs" in _invoke(database_url, queue.schema, "prune").output
+    for bad in (("--state", "queued"), ("--older-than", "yesterday"), ("--batch", "0")):
+        refused = _invoke(database_url, queue.schema, "prune", *bad)
+        assert refused.exit_code != 0, refused.output
