@@ -260,7 +260,7 @@ class AsyncQueue(ClientBase):
         self,
         queue: str | None = None,
         *,
-        states: Iterable[JobStatus | str] | None = None,
+        states: Iterable[JobStatus | str] | JobStatus | str | None = None,
         older_than: float | None = None,
         archived_older_than: float | None = None,
         batch: int = 1000,
@@ -280,7 +280,7 @@ class AsyncQueue(ClientBase):
         writing nothing."""
         operation = self._store.prune(
             queue=queue,
-            states=None if states is None else list(states),
+            states=states,
             older_than=older_than,
             archived_older_than=archived_older_than,
             limit=batch,

@@ -251,7 +251,7 @@ class Queue(ClientBase):
         self,
         queue: str | None = None,
         *,
-        states: Iterable[JobStatus | str] | None = None,
+        states: Iterable[JobStatus | str] | JobStatus | str | None = None,
         older_than: float | None = None,
         archived_older_than: float | None = None,
         batch: int = 1000,
@@ -271,7 +271,7 @@ class Queue(ClientBase):
         writing nothing."""
         operation = self._store.prune(
             queue=queue,
-            states=None if states is None else list(states),
+            states=states,
             older_than=older_than,
             archived_older_than=archived_older_than,
             limit=batch,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -245,10 +245,10 @@ def finished_states(values: object) -> list[str]:
         return [state.value for state in FINISHED_STATES]
     if isinstance(values, str):
         values = [values]
-    if not isinstance(values, Sequence | set | frozenset):
+    if not isinstance(values, Iterable):
         raise InvalidArgument(f"states must be a list of finished states, got {values!r}")
     chosen = []
-    for value in values:
+    for value in list(values):
         try:
             state = JobStatus(value)
         except ValueError:
