@@ -17,7 +17,7 @@ import asyncio
 
 from ._async_client import AsyncQueue
 from ._db import Session
-from ._errors import TransientError
+from ._errors import NotMigrated, TransientError
 from ._logs import get_logger
 from ._types import PruneResult, ReapResult
 
@@ -47,6 +47,7 @@ class Maintenance:
         self.reaped = 0
         #: Jobs retention removed from the job table (deleted or archived) so far.
         self.pruned = 0
+        self._warned_not_migrated = False
 
     async def run(self) -> None:
         """Lead when possible, reap and apply retention every ``interval`` seconds;
@@ -80,7 +81,15 @@ class Maintenance:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.interval
         while True:
-            result = await self.queue.prune(batch=self.batch, max_batches=1)
+            try:
+                result = await self.queue.prune(batch=self.batch, max_batches=1)
+            except NotMigrated as exc:
+                # New code on a schema without migration 0003 (a rolling upgrade):
+                # keep reaping; retention starts once `leaseq migrate` has run.
+                if not self._warned_not_migrated:
+                    log.warning("retention waits for `leaseq migrate` (%s)", exc)
+                    self._warned_not_migrated = True
+                return
             self._log(result)
             if not result.more or loop.time() >= deadline:
                 return

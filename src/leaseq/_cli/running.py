@@ -65,7 +65,7 @@ def migrate(database_url: str | None, schema: str) -> None:
     "--maintenance/--no-maintenance",
     default=True,
     show_default=True,
-    help="Take part in the leader election for the reaper.",
+    help="Take part in the leader election for the reaper and retention.",
 )
 @click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
 @database_options
@@ -149,7 +149,7 @@ def demo(database_url: str | None, **options: Any) -> None:
 @click.option("--interval", type=float, default=5.0, show_default=True)
 @database_options
 def maintenance(interval: float, database_url: str | None, schema: str) -> None:
-    """Run the reaper as its own process (one leader per schema)."""
+    """Run the reaper and retention as their own process (one leader per schema)."""
     configure_logging()
 
     async def run() -> None:

@@ -36,7 +36,7 @@ SELECT CASE WHEN t.archive THEN 'archived' ELSE 'deleted' END, t.queue, t.status
 FROM targets AS t
 JOIN {schema}.job AS j
   ON j.queue = t.queue AND j.status = t.status AND j.finished_at < t.cutoff
- AND j.status IN ('done', 'cancelled', 'failed')  -- (lets the partial index serve)
+ AND j.status IN ('done', 'cancelled', 'failed')
  AND NOT (t.keeps_keyed_failed AND j.status = 'failed' AND j.ordering_key IS NOT NULL)
 GROUP BY 1, 2, 3
 UNION ALL

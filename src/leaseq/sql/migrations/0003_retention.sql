@@ -25,11 +25,15 @@ ALTER TABLE {schema}.queue
 
 -- Finished jobs of a queue and state by age: retention reads the head of one
 -- range and stops, however many rows are kept. One index insert per finished
--- job. It serves what job_failed_idx served (failed jobs of a queue by
--- finished_at: replay, operators), so that one goes.
+-- job. Its predicate is `finished_at IS NOT NULL` (set exactly when a job
+-- finishes; a replay clears it), not a status list, on purpose: only a query
+-- that compares finished_at can use it. With `status IN (done, cancelled,
+-- failed)` the planner took it for the completion's `status = 'done'` branch
+-- (the resend check) and bitmap-scanned every done row on each batch of
+-- completions (33 ms instead of 3.6 ms per batch of 50, 20,000 rows).
+-- job_failed_idx stays: replay and the failed listing do not compare finished_at.
 CREATE INDEX job_finished_idx ON {schema}.job (queue, status, finished_at, job_id)
-    WHERE status IN ('done', 'cancelled', 'failed');
-DROP INDEX {schema}.job_failed_idx;
+    WHERE finished_at IS NOT NULL;
 
 -- Finished jobs moved out of the job table by retention in 'archive' mode: the
 -- columns of job (at this migration) plus when it was archived. A plain table:
