@@ -38,6 +38,8 @@ NAMES = {
     "asynccontextmanager": "contextmanager",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
+    # (the async client uses asyncio for its sleeps only)
+    "asyncio": "time",
 }
 
 ASYNC_ONLY = re.compile(r"^[ \t]*# async-only: begin\n.*?^[ \t]*# async-only: end\n", re.M | re.S)

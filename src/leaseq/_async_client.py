@@ -14,6 +14,7 @@ and a completion commits together with a handler's effect.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -21,6 +22,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from . import _migrate, _steps, _tracing
+from . import _validate as validate
 from ._client_base import ClientBase
 from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
 from ._types import (
@@ -29,6 +31,7 @@ from ._types import (
     Health,
     Job,
     JobStatus,
+    PruneResult,
     QueueSettings,
     QueueStats,
     ReapResult,
@@ -262,6 +265,48 @@ class AsyncQueue(ClientBase):
         """Cancel a queued job, or skip a failed one (which unblocks its ordering
         key): True if it changed. A running job is left to its owner."""
         return await self._db.run(self._store.cancel(job_id))
+
+    async def prune(
+        self,
+        queue: str | None = None,
+        *,
+        states: Iterable[JobStatus | str] | JobStatus | str | None = None,
+        older_than: float | None = None,
+        archived_older_than: float | None = None,
+        batch: int = 1000,
+        dry_run: bool = False,
+        pause: float = 0.1,
+        max_batches: int | None = None,
+    ) -> PruneResult:
+        """Apply retention now: remove finished jobs (done, cancelled, failed, or
+        ``states``) of every queue (or ``queue``) past their queue's retention, or
+        older than ``older_than`` seconds if given; a queue in archive mode moves
+        them to the archive, whose own retention (or ``archived_older_than``)
+        applies too. In batches of ``batch`` jobs, each a short transaction that
+        skips locked rows, ``pause`` seconds apart (so autovacuum keeps up), until
+        nothing is due or ``max_batches`` ran (then ``more`` says whether some may
+        be left). Queued and running jobs are never touched, nor a failed job of an
+        ordering key under the ``block`` policy. ``dry_run`` counts what would go,
+        writing nothing."""
+        operation = self._store.prune(
+            queue=queue,
+            states=states,
+            older_than=older_than,
+            archived_older_than=archived_older_than,
+            limit=batch,
+            dry_run=dry_run,
+        )
+        pause = validate.seconds(pause, "pause", 3600.0)
+        if max_batches is not None:
+            validate.prune_batch(max_batches)
+        result = PruneResult(dry_run=dry_run)
+        batches = 0
+        while True:
+            result = result.merged(await self._db.run(operation))
+            batches += 1
+            if not result.more or batches == max_batches:
+                return result
+            await asyncio.sleep(pause)
 
     async def get(self, job_id: int) -> Job:
         """The job as stored, or JobNotFound."""

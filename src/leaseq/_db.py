@@ -59,6 +59,7 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "3F000": NotMigrated,  # invalid_schema_name
     "42P01": NotMigrated,  # undefined_table
     "42883": NotMigrated,  # undefined_function
+    "42703": NotMigrated,  # undefined_column (a schema older than the code: 0003's settings)
     "23514": InvalidArgument,  # check_violation
     "22003": InvalidArgument,  # numeric_value_out_of_range
     "22008": InvalidArgument,  # datetime_field_overflow

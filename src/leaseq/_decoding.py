@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._types import Claim, Job, JobStatus, OrderingPolicy, QueueSettings, QueueStats
+from ._types import (
+    Claim,
+    Job,
+    JobStatus,
+    OrderingPolicy,
+    PruneResult,
+    QueueSettings,
+    QueueStats,
+    RetentionMode,
+)
 
 
 def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
@@ -88,6 +97,11 @@ def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
         paused,
         backlog_jobs,
         backlog_bytes,
+        retain_done,
+        retain_cancelled,
+        retain_failed,
+        retention_mode,
+        retain_archived,
     ) = row
     return QueueSettings(
         name=name,
@@ -102,6 +116,11 @@ def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
         paused=paused,
         backlog_jobs=int(backlog_jobs),
         backlog_bytes=int(backlog_bytes),
+        retain_done=retain_done,
+        retain_cancelled=retain_cancelled,
+        retain_failed=retain_failed,
+        retention_mode=RetentionMode(retention_mode),
+        retain_archived=retain_archived,
     )
 
 
@@ -116,3 +135,16 @@ def stats_from_row(row: tuple[Any, ...]) -> QueueStats:
         expired_leases=expired,
         paused=paused,
     )
+
+
+def prune_from_rows(rows: list[tuple[Any, ...]], *, dry_run: bool, more: bool) -> PruneResult:
+    """Rows of (action, queue, status, jobs), action 'deleted', 'archived' or 'expired'."""
+    counts: dict[str, dict[tuple[str, JobStatus], int]] = {
+        "deleted": {},
+        "archived": {},
+        "expired": {},
+    }
+    for action, queue, status, jobs in rows:
+        key = (queue, JobStatus(status))
+        counts[action][key] = counts[action].get(key, 0) + int(jobs)
+    return PruneResult(**counts, dry_run=dry_run, more=more)

@@ -1,10 +1,15 @@
-"""Maintenance with exactly one active instance per schema: the reaper, and the
-job table's vacuum when autovacuum is off.
+"""Maintenance with exactly one active instance per schema: the reaper, then
+retention, and the job table's vacuum when autovacuum is off.
 
 Every worker may run it; the one that takes the schema's session advisory lock
 leads, on a dedicated connection that it also reaps through, so leadership ends
 the moment that session does (crash, network loss, server restart) and another
 worker takes over. ``leaseq maintenance`` runs it as its own process.
+
+Each round reaps, then applies the queues' retention (``AsyncQueue.prune``) one
+bounded batch at a time, ``prune_pause`` seconds apart so that autovacuum keeps
+up, for at most one ``interval``: a large backlog of finished jobs is worked off
+over many rounds and never delays the next reaping by more than that.
 """
 
 from __future__ import annotations
@@ -13,39 +18,54 @@ import asyncio
 
 from ._async_client import AsyncQueue
 from ._db import Session
-from ._errors import TransientError
+from ._errors import NotMigrated, TransientError
 from ._logs import get_logger
-from ._types import ReapResult
+from ._types import PruneResult, ReapResult
 
 log = get_logger("leaseq.maintenance")
 
 
 class Maintenance:
-    """The reaper with one active instance per schema (see the module's docs):
-    ``await Maintenance(queue).run()`` in a process of your own, or let workers
-    run it (they do by default)."""
+    """The reaper and retention with one active instance per schema (see the
+    module's docs): ``await Maintenance(queue).run()`` in a process of your own,
+    or let workers run it (they do by default). ``retention=False`` only reaps."""
 
     def __init__(
-        self, queue: AsyncQueue, *, interval: float = 5.0, batch: int = 1000, vacuum: bool = True
+        self,
+        queue: AsyncQueue,
+        *,
+        interval: float = 5.0,
+        batch: int = 1000,
+        retention: bool = True,
+        prune_pause: float = 0.1,
+        vacuum: bool = True,
     ) -> None:
         self.queue = queue
         self.interval = interval
         self.batch = batch
+        self.retention = retention
+        self.prune_pause = prune_pause
         #: Vacuum the job table when autovacuum is off for it (the server's setting
         #: or the table's) and its dead rows pass autovacuum's own threshold for it.
         self.vacuum = vacuum
+        self.vacuums = 0
         self.leading = False
         self.reaped = 0
-        self.vacuums = 0
+        #: Jobs retention removed from the job table (deleted or archived) so far.
+        self.pruned = 0
+        self._warned_not_migrated = False
 
     async def run(self) -> None:
-        """Lead when possible, reap every ``interval`` seconds; never returns."""
+        """Lead when possible, reap and apply retention every ``interval`` seconds;
+        never returns."""
         while True:
             try:
                 async with self.queue._session() as session:
                     self.leading = await session.run(self.queue._store.maintenance_lock())
                     while self.leading:
                         await self._reap(session)
+                        if self.retention:
+                            await self._prune()
                         if self.vacuum:
                             await self._vacuum_if_due(session)
                         await asyncio.sleep(self.interval)
@@ -72,3 +92,33 @@ class Maintenance:
             await session.run(self.queue._store.vacuum_job())
             self.vacuums += 1
             log.info("vacuumed %s.job: autovacuum is off for it", self.queue.schema)
+
+    async def _prune(self) -> None:
+        """Retention batches until nothing is due, for one interval at most."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.interval
+        while True:
+            try:
+                result = await self.queue.prune(batch=self.batch, max_batches=1)
+            except NotMigrated as exc:
+                # New code on a schema without migration 0003 (a rolling upgrade):
+                # keep reaping; retention starts once `leaseq migrate` has run.
+                if not self._warned_not_migrated:
+                    log.warning("retention waits for `leaseq migrate` (%s)", exc)
+                    self._warned_not_migrated = True
+                return
+            self._log(result)
+            if not result.more or loop.time() >= deadline:
+                return
+            await asyncio.sleep(self.prune_pause)
+
+    def _log(self, result: PruneResult) -> None:
+        self.pruned += len(result)
+        for what, counts in (
+            ("deleted", result.deleted),
+            ("archived", result.archived),
+            ("deleted from the archive", result.expired),
+        ):
+            if counts:
+                described = ", ".join(f"{q}/{s.value}: {n}" for (q, s), n in sorted(counts.items()))
+                log.info("retention %s %d jobs (%s)", what, sum(counts.values()), described)

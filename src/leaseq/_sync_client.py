@@ -7,6 +7,7 @@ See ``_async_client.py`` for what the client does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -14,6 +15,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from . import _migrate, _steps, _tracing
+from . import _validate as validate
 from ._client_base import ClientBase
 from ._db import Connection, Database
 from ._types import (
@@ -22,6 +24,7 @@ from ._types import (
     Health,
     Job,
     JobStatus,
+    PruneResult,
     QueueSettings,
     QueueStats,
     ReapResult,
@@ -253,6 +256,48 @@ class Queue(ClientBase):
         """Cancel a queued job, or skip a failed one (which unblocks its ordering
         key): True if it changed. A running job is left to its owner."""
         return self._db.run(self._store.cancel(job_id))
+
+    def prune(
+        self,
+        queue: str | None = None,
+        *,
+        states: Iterable[JobStatus | str] | JobStatus | str | None = None,
+        older_than: float | None = None,
+        archived_older_than: float | None = None,
+        batch: int = 1000,
+        dry_run: bool = False,
+        pause: float = 0.1,
+        max_batches: int | None = None,
+    ) -> PruneResult:
+        """Apply retention now: remove finished jobs (done, cancelled, failed, or
+        ``states``) of every queue (or ``queue``) past their queue's retention, or
+        older than ``older_than`` seconds if given; a queue in archive mode moves
+        them to the archive, whose own retention (or ``archived_older_than``)
+        applies too. In batches of ``batch`` jobs, each a short transaction that
+        skips locked rows, ``pause`` seconds apart (so autovacuum keeps up), until
+        nothing is due or ``max_batches`` ran (then ``more`` says whether some may
+        be left). Queued and running jobs are never touched, nor a failed job of an
+        ordering key under the ``block`` policy. ``dry_run`` counts what would go,
+        writing nothing."""
+        operation = self._store.prune(
+            queue=queue,
+            states=states,
+            older_than=older_than,
+            archived_older_than=archived_older_than,
+            limit=batch,
+            dry_run=dry_run,
+        )
+        pause = validate.seconds(pause, "pause", 3600.0)
+        if max_batches is not None:
+            validate.prune_batch(max_batches)
+        result = PruneResult(dry_run=dry_run)
+        batches = 0
+        while True:
+            result = result.merged(self._db.run(operation))
+            batches += 1
+            if not result.more or batches == max_batches:
+                return result
+            time.sleep(pause)
 
     def get(self, job_id: int) -> Job:
         """The job as stored, or JobNotFound."""

@@ -18,6 +18,8 @@ attempt and lease version on ``process``.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -35,10 +37,13 @@ SYSTEM = "leaseq"
 TraceContext = dict[str, str]
 
 
-def _tracer() -> Any:
-    from . import __version__  # noqa: PLC0415 - the package imports this module
+@functools.cache
+def _version() -> str:
+    return importlib.metadata.version("leaseq")
 
-    return trace.get_tracer("leaseq", __version__)
+
+def _tracer() -> Any:
+    return trace.get_tracer("leaseq", _version())
 
 
 class Send:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,6 +26,14 @@ class OrderingPolicy(enum.StrEnum):
 
     BLOCK = "block"
     CONTINUE = "continue"
+
+
+class RetentionMode(enum.StrEnum):
+    """What retention does with a finished job past its queue's retention."""
+
+    DELETE = "delete"
+    #: Move it to ``<schema>.job_archive``, which has a retention of its own.
+    ARCHIVE = "archive"
 
 
 class RenewalBusy(enum.Enum):
@@ -98,6 +107,13 @@ class QueueSettings:
     paused: bool
     backlog_jobs: int
     backlog_bytes: int
+    #: Seconds finished jobs are kept, per finished state (None: forever).
+    retain_done: float | None = 86400.0
+    retain_cancelled: float | None = 7 * 86400.0
+    retain_failed: float | None = 30 * 86400.0
+    retention_mode: RetentionMode = RetentionMode.DELETE
+    #: Seconds archived jobs stay in the archive (None: forever).
+    retain_archived: float | None = 90 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +218,42 @@ class ClaimPlan:
     plan: str
     reads_ready_index: bool
     warnings: tuple[str, ...]
+
+
+#: Jobs per (queue, state).
+PruneCounts = Mapping[tuple[str, JobStatus], int]
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """What a prune removed per (queue, state), or with ``dry_run`` what it would:
+    ``deleted`` and ``archived`` (moved to the archive) left the job table,
+    ``expired`` left the archive (its own retention)."""
+
+    deleted: PruneCounts = field(default_factory=dict)
+    archived: PruneCounts = field(default_factory=dict)
+    expired: PruneCounts = field(default_factory=dict)
+    dry_run: bool = False
+    #: The last batch was full: more may be due (a prune that stopped at max_batches).
+    more: bool = False
+
+    def __len__(self) -> int:
+        """Jobs that left the job table."""
+        return sum(self.deleted.values()) + sum(self.archived.values())
+
+    def merged(self, later: PruneResult) -> PruneResult:
+        """This result and a later batch's, added up."""
+
+        def add(a: PruneCounts, b: PruneCounts) -> dict[tuple[str, JobStatus], int]:
+            total = dict(a)
+            for key, jobs in b.items():
+                total[key] = total.get(key, 0) + jobs
+            return total
+
+        return PruneResult(
+            deleted=add(self.deleted, later.deleted),
+            archived=add(self.archived, later.archived),
+            expired=add(self.expired, later.expired),
+            dry_run=self.dry_run or later.dry_run,
+            more=later.more,
+        )

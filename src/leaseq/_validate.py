@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from ._errors import InvalidArgument, InvalidJob, PayloadTooLarge
 from ._redact import redact
-from ._types import OrderingPolicy
+from ._types import JobStatus, OrderingPolicy, RetentionMode
 
 T = TypeVar("T")
 
@@ -28,6 +28,11 @@ PRIORITY_RANGE = range(-32768, 32768)
 SEQ_RANGE = range(-(2**63), 2**63)
 MAX_CLAIM_LIMIT = 10_000
 MAX_ERROR_CHARS = 2000
+#: A century: a retention beyond this is a unit mistake; None keeps forever.
+MAX_RETENTION_SECONDS = 100 * 365 * 24 * 3600.0
+MAX_PRUNE_BATCH = 10_000
+#: The finished states retention applies to, in the order reports list them.
+FINISHED_STATES = (JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED)
 
 # A \u0000 escape is one preceded by an even number of backslashes.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -193,6 +198,11 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "max_queued_bytes": ("max_queued_bytes", lambda v: _limit(v, "max_queued_bytes", 2**62)),
     "max_payload_bytes": ("max_payload_bytes", lambda v: _limit(v, "max_payload_bytes", 2**31 - 1)),
     "paused": ("paused", lambda v: _flag(v, "paused")),
+    "retain_done": ("retain_done", lambda v: retention(v, "retain_done")),
+    "retain_cancelled": ("retain_cancelled", lambda v: retention(v, "retain_cancelled")),
+    "retain_failed": ("retain_failed", lambda v: retention(v, "retain_failed")),
+    "retention_mode": ("retention_mode", lambda v: _retention_mode(v).value),
+    "retain_archived": ("retain_archived", lambda v: retention(v, "retain_archived")),
 }
 
 
@@ -213,6 +223,50 @@ def _policy(value: Any) -> OrderingPolicy:
         raise InvalidArgument(
             f"ordering_policy must be 'block' or 'continue', got {value!r}"
         ) from None
+
+
+def retention(value: Any, what: str) -> float | None:
+    """Seconds a finished job is kept; None keeps it forever."""
+    return None if value is None else seconds(value, what, MAX_RETENTION_SECONDS)
+
+
+def _retention_mode(value: Any) -> RetentionMode:
+    try:
+        return RetentionMode(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"retention_mode must be 'delete' or 'archive', got {value!r}"
+        ) from None
+
+
+def finished_states(values: object) -> list[str]:
+    """The states a prune applies to: None for all finished states."""
+    if values is None:
+        return [state.value for state in FINISHED_STATES]
+    if isinstance(values, str):
+        values = [values]
+    if not isinstance(values, Iterable):
+        raise InvalidArgument(f"states must be a list of finished states, got {values!r}")
+    chosen = []
+    for value in list(values):
+        try:
+            state = JobStatus(value)
+        except ValueError:
+            state = None
+        if state is None or not state.finished:
+            raise InvalidArgument(
+                f"states must be done, cancelled or failed (finished states), got {value!r}"
+            )
+        chosen.append(state)
+    if not chosen:
+        raise InvalidArgument("states must name at least one finished state")
+    return [state.value for state in FINISHED_STATES if state in chosen]
+
+
+def prune_batch(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PRUNE_BATCH:
+        raise InvalidArgument(f"batch must be an integer in [1, {MAX_PRUNE_BATCH}], got {value!r}")
+    return value
 
 
 def _flag(value: Any, what: str) -> bool:

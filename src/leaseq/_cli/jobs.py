@@ -18,6 +18,7 @@ from leaseq import (
 
 from .._redact import redact
 from .common import cli, console, database_options, open_queue
+from .retention import NEVER, duration, format_duration
 
 
 @cli.command()
@@ -174,10 +175,48 @@ def queue_group() -> None:
 @click.option("--max-queued-bytes", type=int, default=None)
 @click.option("--max-payload-bytes", type=int, default=None)
 @click.option("--pause/--resume", "paused", default=None)
+@click.option(
+    "--retain-done",
+    callback=duration(keep_forever=True),
+    metavar="DURATION",
+    default=None,
+    help="Keep done jobs this long (90s, 2h, 1d, 30d; never/forever).",
+)
+@click.option(
+    "--retain-cancelled",
+    callback=duration(keep_forever=True),
+    metavar="DURATION",
+    default=None,
+    help="Keep cancelled jobs this long.",
+)
+@click.option(
+    "--retain-failed",
+    callback=duration(keep_forever=True),
+    metavar="DURATION",
+    default=None,
+    help="Keep failed jobs this long.",
+)
+@click.option(
+    "--retention-mode",
+    type=click.Choice(["delete", "archive"]),
+    default=None,
+    help="Past retention: delete, or move to the archive.",
+)
+@click.option(
+    "--retain-archived",
+    callback=duration(keep_forever=True),
+    metavar="DURATION",
+    default=None,
+    help="Keep archived jobs this long.",
+)
 @database_options
 def configure(name: str, database_url: str | None, schema: str, **settings: Any) -> None:
     """Change a queue's settings; options not given stay as they are."""
-    given = {key: value for key, value in settings.items() if value is not None}
+    given = {
+        key: None if value == NEVER else value
+        for key, value in settings.items()
+        if value is not None
+    }
     with open_queue(database_url, schema) as queue:
         result = queue.configure_queue(name, **given)
     click.echo(
@@ -185,5 +224,10 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
         f"backoff={result.backoff_base:g}..{result.backoff_cap:g}s "
         f"ordering={result.ordering_policy.value} max_queued={result.max_queued_jobs} "
         f"max_queued_bytes={result.max_queued_bytes} "
-        f"max_payload_bytes={result.max_payload_bytes} paused={result.paused}"
+        f"max_payload_bytes={result.max_payload_bytes} paused={result.paused} "
+        f"retain_done={format_duration(result.retain_done)} "
+        f"retain_cancelled={format_duration(result.retain_cancelled)} "
+        f"retain_failed={format_duration(result.retain_failed)} "
+        f"retention_mode={result.retention_mode.value} "
+        f"retain_archived={format_duration(result.retain_archived)}"
     )

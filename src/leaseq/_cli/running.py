@@ -66,7 +66,7 @@ def migrate(database_url: str | None, schema: str) -> None:
     "--maintenance/--no-maintenance",
     default=True,
     show_default=True,
-    help="Take part in the leader election for the reaper.",
+    help="Take part in the leader election for the reaper and retention.",
 )
 @click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
 @log_format_option
@@ -153,7 +153,8 @@ def demo(database_url: str | None, **options: Any) -> None:
 @log_format_option
 @database_options
 def maintenance(interval: float, log_format: str, database_url: str | None, schema: str) -> None:
-    """Run the reaper as its own process (one leader per schema)."""
+    """Run the reaper, retention and (when autovacuum is off) the job table's vacuum
+    as their own process (one leader per schema)."""
     configure_logging(log_format)
 
     async def run() -> None:

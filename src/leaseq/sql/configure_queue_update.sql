@@ -1,4 +1,5 @@
--- Change only the settings the caller named (the set_* flags); NULL clears a limit.
+-- Change only the settings the caller named (the set_* flags); NULL clears a limit
+-- (and, for a retention, keeps that state's finished jobs forever).
 -- Setting any admission limit starts backlog counting for the queue, for good.
 UPDATE {schema}.queue AS q
 SET lease_seconds = CASE WHEN %(set_lease)s THEN %(lease)s ELSE q.lease_seconds END,
@@ -16,6 +17,19 @@ SET lease_seconds = CASE WHEN %(set_lease)s THEN %(lease)s ELSE q.lease_seconds 
     max_payload_bytes = CASE WHEN %(set_max_payload_bytes)s THEN %(max_payload_bytes)s::integer
                              ELSE q.max_payload_bytes END,
     paused = CASE WHEN %(set_paused)s THEN %(paused)s ELSE q.paused END,
+    retain_done_seconds = CASE WHEN %(set_retain_done)s THEN %(retain_done)s::double precision
+                               ELSE q.retain_done_seconds END,
+    retain_cancelled_seconds = CASE WHEN %(set_retain_cancelled)s
+                                    THEN %(retain_cancelled)s::double precision
+                                    ELSE q.retain_cancelled_seconds END,
+    retain_failed_seconds = CASE WHEN %(set_retain_failed)s
+                                 THEN %(retain_failed)s::double precision
+                                 ELSE q.retain_failed_seconds END,
+    retention_mode = CASE WHEN %(set_retention_mode)s THEN %(retention_mode)s
+                          ELSE q.retention_mode END,
+    retain_archived_seconds = CASE WHEN %(set_retain_archived)s
+                                   THEN %(retain_archived)s::double precision
+                                   ELSE q.retain_archived_seconds END,
     counts_backlog = q.counts_backlog
         OR (%(set_max_queued_jobs)s AND %(max_queued_jobs)s::bigint IS NOT NULL)
         OR (%(set_max_queued_bytes)s AND %(max_queued_bytes)s::bigint IS NOT NULL),

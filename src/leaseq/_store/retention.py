@@ -1,0 +1,55 @@
+"""Operations of retention: one bounded batch of a prune, or its dry run."""
+
+from __future__ import annotations
+
+from .. import _decoding as decoding
+from .. import _validate as validate
+from .._statement import Operation, Rows, Statement
+from .._types import PruneResult
+from .base import StoreBase
+
+
+class RetentionOperations(StoreBase):
+    """What the maintenance leader and ``leaseq prune`` run."""
+
+    def prune(
+        self,
+        *,
+        queue: str | None = None,
+        states: object = None,
+        older_than: float | None = None,
+        archived_older_than: float | None = None,
+        limit: int = 1000,
+        dry_run: bool = False,
+    ) -> Operation[PruneResult]:
+        """One batch, in one short transaction: up to ``limit`` finished jobs past
+        their queue's retention (``older_than`` seconds instead, if given) deleted
+        or moved to the archive, then up to ``limit`` archived jobs past the
+        archive's retention deleted. ``dry_run`` counts all of them, writing nothing.
+        The result's ``more`` says a batch was full."""
+        params = {
+            "queue": None if queue is None else validate.queue_name(queue),
+            "states": validate.finished_states(states),
+            "older_than": validate.retention(older_than, "older_than"),
+            "archived_older_than": validate.retention(archived_older_than, "archived_older_than"),
+            "limit": validate.prune_batch(limit),
+        }
+        if dry_run:
+            return Operation(
+                (Statement(self.sql("prune_count.sql"), params),),
+                lambda r: decoding.prune_from_rows(r[0], dry_run=True, more=False),
+            )
+        archive_params = {**params, "older_than": params["archived_older_than"]}
+
+        def decode(rows: list[Rows]) -> PruneResult:
+            moved, expired = rows
+            full = sum(row[3] for row in moved) >= limit or sum(row[3] for row in expired) >= limit
+            return decoding.prune_from_rows(moved + expired, dry_run=False, more=full)
+
+        return Operation(
+            (
+                Statement(self.sql("prune.sql"), params),
+                Statement(self.sql("prune_archive.sql"), archive_params),
+            ),
+            decode,
+        )

@@ -1,0 +1,37 @@
+-- One bounded batch of the archive's own retention: up to %(limit)s jobs
+-- archived longer ago than their queue's retain_archived_seconds (or, given,
+-- %(older_than)s seconds), oldest first per queue, deleted. SKIP LOCKED: never
+-- waits for another pruner. Returns ('expired', queue, status, jobs).
+WITH targets AS (
+    SELECT q.name AS queue,
+           {schema}.clock()
+               - make_interval(secs => coalesce(%(older_than)s::double precision,
+                                                q.retain_archived_seconds))
+               AS cutoff
+    FROM {schema}.queue AS q
+    WHERE (%(queue)s::text IS NULL OR q.name = %(queue)s::text)
+      AND coalesce(%(older_than)s::double precision, q.retain_archived_seconds) IS NOT NULL
+),
+picked AS MATERIALIZED (
+    SELECT p.job_id
+    FROM targets AS t
+    CROSS JOIN LATERAL (
+        SELECT a.job_id
+        FROM {schema}.job_archive AS a
+        WHERE a.queue = t.queue AND a.archived_at < t.cutoff
+          AND a.status = ANY (%(states)s::text[])
+        ORDER BY a.archived_at, a.job_id
+        LIMIT %(limit)s
+        FOR UPDATE OF a SKIP LOCKED
+    ) AS p
+    LIMIT %(limit)s
+),
+removed AS (
+    DELETE FROM {schema}.job_archive AS a
+    WHERE a.job_id = ANY (ARRAY(SELECT p.job_id FROM picked AS p))
+    RETURNING a.queue, a.status
+)
+SELECT 'expired', r.queue, r.status, count(*)
+FROM removed AS r
+GROUP BY 2, 3
+ORDER BY 2, 3
