@@ -76,6 +76,7 @@ def test_an_unmigrated_schema_is_reported_not_raised(
     assert any("leaseq migrate" in w for w in report.warnings)
 
 
+@pytest.mark.xdist_group("cleanup_horizon")  # it holds back VACUUM database-wide on purpose
 def test_a_long_transaction_is_named_as_the_reason_dead_rows_stay(
     client: Client, connect: Connect, schema: str
 ) -> None:
@@ -119,6 +120,7 @@ def test_a_transaction_under_the_threshold_is_not_warned_about(
     holder.execute("ROLLBACK")
 
 
+@pytest.mark.xdist_group("cleanup_horizon")  # its vacuum must be able to remove dead rows
 def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_it(
     aqueue: leaseq.AsyncQueue, queue: leaseq.Queue, connect: Connect, schema: str
 ) -> None:
@@ -130,20 +132,25 @@ def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_it(
     _churn(queue, "reports", 3000)
     _until_dead_rows(queue, lambda dead: dead > 3000, "counted")
 
-    async def lead_until_vacuumed() -> leaseq.Maintenance:
+    async def lead_until_clean() -> leaseq.Maintenance:
+        # The leader vacuums again on every pass while the dead rows are still due
+        # (a transaction elsewhere may keep its first vacuum from removing them).
         maintenance = leaseq.Maintenance(aqueue, interval=0.1)
         task = asyncio.create_task(maintenance.run())
-        deadline = time.monotonic() + 30
-        while maintenance.vacuums == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            job = (await aqueue.health()).table("job")
+            if maintenance.vacuums and job is not None and job.dead_tuples < 1000:
+                break
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return maintenance
 
-    assert asyncio.run(lead_until_vacuumed()).vacuums >= 1
+    assert asyncio.run(lead_until_clean()).vacuums >= 1
     job = _job_table(queue)
     assert job.last_vacuum is not None  # a manual vacuum: the leader's, not autovacuum's
-    _until_dead_rows(queue, lambda dead: dead < 1000, "removed")
+    assert job.dead_tuples < 1000
 
 
 def test_the_leader_leaves_vacuum_to_autovacuum_when_it_runs(
