@@ -33,6 +33,7 @@ def test_public_names_are_pinned() -> None:
         "LeaseLost",
         "LeaseqError",
         "Maintenance",
+        "Metrics",
         "NotMigrated",
         "OrderingPolicy",
         "PayloadTooLarge",
@@ -48,6 +49,7 @@ def test_public_names_are_pinned() -> None:
         "Worker",
         "__version__",
         "database_url",
+        "metrics",
     ]
     for name in leaseq.__all__:
         assert hasattr(leaseq, name)
