@@ -26,6 +26,10 @@ import leaseq
 SCHEMA = "bench_metrics"
 
 
+#: Process CPU seconds of each drain, by side (steadier than wall time on a shared box).
+CPU: dict[str, list[float]] = {"off": [], "on": []}
+
+
 async def drain(url: str, jobs: int, concurrency: int, metrics: leaseq.Metrics | None) -> float:
     app = leaseq.App(schema=SCHEMA)
 
@@ -41,11 +45,12 @@ async def drain(url: str, jobs: int, concurrency: int, metrics: leaseq.Metrics |
     worker = leaseq.Worker(
         app, dsn=url, concurrency=concurrency, maintenance=False, metrics=metrics
     )
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     task = asyncio.create_task(worker.run())
     while worker.stats.completed < jobs:
         await asyncio.sleep(0.01)
     elapsed = time.perf_counter() - started
+    CPU["off" if metrics is None else "on"].append((time.process_time() - cpu) / jobs)
     worker.request_stop()
     await task
     return jobs / elapsed
@@ -99,6 +104,7 @@ def main() -> None:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     leaseq.Queue(url, schema=SCHEMA, metrics=None).migrate()
     asyncio.run(drain(url, min(args.jobs, 2000), args.concurrency, None))  # warm up
+    CPU["off"].clear()
     off: list[float] = []
     on: list[float] = []
     scrapes = 0
@@ -117,6 +123,11 @@ def main() -> None:
     print(f"ratio on/off, best of each: {max(on) / max(off):.3f}")
     pairs = [a / b for a, b in zip(on, off, strict=True)]
     print(f"ratio on/off, median of pairs: {statistics.median(pairs):.3f}")
+    cpu_off, cpu_on = statistics.median(CPU["off"]), statistics.median(CPU["on"])
+    print(
+        f"worker process CPU per job (median): off {cpu_off * 1e6:.0f} us, "
+        f"on {cpu_on * 1e6:.0f} us; ratio off/on {cpu_off / cpu_on:.3f}"
+    )
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
 
