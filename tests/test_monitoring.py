@@ -86,13 +86,16 @@ def _job_pages(plan: dict[str, Any]) -> int:
 
 def _stats_pages(queue: leaseq.Queue, *, same_plan: bool, **overrides: Any) -> int:
     """Pages of the job table and its indexes read by the stats statement the store
-    builds, run twice (the second, warm, is measured). ``same_plan``: no sequential
-    scans, the plan a large table gets, which a table of a few rows would not."""
+    builds, run twice (the second, warm, is measured). ``same_plan``: index scans, the
+    plan a large table gets (a table of a few rows would get sequential scans), and
+    no index-only scans, whose heap visits depend on what vacuum could mark visible
+    while other tests' transactions run."""
     (statement,) = queue._store.stats().statements
     params = {**statement.params, **overrides}
     with queue.connection() as conn, conn.transaction(force_rollback=True):
         if same_plan:
             conn.execute("SET LOCAL enable_seqscan = off")
+            conn.execute("SET LOCAL enable_indexonlyscan = off")
         for _ in range(2):
             row = conn.execute(
                 f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement.sql}", params
@@ -114,13 +117,18 @@ def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Qu
     """900,000 done + 9,000 cancelled jobs of one queue, 99,000 + 1,000 of another:
     the stats statement reads the same pages of the job table as with one finished
     row, counts the unfinished exactly and estimates the finished, saying so."""
-    queue.enqueue_many("reports", [{"n": n} for n in range(5)])
-    queue.enqueue("other", {"n": 0})
-    running = queue.claim("reports", limit=2)
-    queue.complete(queue.claim("other")[0])
+    # Rows written once (no claim, no completion): no dead tuple, which vacuum might not
+    # be allowed to remove while other tests' transactions run, adds a page to either side.
+    queue.enqueue_many("reports", [{"n": n} for n in range(3)])
     queue.enqueue("other", {"n": 1})
     with queue.connection() as conn:
-        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, status,'
+            "  available_at, max_attempts, attempts, lease_version, lease_until, lease_seconds)"
+            " SELECT 'reports', '{}', 2, 'running', now(), 20, 1, 1,"
+            "  now() + interval '1 hour', 3600 FROM generate_series(1, 2)"
+        )
+    _insert_finished(queue, "SELECT 'other', '{}', 2, 'done', now(), 20, 1, 1, now()")
     # Both measured on the path of a large table (finished counts estimated).
     one_row = _stats_pages(queue, same_plan=True, exact_pages=0)
     _insert_finished(
@@ -131,8 +139,10 @@ def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Qu
     )
     million = _stats_pages(queue, same_plan=True, exact_pages=0)
     assert million == one_row < 30
-    # ... which is the path and the plan the planner takes by itself at 1M rows.
-    assert _stats_pages(queue, same_plan=False) == million
+    # The statement left to itself at 1M rows takes that path (estimates, below), with a
+    # plan of its own whose index-only scans may visit a page vacuum could not mark
+    # all-visible yet: a handful of pages still, never the table's thousands.
+    assert _stats_pages(queue, same_plan=False) < 30
 
     reports, other = sorted(queue.stats(), key=lambda s: s.queue != "reports")
     for stats in (reports, other):
@@ -152,7 +162,6 @@ def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Qu
     (reports,) = queue.stats("reports")
     assert reports.failed == 4321
     assert reports.estimated == {JobStatus.DONE, JobStatus.CANCELLED}
-    del running
 
 
 def _seconds(n: float) -> timedelta:
