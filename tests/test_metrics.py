@@ -270,3 +270,8 @@ def test_labels_never_carry_a_job_id() -> None:
         assert family.name.startswith("leaseq_")
         for sample in family.samples:
             assert set(sample.labels) <= allowed | {"le"}, sample
+
+
+async def test_an_async_queue_cannot_be_watched(aqueue: leaseq.AsyncQueue) -> None:
+    with pytest.raises(leaseq.InvalidArgument):
+        leaseq.Metrics().watch(aqueue)  # type: ignore[arg-type]

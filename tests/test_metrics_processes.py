@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -14,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import leaseq
 
+from .conftest import ROOT
 from .worker_app import TABLES
 from .worker_processes import Spawn, worker_processes
 
@@ -84,3 +88,32 @@ def test_each_worker_process_serves_metrics_and_the_first_the_database_gauges(
     assert first["leaseq_worker_running_jobs"][()] == 0
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
+
+
+def test_maintenance_serves_the_database_gauges(queue: leaseq.Queue, database_url: str) -> None:
+    queue.enqueue_many("work", [{} for _ in range(4)])
+    queue.complete(queue.claim("work")[0])
+    port = _two_free_ports()
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "leaseq", "maintenance", "--schema", queue.schema),
+            *("--interval", "0.5", "--metrics-port", str(port)),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        jobs = _scrape(port)["leaseq_queue_jobs"]
+        assert jobs[(("queue", "work"), ("state", "queued"))] == 3
+        assert jobs[(("queue", "work"), ("state", "done"))] == 1
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        if process.stdout:
+            process.stdout.close()

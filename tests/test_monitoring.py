@@ -3,12 +3,16 @@ grow with the finished rows (estimates past a small table, and saying so)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from click.testing import CliRunner
+
 import leaseq
 from leaseq import JobStatus
+from leaseq._cli import cli
 
 from .clients import Client
 from .conftest import Clock
@@ -162,6 +166,17 @@ def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Qu
     (reports,) = queue.stats("reports")
     assert reports.failed == 4321
     assert reports.estimated == {JobStatus.DONE, JobStatus.CANCELLED}
+
+    # leaseq status says which numbers are estimates.
+    where = ["--database-url", queue.dsn, "--schema", queue.schema]
+    shown = CliRunner().invoke(cli, ["status", "--json", *where], catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    rows = {row["queue"]: row for row in json.loads(shown.output)}
+    assert rows["reports"]["estimated"] == ["cancelled", "done"]
+    assert (rows["reports"]["queued"], rows["reports"]["failed"]) == (3, 4321)
+    table = CliRunner().invoke(cli, ["status", *where], catch_exceptions=False).output
+    assert "~" in table
+    assert "estimate" in table
 
 
 def _seconds(n: float) -> timedelta:

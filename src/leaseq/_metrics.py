@@ -22,6 +22,7 @@ duration is in seconds.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +40,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from ._errors import InvalidArgument
 from ._logs import get_logger
 from ._types import JobStatus, QueueStats
 
@@ -178,7 +180,14 @@ class Metrics:
 
     def watch(self, source: StatsSource | None, *, ttl: float = DEFAULT_TTL) -> None:
         """Serve the database's gauges from ``source.stats()`` (a ``leaseq.Queue``; its
-        schema's queues), run on scrape at most once per ``ttl`` seconds; None stops."""
+        schema's queues), run on scrape at most once per ``ttl`` seconds; None stops.
+
+        Scrapes are answered in a thread of their own: watch a sync ``Queue`` (with a
+        small pool of its own), not an ``AsyncQueue``."""
+        if source is not None and inspect.iscoroutinefunction(source.stats):
+            raise InvalidArgument("watch a leaseq.Queue: scrapes call stats() from a thread")
+        if ttl < 0:
+            raise InvalidArgument("ttl must not be negative")
         self._database.watch(source, ttl)
 
     # -- exposing ------------------------------------------------------------------------
