@@ -178,6 +178,16 @@ def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Qu
     assert "~" in table
     assert "estimate" in table
 
+    # Past 10,000 failed jobs a queue's failed count is an estimate too (and says so).
+    _insert_finished(
+        queue,
+        "SELECT 'reports', '{}', 2, 'failed', now(), 20, 20, 20, now()"
+        " FROM generate_series(1, 6000) AS i",
+    )
+    (reports,) = queue.stats("reports")
+    assert reports.estimated == {JobStatus.DONE, JobStatus.FAILED, JobStatus.CANCELLED}
+    assert 10_000 < reports.failed < 10_321 * 1.5, reports
+
 
 def _seconds(n: float) -> timedelta:
     return timedelta(seconds=n)

@@ -52,7 +52,12 @@ log = get_logger("leaseq.worker")
 
 
 class Worker:
-    """Runs an :class:`App`'s handlers until told to stop."""
+    """Runs an :class:`App`'s handlers until told to stop.
+
+    ``stats`` (WorkerStats) counts what it did; ``metrics`` (``leaseq.metrics`` unless
+    given, None for none) is the Prometheus view of the same: claims, recovered
+    leases, waits, handler times, outcomes as the database answered, running jobs.
+    """
 
     def __init__(
         self,
