@@ -12,7 +12,8 @@
 -- no job row: the queue's live rows (the statistics system's live-tuple count
 -- of the table, current within seconds, times the queue's share of rows at the
 -- last ANALYZE) minus its exact unfinished jobs, split between done and
--- cancelled (and failed, past 10,000) by their shares at the last ANALYZE.
+-- cancelled (and failed, past 10,000) by their shares of the whole table at
+-- the last ANALYZE (per-column statistics: the table's mix, not the queue's).
 -- The last column names the statuses whose count is such an estimate.
 WITH size AS (
     SELECT pg_relation_size(c.oid)
