@@ -37,6 +37,7 @@ def test_public_names_are_pinned() -> None:
         "LeaseLost",
         "LeaseqError",
         "Maintenance",
+        "Metrics",
         "NotMigrated",
         "OrderingPolicy",
         "PayloadTooLarge",
@@ -55,6 +56,7 @@ def test_public_names_are_pinned() -> None:
         "Worker",
         "__version__",
         "database_url",
+        "metrics",
     ]
     for name in leaseq.__all__:
         assert hasattr(leaseq, name)

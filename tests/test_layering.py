@@ -26,7 +26,7 @@ SOURCE = Path(leaseq.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"_errors", "_types", "_redact", "_statement"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
-    {"_embedded", "_retry"},
+    {"_embedded", "_retry", "_metrics"},
     {"_config", "_store", "_db"},
     {"_migrate", "_steps", "_client_base"},
     {"_async_client", "_sync_client"},

@@ -16,6 +16,8 @@ from ._errors import (
     TransientError,
 )
 from ._maintenance import Maintenance
+from ._metrics import DEFAULT as metrics
+from ._metrics import Metrics
 from ._retry import Backoff, PermanentError, Retry
 from ._sync_client import Queue
 from ._types import (
@@ -62,6 +64,7 @@ __all__ = [
     "LeaseLost",
     "LeaseqError",
     "Maintenance",
+    "Metrics",
     "NotMigrated",
     "OrderingPolicy",
     "PayloadTooLarge",
@@ -79,4 +82,5 @@ __all__ = [
     "Worker",
     "__version__",
     "database_url",
+    "metrics",
 ]

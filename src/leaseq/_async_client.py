@@ -21,10 +21,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from . import _migrate, _steps, _tracing
+from . import _metrics, _migrate, _steps, _tracing
 from . import _validate as validate
 from ._client_base import ClientBase
 from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
+from ._metrics import Metrics
 from ._types import (
     Claim,
     ClaimPlan,
@@ -46,7 +47,8 @@ class AsyncQueue(ClientBase):
     """A leaseq schema (its many named queues) on one database.
 
     Opens a small pool of autocommit connections on first use; close it with
-    ``close()`` or by using the queue as a context manager.
+    ``close()`` or by using the queue as a context manager. Enqueues are counted
+    on ``metrics`` (``leaseq.metrics`` unless given; None counts nothing).
     """
 
     def __init__(
@@ -59,8 +61,11 @@ class AsyncQueue(ClientBase):
         notify: bool = True,
         connection_options: dict[str, Any] | None = None,
         connect_timeout: float = 30.0,
+        metrics: Metrics | None = _metrics.DEFAULT,
     ) -> None:
-        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
+        super().__init__(
+            dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify, metrics=metrics
+        )
         self._db = AsyncDatabase(
             self.dsn, max_size=pool_size, options=connection_options, open_timeout=connect_timeout
         )
@@ -129,6 +134,7 @@ class AsyncQueue(ClientBase):
             steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
             job_id = await self._db.run_steps(steps, conn)
             send.sent([job_id])
+        self._count_enqueued(queue, 1)
         return job_id
 
     async def enqueue_many(
@@ -161,6 +167,7 @@ class AsyncQueue(ClientBase):
             steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
             job_ids = await self._db.run_steps(steps, conn)
             send.sent(job_ids)
+        self._count_enqueued(queue, len(job_ids))
         return job_ids
 
     # -- workers: claim, then fenced writes --------------------------------------
@@ -319,8 +326,9 @@ class AsyncQueue(ClientBase):
         return await self._db.run(self._store.list_jobs(status, queue=queue, limit=limit))
 
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases.
-        (Scans the table: for monitoring, not for the hot path.)"""
+        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases, in
+        one statement that reads no finished job: unfinished counts are exact, finished
+        ones of a large table are estimates (each result's ``estimated`` names them)."""
         return await self._db.run(self._store.stats(queue))
 
     async def configure_queue(self, name: str, **settings: Any) -> QueueSettings:

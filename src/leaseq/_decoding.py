@@ -17,7 +17,10 @@ from ._types import (
 
 
 def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
-    (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row
+    (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row[
+        :11
+    ]
+    recovered, ready_at, claimed_at = row[11:14]
     return Claim(
         job_id=job_id,
         queue=queue,
@@ -30,6 +33,9 @@ def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
         lease_until=until,
         lease_seconds=lease,
         idempotency_key=idem or default_idempotency_key(schema, job_id),
+        recovered=bool(recovered),
+        ready_at=ready_at,
+        claimed_at=claimed_at,
     )
 
 
@@ -125,7 +131,7 @@ def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
 
 
 def stats_from_row(row: tuple[Any, ...]) -> QueueStats:
-    (name, queued, running, done, failed, cancelled, queued_bytes, age, expired, paused) = row
+    (name, queued, running, done, failed, cancelled, queued_bytes, age, expired, paused) = row[:10]
     counts = (queued, running, done, failed, cancelled)
     return QueueStats(
         queue=name,
@@ -134,6 +140,7 @@ def stats_from_row(row: tuple[Any, ...]) -> QueueStats:
         oldest_ready_age=age,
         expired_leases=expired,
         paused=paused,
+        estimated=frozenset(JobStatus(s) for s in row[10]),
     )
 
 

@@ -14,10 +14,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from . import _migrate, _steps, _tracing
+from . import _metrics, _migrate, _steps, _tracing
 from . import _validate as validate
 from ._client_base import ClientBase
 from ._db import Connection, Database
+from ._metrics import Metrics
 from ._types import (
     Claim,
     ClaimPlan,
@@ -39,7 +40,8 @@ class Queue(ClientBase):
     """A leaseq schema (its many named queues) on one database.
 
     Opens a small pool of autocommit connections on first use; close it with
-    ``close()`` or by using the queue as a context manager.
+    ``close()`` or by using the queue as a context manager. Enqueues are counted
+    on ``metrics`` (``leaseq.metrics`` unless given; None counts nothing).
     """
 
     def __init__(
@@ -52,8 +54,11 @@ class Queue(ClientBase):
         notify: bool = True,
         connection_options: dict[str, Any] | None = None,
         connect_timeout: float = 30.0,
+        metrics: Metrics | None = _metrics.DEFAULT,
     ) -> None:
-        super().__init__(dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify)
+        super().__init__(
+            dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify, metrics=metrics
+        )
         self._db = Database(
             self.dsn, max_size=pool_size, options=connection_options, open_timeout=connect_timeout
         )
@@ -122,6 +127,7 @@ class Queue(ClientBase):
             steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
             job_id = self._db.run_steps(steps, conn)
             send.sent([job_id])
+        self._count_enqueued(queue, 1)
         return job_id
 
     def enqueue_many(
@@ -154,6 +160,7 @@ class Queue(ClientBase):
             steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
             job_ids = self._db.run_steps(steps, conn)
             send.sent(job_ids)
+        self._count_enqueued(queue, len(job_ids))
         return job_ids
 
     # -- workers: claim, then fenced writes --------------------------------------
@@ -310,8 +317,9 @@ class Queue(ClientBase):
         return self._db.run(self._store.list_jobs(status, queue=queue, limit=limit))
 
     def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases.
-        (Scans the table: for monitoring, not for the hot path.)"""
+        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases, in
+        one statement that reads no finished job: unfinished counts are exact, finished
+        ones of a large table are estimates (each result's ``estimated`` names them)."""
         return self._db.run(self._store.stats(queue))
 
     def configure_queue(self, name: str, **settings: Any) -> QueueSettings:

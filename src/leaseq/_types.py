@@ -62,6 +62,20 @@ class Claim:
     lease_until: datetime
     lease_seconds: float
     idempotency_key: str
+    #: This claim took over an expired lease (crash recovery).
+    recovered: bool = False
+    #: When the job became claimable, by the database's clock: its ``available_at``,
+    #: or for a recovered claim the end of the expired lease.
+    ready_at: datetime | None = None
+    #: When it was claimed, by the database's clock.
+    claimed_at: datetime | None = None
+
+    @property
+    def wait_seconds(self) -> float | None:
+        """How long the job waited, ready but unclaimed (database times)."""
+        if self.ready_at is None or self.claimed_at is None:
+            return None
+        return max((self.claimed_at - self.ready_at).total_seconds(), 0.0)
 
     @property
     def last_attempt(self) -> bool:
@@ -118,12 +132,22 @@ class QueueSettings:
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
+    """One queue's numbers, read without walking its finished rows.
+
+    ``counts`` of queued and running jobs, ``queued_bytes``, ``oldest_ready_age``
+    (seconds since the oldest job a worker could claim became ready; a key's
+    waiting jobs are not ready) and ``expired_leases`` are exact. The finished
+    counts of a large job table are estimates: ``estimated`` names them.
+    """
+
     queue: str
     counts: dict[JobStatus, int]
     queued_bytes: int
     oldest_ready_age: float | None
     expired_leases: int
     paused: bool
+    #: The statuses whose count is an estimate (empty: every count is exact).
+    estimated: frozenset[JobStatus] = frozenset()
 
     @property
     def queued(self) -> int:

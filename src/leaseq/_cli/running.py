@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -16,10 +17,13 @@ from leaseq import (
     AsyncQueue,
     InvalidArgument,
     Maintenance,
+    Queue,
     Worker,
+    metrics,
 )
 
 from .._config import configured_database_url
+from .._logs import get_logger
 from .._redact import remember_dsn
 from .._worker.supervisor import Supervisor
 from .common import (
@@ -31,6 +35,49 @@ from .common import (
     open_queue,
     scrubbed_crash,
 )
+
+log = get_logger("leaseq.cli")
+
+
+def metrics_options(command: Any) -> Any:
+    """--metrics-port / --metrics-host: serve leaseq.metrics' registry on /metrics."""
+    command = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address /metrics listens on.",
+    )(command)
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(0, 65535),
+        default=None,
+        help="Serve Prometheus metrics on this port (with --processes N: PORT+i for the "
+        "i-th process; the database gauges come from the first).",
+    )(command)
+
+
+@contextlib.contextmanager
+def serving_metrics(
+    port: int | None, host: str, database_url: str | None, schema: str, *, database: bool
+) -> Iterator[None]:
+    """Serve ``/metrics`` while the block runs (nothing without a port); ``database``:
+    with the queues' gauges, from one stats statement per scrape at most (cached)."""
+    if port is None:
+        yield
+        return
+    server = metrics.serve(port, host)
+    log.info("metrics on http://%s:%d/metrics", server.host, server.port)
+    watcher = None
+    if database:
+        watcher = Queue(database_url, schema=schema, pool_size=1, connect_timeout=5, metrics=None)
+        metrics.watch(watcher)
+    try:
+        yield
+    finally:
+        if watcher is not None:
+            metrics.watch(None)
+            watcher.close()
+        server.close()
 
 
 @cli.command()
@@ -70,6 +117,7 @@ def migrate(database_url: str | None, schema: str) -> None:
 )
 @click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
 @log_format_option
+@metrics_options
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
@@ -89,16 +137,16 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
     sys.exit(supervisor.run())
 
 
-def _run_worker_process(app_reference: str, options: dict[str, Any]) -> None:
+def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) -> None:
     """A child of --processes: a fresh process, whose crash nobody above it scrubs."""
     configured_database_url(options["database_url"])  # remembers it, and the environment's
     if options["listen_database_url"]:
         remember_dsn(options["listen_database_url"])
     with scrubbed_crash():
-        _run_worker(app_reference, options)
+        _run_worker(app_reference, options, slot)
 
 
-def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
+def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> None:
     configure_logging(options["log_format"])
     sys.path.insert(0, os.getcwd())
     app = App.load(app_reference)
@@ -117,8 +165,18 @@ def _run_worker(app_reference: str, options: dict[str, Any]) -> None:
         maintenance=options["maintenance"],
         maintenance_interval=options["maintenance_interval"],
     )
+    port = options["metrics_port"]
+    if port:  # port 0 (any free port) stays 0 in every process
+        port += slot
     try:
-        asyncio.run(runner.run(install_signal_handlers=True))
+        with serving_metrics(
+            port,
+            options["metrics_host"],
+            options["database_url"],
+            options["schema"],
+            database=slot == 0,
+        ):
+            asyncio.run(runner.run(install_signal_handlers=True))
     except asyncio.CancelledError:
         # A second signal: leave now; unfinished leases expire and are recovered.
         os._exit(1)
@@ -151,10 +209,20 @@ def demo(database_url: str | None, **options: Any) -> None:
 @cli.command()
 @click.option("--interval", type=float, default=5.0, show_default=True)
 @log_format_option
+@metrics_options
 @database_options
-def maintenance(interval: float, log_format: str, database_url: str | None, schema: str) -> None:
+def maintenance(
+    *,
+    interval: float,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    database_url: str | None,
+    schema: str,
+) -> None:
     """Run the reaper, retention and (when autovacuum is off) the job table's vacuum
-    as their own process (one leader per schema)."""
+    as their own process (one leader per schema); with --metrics-port, also serve
+    the queues' gauges."""
     configure_logging(log_format)
 
     async def run() -> None:
@@ -166,4 +234,5 @@ def maintenance(interval: float, log_format: str, database_url: str | None, sche
             with contextlib.suppress(asyncio.CancelledError):
                 await Maintenance(queue, interval=interval).run()
 
-    asyncio.run(run())
+    with serving_metrics(metrics_port, metrics_host, database_url, schema, database=True):
+        asyncio.run(run())

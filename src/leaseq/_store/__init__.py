@@ -5,20 +5,26 @@ Each public method of :class:`Store` returns an
 that turns the rows into the result. The database layer executes it on a sync
 or an async connection; neither side builds SQL of its own. The SQL itself
 lives in ``sql/*.sql``. The store is split by who needs the operation: jobs
-(producers and workers), operators, retention, health, the schema.
+(producers and workers), operators, retention, health, monitoring, the schema.
 """
 
 from __future__ import annotations
 
 from .health import HealthOperations
 from .jobs import UNIQUE_VIOLATION, Claimed, JobOperations
+from .monitoring import MonitoringOperations
 from .operators import OperatorOperations, ReplayBatch
 from .retention import RetentionOperations
 from .schema import SchemaOperations
 
 
 class Store(
-    JobOperations, OperatorOperations, RetentionOperations, HealthOperations, SchemaOperations
+    JobOperations,
+    OperatorOperations,
+    RetentionOperations,
+    HealthOperations,
+    MonitoringOperations,
+    SchemaOperations,
 ):
     """Builds the operations of one leaseq schema."""
 

@@ -1,4 +1,4 @@
-"""Operations of operators: reap, replay, cancel, look, configure."""
+"""Operations of operators: reap, replay, cancel, look, configure (stats: monitoring.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .. import _decoding as decoding
 from .. import _validate as validate
 from .._errors import BacklogFull, InvalidArgument, JobNotFound
 from .._statement import Operation, Rows, Statement
-from .._types import Job, JobStatus, QueueSettings, QueueStats, ReapResult
+from .._types import Job, JobStatus, QueueSettings, ReapResult
 from .base import StoreBase, ignore
 
 
@@ -109,14 +109,6 @@ class OperatorOperations(StoreBase):
         return Operation(
             (Statement(self.sql("list_jobs.sql"), params),),
             lambda r: [decoding.job_from_row(schema, row) for row in r[0]],
-        )
-
-    def stats(self, queue: str | None = None) -> Operation[list[QueueStats]]:
-        params = {"queue": None if queue is None else validate.queue_name(queue)}
-
-        return Operation(
-            (Statement(self.sql("stats.sql"), params),),
-            lambda r: [decoding.stats_from_row(row) for row in r[0]],
         )
 
     def configure_queue(self, name: str, **settings: Any) -> Operation[QueueSettings]:

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 
 from .._errors import LeaseLost
 from .._logs import get_logger
+from .._metrics import Metrics
 from .._retry import Retry, Verdict
 from .._types import Claim
 from .app import Task
@@ -42,11 +44,18 @@ class AttemptRunner:
     """Runs each claimed attempt in a task of its own, from its handler to its acknowledgement."""
 
     def __init__(
-        self, attempts: AttemptRegistry, outcomes: Outcomes, stats: WorkerStats, *, slots: int
+        self,
+        attempts: AttemptRegistry,
+        outcomes: Outcomes,
+        stats: WorkerStats,
+        metrics: Metrics | None,
+        *,
+        slots: int,
     ) -> None:
         self._attempts = attempts
         self._outcomes = outcomes
         self._stats = stats
+        self._metrics = metrics
         self._threads = DaemonThreads(slots, "leaseq-job")  # sync handlers: one per slot
 
     def start(self, attempt: Attempt, task: Task) -> None:
@@ -57,8 +66,12 @@ class AttemptRunner:
         self._threads.shutdown()
 
     async def _run(self, attempt: Attempt, task: Task) -> None:
+        instruments = None if self._metrics is None else self._metrics.queue(attempt.claim.queue)
         try:
+            started = time.perf_counter()
             outcome = await self.outcome_of(attempt, task)
+            if instruments is not None:
+                instruments.job_duration.observe(time.perf_counter() - started)
             if attempt.lost:
                 outcome = None  # never acknowledge the result of a lost lease
             if outcome is not None:
@@ -66,11 +79,15 @@ class AttemptRunner:
                 answer = await self._outcomes.report(outcome)
                 if answer is Answer.LOST:
                     reason = f"{outcome.kind.value} refused: lease no longer held"
-                    self._attempts.lose(attempt, reason)
+                    self._attempts.lose(attempt, reason)  # counted there, as lease_lost
                 else:
                     _count(self._stats, answer)
+                    if instruments is not None:
+                        instruments.finished[OUTCOME_OF[answer]].inc()
             elif attempt.context.completed:
                 self._stats.completed += 1
+                if instruments is not None:
+                    instruments.finished["done"].inc()
         except Exception:
             log.exception("job %d: could not record its outcome", attempt.claim.job_id)
         finally:
@@ -124,6 +141,17 @@ def _retry_or_fail(task: Task, claim: Claim, delay: float | None, error: object)
     if delay is None:
         delay = task.retry_delay(claim.attempts)
     return Outcome(Kind.RETRY, claim, delay=delay, error=error)
+
+
+#: The ``outcome`` label of leaseq_jobs_finished_total for each answer of the database
+#: (a lost one is counted where the attempt is lost, AttemptRegistry.lose).
+OUTCOME_OF = {
+    Answer.COMPLETED: "done",
+    Answer.RETRIED: "retried",
+    Answer.FAILED: "failed",
+    Answer.RELEASED: "released",
+    Answer.LOST: "lease_lost",
+}
 
 
 def _count(stats: WorkerStats, answer: Answer) -> None:

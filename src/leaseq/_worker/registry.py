@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Iterator
 
 from .._logs import get_logger
+from .._metrics import Metrics
 from .._types import Claim
 from .context import JobContext
 from .state import Attempt, WorkerStats
@@ -24,9 +25,10 @@ log = get_logger("leaseq.worker")
 
 
 class AttemptRegistry:
-    def __init__(self, concurrency: int, stats: WorkerStats) -> None:
+    def __init__(self, concurrency: int, stats: WorkerStats, metrics: Metrics | None) -> None:
         self._concurrency = concurrency
         self._stats = stats
+        self._metrics = metrics
         self._by_claim: dict[tuple[int, int], Attempt] = {}
         self._newest: dict[int, Attempt] = {}  # the newest attempt of each job here
         self._wakeup = asyncio.Event()
@@ -63,6 +65,11 @@ class AttemptRegistry:
             del self._newest[claim.job_id]
         self.wake()
 
+    def running(self) -> int:
+        """Attempts whose handler has not returned yet (read by a metrics scrape, from
+        another thread: one C-level copy of the values, no iteration over the dict)."""
+        return sum(1 for a in list(self._by_claim.values()) if not a.acknowledging)
+
     def free_slots(self) -> int:
         # A handler that has returned frees its slot at once: its acknowledgement
         # is flushed while the next claim runs. Unacknowledged jobs are capped at
@@ -79,6 +86,8 @@ class AttemptRegistry:
         attempt.lost = True
         attempt.context.mark_lost(reason)
         self._stats.lost_leases += 1
+        if self._metrics is not None:
+            self._metrics.queue(attempt.claim.queue).finished["lease_lost"].inc()
         log.warning(
             "job %d (lease version %d): lease lost: %s",
             attempt.claim.job_id,

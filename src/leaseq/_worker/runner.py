@@ -30,10 +30,12 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from .. import _metrics
 from .._config import database_url
 from .._errors import InvalidArgument, TransientError
 from .._logs import get_logger
 from .._maintenance import Maintenance
+from .._metrics import Metrics
 from .._types import Claim
 from .app import App
 from .attempt import AttemptRunner
@@ -50,7 +52,12 @@ log = get_logger("leaseq.worker")
 
 
 class Worker:
-    """Runs an :class:`App`'s handlers until told to stop."""
+    """Runs an :class:`App`'s handlers until told to stop.
+
+    ``stats`` (WorkerStats) counts what it did; ``metrics`` (``leaseq.metrics`` unless
+    given, None for none) is the Prometheus view of the same: claims, recovered
+    leases, waits, handler times, outcomes as the database answered, running jobs.
+    """
 
     def __init__(
         self,
@@ -67,6 +74,7 @@ class Worker:
         shutdown_grace: float = 30.0,
         maintenance: bool = True,
         maintenance_interval: float = 5.0,
+        metrics: Metrics | None = _metrics.DEFAULT,
     ) -> None:
         if not app.tasks:
             raise InvalidArgument("the app has no tasks")
@@ -91,7 +99,9 @@ class Worker:
         self.maintenance = maintenance
         self.maintenance_interval = maintenance_interval
         self.stats = WorkerStats()
-        self._attempts = AttemptRegistry(concurrency, self.stats)
+        #: Where this worker counts (the Prometheus view of its stats); None: nowhere.
+        self.metrics = metrics
+        self._attempts = AttemptRegistry(concurrency, self.stats, metrics)
         self._stopping = asyncio.Event()
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
@@ -128,7 +138,9 @@ class Worker:
             listen_dsn=self.listen_dsn if self.listen else None,
         )
         outcomes = Outcomes(self._clients.acknowledgements)
-        self._runner = AttemptRunner(self._attempts, outcomes, self.stats, slots=self.concurrency)
+        self._runner = AttemptRunner(
+            self._attempts, outcomes, self.stats, self.metrics, slots=self.concurrency
+        )
         self._leases = LeaseKeeper(
             self._clients.renewals,
             self._attempts,
@@ -141,6 +153,9 @@ class Worker:
         ]
         for task in background:
             task.add_done_callback(self._service_ended)
+        untrack = None
+        if self.metrics is not None:
+            untrack = self.metrics.track_running(self._attempts.running)
         log.info(
             "worker started: queues=%s concurrency=%d", ",".join(self.queues), self.concurrency
         )
@@ -158,6 +173,8 @@ class Worker:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(outcomes.drain(), 10)
             self._runner.close()
+            if untrack is not None:
+                untrack()
             await self._clients.close()
             if install_signal_handlers:
                 for signum in (signal.SIGTERM, signal.SIGINT):
@@ -237,9 +254,12 @@ class Worker:
         started = time.perf_counter()
         sent = time.monotonic()  # the leases run from no earlier than this
         claims = await self._clients.claims.claim(name, limit=limit, lease=task.lease or self.lease)
+        elapsed = time.perf_counter() - started
         self.stats.claim_statements += 1
-        self.stats.claim_seconds += time.perf_counter() - started
+        self.stats.claim_seconds += elapsed
         self.stats.claimed += len(claims)
+        if self.metrics is not None:
+            _count_claim(self.metrics, name, elapsed, claims)
         for claim in claims:
             context = JobContext(claim, self._clients.handlers, self._clients.handlers_async)
             attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
@@ -247,3 +267,16 @@ class Worker:
         if claims:
             self._leases.attempt_started()
         return claims
+
+
+def _count_claim(metrics: Metrics, queue: str, elapsed: float, claims: list[Claim]) -> None:
+    """One claim call: its time, and per claim a recovered lease and how long it waited."""
+    instruments = metrics.queue(queue)
+    instruments.claims.inc()
+    instruments.claim_duration.observe(elapsed)
+    for claim in claims:
+        if claim.recovered:
+            instruments.recovered.inc()
+        wait = claim.wait_seconds
+        if wait is not None:
+            instruments.job_wait.observe(wait)

@@ -3,7 +3,8 @@
 Children are started with the ``spawn`` method (no inherited connections or
 threads). SIGTERM/SIGINT are forwarded to them so each stops gracefully; a
 second signal kills them. A child that exits on its own is restarted after a
-backoff that grows while it keeps crashing.
+backoff that grows while it keeps crashing. A child runs ``target(*args, slot)``:
+its slot (0..N-1) stays the same across restarts (its metrics port is PORT+slot).
 
 A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
@@ -51,7 +52,9 @@ class Supervisor:
 
     def _start(self, slot: int) -> None:
         child = self._context.Process(
-            target=_supervised_child, args=(self.target, self.args), name=f"leaseq-worker-{slot}"
+            target=_supervised_child,
+            args=(self.target, (*self.args, slot)),
+            name=f"leaseq-worker-{slot}",
         )
         child.start()
         self._children[slot] = child

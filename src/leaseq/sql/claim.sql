@@ -11,6 +11,9 @@
 -- lease is the key's running job: recovering it keeps the key's order.
 -- A last row with a NULL job_id says that repair notes of this queue are due
 -- (see key_repair_run): the client acts on them in a statement of its own.
+-- Each claim also says whether it recovered an expired lease and when the job
+-- became claimable (its available_at, or the expired lease's end): the wait
+-- until claimed_at, both database times, is what the metrics report.
 -- The queue is compared with the parameter, not with settings.name: only a
 -- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
@@ -19,7 +22,7 @@ WITH settings AS (
     WHERE q.name = %(queue)s AND NOT q.paused
 ),
 expired AS (
-    SELECT j.job_id
+    SELECT j.job_id, j.lease_until AS ready_at
     FROM {schema}.job AS j, settings AS s
     WHERE j.queue = %(queue)s
       AND j.status = 'running'
@@ -30,7 +33,7 @@ expired AS (
     FOR UPDATE OF j SKIP LOCKED
 ),
 ready AS (
-    SELECT j.job_id
+    SELECT j.job_id, j.available_at AS ready_at
     FROM {schema}.job AS j, settings AS s
     WHERE j.queue = %(queue)s
       AND j.status = 'queued'
@@ -63,9 +66,9 @@ ready AS (
     FOR UPDATE OF j SKIP LOCKED
 ),
 picked AS (
-    (SELECT job_id, 0 AS branch FROM expired)
+    (SELECT job_id, 0 AS branch, ready_at FROM expired)
     UNION ALL
-    (SELECT job_id, 1 AS branch FROM ready)
+    (SELECT job_id, 1 AS branch, ready_at FROM ready)
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -85,15 +88,17 @@ claimed AS (
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
         j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
-        picked.branch, j.priority, j.available_at
+        picked.branch, j.priority, j.available_at, picked.ready_at, j.claimed_at
 )
 -- In claim order: recovered leases first, then by priority, age and id.
 SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
-       r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key
+       r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key,
+       r.branch = 0, r.ready_at, r.claimed_at
 FROM (
     SELECT * FROM claimed
     UNION ALL
-    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 2, NULL, NULL
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 2, NULL, NULL,
+        NULL, NULL
     WHERE EXISTS (
         SELECT 1 FROM {schema}.key_repair AS k
         WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())

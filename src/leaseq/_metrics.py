@@ -1,0 +1,342 @@
+"""Prometheus metrics: leaseq's instruments, and the database's gauges read on scrape.
+
+A :class:`Metrics` holds every instrument on one prometheus-client registry.
+``leaseq.metrics`` is the process's own, on prometheus-client's default
+``REGISTRY`` (so an application that already serves that registry serves
+leaseq's numbers too); the clients count enqueues on it and the worker counts
+what it does, unless given another one (or None: no metrics).
+
+* Counters and histograms are counted where things happen: the producer's
+  enqueue (once its statement succeeded), the worker's claim loop and attempts.
+  Per queue, the labelled children are bound once (:meth:`Metrics.queue`), so a
+  job costs a few uncontended lock round trips, no label lookup.
+* The database's gauges come from a collector that runs the client's
+  ``stats()`` on scrape: one statement, at most once per ``ttl`` seconds
+  however many scrapers ask (see :meth:`Metrics.watch`).
+* ``leaseq_worker_running_jobs`` is read on scrape from the workers that track
+  themselves here: nothing is counted per job.
+
+Labels are ``queue``, ``outcome`` and ``state`` only (never a job id); every
+duration is in seconds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ._errors import InvalidArgument
+from ._logs import get_logger
+from ._types import JobStatus, QueueStats
+
+log = get_logger("leaseq.metrics")
+
+#: How a job's attempt ended, as ``leaseq_jobs_finished_total`` labels it: what the
+#: database did (a retry of a job with no attempts left is ``failed``).
+OUTCOMES = ("done", "retried", "failed", "released", "lease_lost")
+
+#: Handler run times: from 5 ms to an hour.
+DURATION_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+)  # fmt: skip
+#: Ready until claimed: from 5 ms to a day.
+WAIT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400,
+)  # fmt: skip
+#: One claim call, as the worker waited for it: from 0.5 ms to 5 s.
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+#: Seconds a scrape's database numbers are reused by the next scrapes.
+DEFAULT_TTL = 5.0
+
+ESTIMATES_HELP = (
+    "queued and running are exact; done and cancelled are estimates once the job table "
+    "is past 8 MiB, failed past 10,000 per queue (leaseq_queue_jobs_estimated says which)"
+)
+
+
+class StatsSource(Protocol):
+    """What the database gauges read: a (sync) client's ``stats()``, e.g. ``leaseq.Queue``."""
+
+    def stats(self, queue: str | None = None) -> list[QueueStats]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInstruments:
+    """One queue's labelled children, bound once."""
+
+    enqueued: Counter
+    finished: dict[str, Counter]  # by outcome
+    recovered: Counter
+    claims: Counter
+    job_duration: Histogram
+    job_wait: Histogram
+    claim_duration: Histogram
+
+
+class Metrics:
+    """leaseq's Prometheus instruments on one registry (a fresh one by default).
+
+    ``leaseq.metrics`` is the process's, on prometheus-client's default registry.
+    Give a ``Metrics`` to ``Queue(metrics=...)``/``Worker(metrics=...)`` to count on
+    another registry, or None to count nothing.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        reg = self.registry
+        self._enqueued = Counter(
+            "leaseq_jobs_enqueued",
+            "Jobs enqueued (counted once the statement succeeded).",
+            ["queue"],
+            registry=reg,
+        )
+        self._finished = Counter(
+            "leaseq_jobs_finished",
+            "Attempts ended, by what the database did: done, retried, failed, released "
+            "(given back at shutdown) or lease_lost (the worker no longer held the job).",
+            ["queue", "outcome"],
+            registry=reg,
+        )
+        self._recovered = Counter(
+            "leaseq_leases_recovered",
+            "Claims that took over an expired lease.",
+            ["queue"],
+            registry=reg,
+        )
+        self._claims = Counter(
+            "leaseq_claim_statements", "Claim calls the worker made.", ["queue"], registry=reg
+        )
+        self._job_duration = Histogram(
+            "leaseq_job_duration_seconds",
+            "Handler run time.",
+            ["queue"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self._job_wait = Histogram(
+            "leaseq_job_wait_seconds",
+            "Ready until claimed (available_at, or the expired lease's end, to claimed_at; "
+            "database times).",
+            ["queue"],
+            buckets=WAIT_BUCKETS,
+            registry=reg,
+        )
+        self._claim_duration = Histogram(
+            "leaseq_claim_duration_seconds",
+            "Time spent in one claim call.",
+            ["queue"],
+            buckets=CLAIM_BUCKETS,
+            registry=reg,
+        )
+        self._queues: dict[str, QueueInstruments] = {}
+        self._bind_lock = threading.Lock()
+        self._running = _RunningJobs()
+        self._database = _DatabaseGauges()
+        self.registry.register(self._running)
+        self.registry.register(self._database)
+
+    # -- counting -----------------------------------------------------------------
+
+    def queue(self, name: str) -> QueueInstruments:
+        """The instruments of one queue (bound on first use, then reused)."""
+        found = self._queues.get(name)
+        if found is None:
+            with self._bind_lock:
+                found = self._queues.get(name)
+                if found is None:
+                    found = self._queues[name] = QueueInstruments(
+                        enqueued=self._enqueued.labels(name),
+                        finished={o: self._finished.labels(name, o) for o in OUTCOMES},
+                        recovered=self._recovered.labels(name),
+                        claims=self._claims.labels(name),
+                        job_duration=self._job_duration.labels(name),
+                        job_wait=self._job_wait.labels(name),
+                        claim_duration=self._claim_duration.labels(name),
+                    )
+        return found
+
+    def track_running(self, count: Callable[[], int]) -> Callable[[], None]:
+        """Add ``count()`` (a worker's running jobs) to ``leaseq_worker_running_jobs``
+        at every scrape; returns the function that stops it."""
+        return self._running.add(count)
+
+    # -- the database's gauges ---------------------------------------------------------
+
+    def watch(self, source: StatsSource | None, *, ttl: float = DEFAULT_TTL) -> None:
+        """Serve the database's gauges from ``source.stats()`` (a ``leaseq.Queue``; its
+        schema's queues), run on scrape at most once per ``ttl`` seconds; None stops.
+
+        Scrapes are answered in a thread of their own: watch a sync ``Queue`` (with a
+        small pool of its own), not an ``AsyncQueue``."""
+        if source is not None and inspect.iscoroutinefunction(source.stats):
+            raise InvalidArgument("watch a leaseq.Queue: scrapes call stats() from a thread")
+        if ttl < 0:
+            raise InvalidArgument("ttl must not be negative")
+        self._database.watch(source, ttl)
+
+    # -- exposing ------------------------------------------------------------------------
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
+        """Serve ``/metrics`` over HTTP from a daemon thread (port 0: any free port)."""
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        return MetricsServer(server, thread)
+
+    def text(self) -> str:
+        """The registry in Prometheus' text format (what ``/metrics`` answers)."""
+        return generate_latest(self.registry).decode()
+
+
+class MetricsServer:
+    """A running ``/metrics`` HTTP server; ``close()`` stops it."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self.host, self.port = server.server_address[:2]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+class _RunningJobs:
+    """``leaseq_worker_running_jobs``: the sum of the tracked workers' counts, on scrape."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, Callable[[], int]] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def add(self, count: Callable[[], int]) -> Callable[[], None]:
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+            self._counts[key] = count
+
+        def remove() -> None:
+            with self._lock:
+                self._counts.pop(key, None)
+
+        return remove
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            counts = list(self._counts.values())
+        family = self._family()
+        family.add_metric([], sum(count() for count in counts))
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "leaseq_worker_running_jobs",
+            "Attempts this process's workers are running (their handlers not yet returned).",
+        )
+
+
+class _DatabaseGauges:
+    """The database's gauges: one ``stats()`` per ``ttl`` at most, shared by scrapes."""
+
+    def __init__(self) -> None:
+        self._source: StatsSource | None = None
+        self._ttl = DEFAULT_TTL
+        self._lock = threading.Lock()  # one query at a time; concurrent scrapes wait for it
+        self._read_at = float("-inf")
+        self._stats: list[QueueStats] | None = None
+
+    def watch(self, source: StatsSource | None, ttl: float) -> None:
+        with self._lock:
+            self._source, self._ttl = source, ttl
+            self._read_at, self._stats = float("-inf"), None
+
+    def _current(self) -> tuple[bool, list[QueueStats] | None]:
+        """(watching, the stats: fresh or at most ttl old; None if the query failed)."""
+        with self._lock:
+            if self._source is None:
+                return False, None
+            now = time.monotonic()
+            if now - self._read_at >= self._ttl:
+                self._read_at = now
+                try:
+                    self._stats = self._source.stats()
+                except Exception as exc:
+                    log.warning("metrics: reading the queues' stats failed: %s", exc)
+                    self._stats = None
+            return True, self._stats
+
+    def describe(self) -> Iterable[Metric]:
+        return [_up_family(), *_families()]
+
+    def collect(self) -> Iterable[Metric]:
+        watching, stats = self._current()
+        if not watching:
+            return []
+        up = _up_family()
+        up.add_metric([], 0.0 if stats is None else 1.0)
+        if stats is None:
+            return [up]
+        jobs, estimated, size, oldest, expired = _families()
+        for s in stats:
+            for state in JobStatus:
+                jobs.add_metric([s.queue, state.value], s.counts[state])
+                estimated.add_metric([s.queue, state.value], float(state in s.estimated))
+            size.add_metric([s.queue], s.queued_bytes)
+            oldest.add_metric([s.queue], s.oldest_ready_age or 0.0)
+            expired.add_metric([s.queue], s.expired_leases)
+        return [up, jobs, estimated, size, oldest, expired]
+
+
+def _up_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(
+        "leaseq_queue_stats_up", "1 if the last read of the database's numbers succeeded."
+    )
+
+
+def _families() -> Iterator[GaugeMetricFamily]:
+    yield GaugeMetricFamily(
+        "leaseq_queue_jobs",
+        f"Jobs by queue and state: {ESTIMATES_HELP}.",
+        labels=["queue", "state"],
+    )
+    yield GaugeMetricFamily(
+        "leaseq_queue_jobs_estimated",
+        "1 where leaseq_queue_jobs is a planner-statistics estimate, 0 where it is exact.",
+        labels=["queue", "state"],
+    )
+    yield GaugeMetricFamily(
+        "leaseq_queue_bytes", "Payload bytes of the queued jobs (exact).", labels=["queue"]
+    )
+    yield GaugeMetricFamily(
+        "leaseq_queue_oldest_ready_age_seconds",
+        "Age of the oldest job a worker could claim now, 0 if none (exact; a key's "
+        "waiting jobs are not ready).",
+        labels=["queue"],
+    )
+    yield GaugeMetricFamily(
+        "leaseq_queue_expired_leases",
+        "Running jobs whose lease has expired, awaiting recovery (exact).",
+        labels=["queue"],
+    )
+
+
+#: The process's metrics, on prometheus-client's default registry.
+DEFAULT = Metrics(REGISTRY)

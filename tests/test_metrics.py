@@ -1,0 +1,277 @@
+"""Prometheus metrics: after a known workload run by a real Worker, the scraped numbers
+are exactly the workload's; the database gauges match a known table state, read at
+most once per TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import leaseq
+from leaseq import JobStatus, QueueStats
+from leaseq.testing import aset_clock_offset, set_clock_offset
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _samples(text: str) -> Samples:
+    """Every sample of an exposition, by name and sorted labels."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return _samples(response.read().decode())
+
+
+async def _until(condition: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_a_known_workload_scrapes_as_exactly_its_numbers(
+    database_url: str, schema: str
+) -> None:
+    """7 done, 3 retried once then done, 2 failed, 1 recovered lease (then done), one
+    lease lost (the row locked and the clock moved past it), one released at shutdown."""
+    ok, flaky, broken = 7, 3, 2
+    metrics = leaseq.Metrics()  # a registry of its own, for exact numbers
+    server = metrics.serve(0)
+    app = leaseq.App(schema=schema)
+    slow_started = asyncio.Event()
+
+    @app.task("work", backoff=(0, 0))
+    async def work(job: leaseq.JobContext) -> None:
+        if job.payload["kind"] == "flaky" and job.attempts == 1:
+            raise RuntimeError("try again")
+        if job.payload["kind"] == "broken":
+            raise leaseq.PermanentError("bad input")
+
+    @app.task("slow", lease=5)
+    async def slow(job: leaseq.JobContext) -> None:
+        slow_started.set()
+        await asyncio.sleep(60)  # cancelled when its lease is lost
+
+    @app.task("hang")
+    async def hang(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(60)  # cancelled and released at shutdown
+
+    async with leaseq.AsyncQueue(database_url, schema=schema, metrics=metrics) as producer:
+        await producer.migrate()
+        kinds = ["ok"] * ok + ["flaky"] * flaky + ["broken"] * broken
+        await producer.enqueue_many("work", [{"kind": k} for k in kinds])
+        await producer.enqueue("work", {"kind": "ok"})
+        (orphan,) = await producer.claim("work", lease=1)  # a worker that died
+        assert orphan.payload == {"kind": "ok"}
+        slow_id = await producer.enqueue("slow", {}, max_attempts=1)  # nobody reclaims it
+        await producer.enqueue("hang", {})
+        await asyncio.sleep(1.1)  # the orphan's lease is over
+        worker = leaseq.Worker(
+            app,
+            dsn=database_url,
+            concurrency=20,
+            poll_interval=0.1,
+            renew_fraction=0.3,
+            shutdown_grace=0.5,
+            maintenance=False,
+            metrics=metrics,
+        )
+        task = asyncio.create_task(worker.run())
+        loop = asyncio.get_running_loop()
+
+        async def work_done() -> bool:
+            (stats,) = await producer.stats("work")
+            return stats.queued == 0 and stats.running == 0
+
+        await _until(work_done)
+        await asyncio.wait_for(slow_started.wait(), 10)
+        running = await loop.run_in_executor(None, _scrape, server.port)
+        assert _value(running, "leaseq_worker_running_jobs") == 2  # slow and hang
+
+        async with producer.connection() as blocker, blocker.transaction():
+            await blocker.execute(
+                f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (slow_id,)
+            )
+            await aset_clock_offset(producer, 6)  # the 5 s lease is over
+            await _until(lambda: worker.stats.lost_leases >= 1)
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+
+    samples = await loop.run_in_executor(None, _scrape, server.port)
+    server.close()
+
+    def finished(queue: str, outcome: str) -> float:
+        return _value(samples, "leaseq_jobs_finished_total", queue=queue, outcome=outcome)
+
+    assert _value(samples, "leaseq_jobs_enqueued_total", queue="work") == ok + flaky + broken + 1
+    assert _value(samples, "leaseq_jobs_enqueued_total", queue="slow") == 1
+    assert _value(samples, "leaseq_jobs_enqueued_total", queue="hang") == 1
+    assert {o: finished("work", o) for o in leaseq._metrics.OUTCOMES} == {
+        "done": ok + flaky + 1,
+        "retried": flaky,
+        "failed": broken,
+        "released": 0,
+        "lease_lost": 0,
+    }
+    assert finished("slow", "lease_lost") == 1
+    assert finished("slow", "done") == 0
+    assert finished("hang", "released") == 1
+    assert _value(samples, "leaseq_leases_recovered_total", queue="work") == 1
+    assert _value(samples, "leaseq_leases_recovered_total", queue="slow") == 0
+    attempts = ok + 2 * flaky + broken + 1
+    assert _value(samples, "leaseq_job_duration_seconds_count", queue="work") == attempts
+    assert _value(samples, "leaseq_job_wait_seconds_count", queue="work") == attempts
+    # The orphan waited from its lease's end (1 s after its claim) to its recovery.
+    assert _value(samples, "leaseq_job_wait_seconds_sum", queue="work") > 0
+    claims = sum(
+        _value(samples, "leaseq_claim_statements_total", queue=q) for q in ("work", "slow", "hang")
+    )
+    assert claims == worker.stats.claim_statements
+    assert _value(samples, "leaseq_claim_duration_seconds_count", queue="work") == _value(
+        samples, "leaseq_claim_statements_total", queue="work"
+    )
+    assert _value(samples, "leaseq_worker_running_jobs") == 0
+    # What the worker's own stats say, and the Prometheus view of them, agree.
+    assert worker.stats.completed == ok + flaky + 1
+    assert (worker.stats.retried, worker.stats.failed) == (flaky, broken)
+    assert (worker.stats.released, worker.stats.lost_leases) == (1, 1)
+
+
+def test_database_gauges_match_a_known_table_state(queue: leaseq.Queue) -> None:
+    metrics = leaseq.Metrics()
+    metrics.watch(queue, ttl=0)
+    queue.enqueue_many("reports", [{"n": n} for n in range(4)])  # 7 bytes each
+    queue.enqueue("reports", {"later": True}, delay=3600)  # queued, not ready
+    done, expired = queue.claim("reports", limit=2, lease=5)
+    queue.complete(done)
+    queue.enqueue("empty", {"n": 0})
+    queue.cancel(queue.claim("empty", lease=5)[0].job_id)  # running: not cancelled
+    set_clock_offset(queue, 30)
+    samples = _samples(metrics.text())
+
+    def gauge(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        assert key in samples, key
+        return samples[key]
+
+    assert gauge("leaseq_queue_stats_up") == 1
+    states = {
+        s.value: gauge("leaseq_queue_jobs", queue="reports", state=s.value) for s in JobStatus
+    }
+    assert states == {"queued": 3, "running": 1, "done": 1, "failed": 0, "cancelled": 0}
+    for state in JobStatus:  # a small table: every count exact
+        assert gauge("leaseq_queue_jobs_estimated", queue="reports", state=state.value) == 0
+    assert gauge("leaseq_queue_bytes", queue="reports") == 2 * len('{"n":0}') + len(
+        '{"later":true}'
+    )
+    assert 30 <= gauge("leaseq_queue_oldest_ready_age_seconds", queue="reports") < 120
+    assert gauge("leaseq_queue_expired_leases", queue="reports") == 1
+    assert gauge("leaseq_queue_jobs", queue="empty", state="running") == 1
+    assert gauge("leaseq_queue_oldest_ready_age_seconds", queue="empty") == 0
+    assert gauge("leaseq_queue_expired_leases", queue="empty") == 1
+    del expired
+
+
+class CountingSource:
+    def __init__(self, queue: leaseq.Queue) -> None:
+        self.queue = queue
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def stats(self, queue: str | None = None) -> list[QueueStats]:
+        with self.lock:
+            self.calls += 1
+        return self.queue.stats(queue)
+
+
+def test_scrapes_share_one_stats_query_per_ttl(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {"n": 1})
+    metrics = leaseq.Metrics()
+    source = CountingSource(queue)
+    metrics.watch(source, ttl=0.5)
+    server = metrics.serve(0)
+    try:
+        threads = [threading.Thread(target=_scrape, args=(server.port,)) for _ in range(5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert source.calls == 1
+        _samples(metrics.text())
+        assert source.calls == 1
+        time.sleep(0.6)
+        queue.enqueue("reports", {"n": 2})
+        samples = _scrape(server.port)
+        assert source.calls == 2
+        assert _value(samples, "leaseq_queue_jobs", queue="reports", state="queued") == 2
+    finally:
+        server.close()
+
+
+def test_a_failing_stats_query_says_so_and_serves_no_stale_numbers(queue: leaseq.Queue) -> None:
+    class Broken:
+        def stats(self, queue: str | None = None) -> list[QueueStats]:
+            raise leaseq.DatabaseUnavailable("no database")
+
+    metrics = leaseq.Metrics()
+    metrics.watch(queue, ttl=0)
+    queue.enqueue("reports", {"n": 1})
+    assert _value(_samples(metrics.text()), "leaseq_queue_stats_up") == 1
+    metrics.watch(Broken(), ttl=0)
+    samples = _samples(metrics.text())
+    assert _value(samples, "leaseq_queue_stats_up") == 0
+    assert not [key for key in samples if key[0] == "leaseq_queue_jobs"]
+
+
+def test_enqueues_are_counted_by_the_producer(database_url: str, schema: str) -> None:
+    metrics = leaseq.Metrics()
+    with leaseq.Queue(database_url, schema=schema, metrics=metrics) as producer:
+        producer.migrate()
+        producer.enqueue("reports", {"n": 0})
+        producer.enqueue_many("reports", [{"n": n} for n in range(4)])
+        producer.enqueue_many("reports", [])
+        with pytest.raises(leaseq.InvalidJob):
+            producer.enqueue("reports", {"bad": float("nan")})  # nothing written
+    samples = _samples(metrics.text())
+    assert _value(samples, "leaseq_jobs_enqueued_total", queue="reports") == 5
+    with leaseq.Queue(database_url, schema=schema, metrics=None) as quiet:
+        quiet.enqueue("reports", {"n": 5})
+    assert _value(_samples(metrics.text()), "leaseq_jobs_enqueued_total", queue="reports") == 5
+
+
+def test_labels_never_carry_a_job_id() -> None:
+    allowed = {"queue", "task", "outcome", "state"}
+    metrics = leaseq.Metrics()
+    metrics.queue("reports")
+    for family in text_string_to_metric_families(metrics.text()):
+        assert family.name.startswith("leaseq_")
+        for sample in family.samples:
+            assert set(sample.labels) <= allowed | {"le"}, sample
+
+
+async def test_an_async_queue_cannot_be_watched(aqueue: leaseq.AsyncQueue) -> None:
+    with pytest.raises(leaseq.InvalidArgument):
+        leaseq.Metrics().watch(aqueue)  # type: ignore[arg-type]
