@@ -24,6 +24,7 @@ import leaseq
 
 from .clients import Client
 from .conftest import ROOT
+from .test_worker import Running, _all_finished, _until
 
 EXPORTER = InMemorySpanExporter()
 
@@ -141,3 +142,73 @@ def test_without_the_extra_nothing_is_traced_and_nothing_stored(
 
 def test_with_the_api_but_no_sdk_nothing_is_stored(database_url: str, schema: str) -> None:
     assert _run_without("", database_url, schema) == "stored: None"
+
+
+async def test_the_worker_continues_the_producers_trace(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    current: dict[str, trace.SpanContext] = {}
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> None:
+        current["reports"] = trace.get_current_span().get_span_context()
+
+    @app.task("exports", max_attempts=1)
+    def export(job: leaseq.JobContext) -> None:  # a sync handler, in a thread
+        current["exports"] = trace.get_current_span().get_span_context()
+        raise ValueError("no such export")
+
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /reports") as request:
+        report_id = await aqueue.enqueue("reports", {"n": 1})
+        export_id = await aqueue.enqueue("exports", {"n": 2})
+    trace_id = request.get_span_context().trace_id
+
+    worker = Running(leaseq.Worker(app, dsn=database_url, concurrency=2, maintenance=False))
+    await _until(lambda: _all_finished(aqueue, "reports"))
+    await _until(lambda: _all_finished(aqueue, "exports"))
+    await worker.stop()
+
+    spans = {s.name: s for s in _spans_of(trace_id)}
+    for queue_name, job_id, outcome in (
+        ("reports", report_id, "done"),
+        ("exports", export_id, "failed"),
+    ):
+        send, process = spans[f"send {queue_name}"], spans[f"process {queue_name}"]
+        assert process.kind is SpanKind.CONSUMER
+        assert process.parent is not None
+        assert process.parent.span_id == send.context.span_id  # the producer's trace, continued
+        assert process.attributes is not None
+        assert process.attributes["messaging.operation.type"] == "process"
+        assert process.attributes["messaging.destination.name"] == queue_name
+        assert process.attributes["messaging.message.id"] == str(job_id)
+        assert process.attributes["leaseq.attempt"] == 1
+        assert process.attributes["leaseq.outcome"] == outcome
+        # The handler ran inside its span, on the loop and in its thread alike.
+        assert current[queue_name].span_id == process.context.span_id
+    failed = spans["process exports"]
+    assert failed.status.status_code is trace.StatusCode.ERROR
+    assert [e.name for e in failed.events] == ["exception"]
+    assert spans["process reports"].status.status_code is not trace.StatusCode.ERROR
+
+
+async def test_an_enqueue_outside_any_span_starts_the_trace_its_job_continues(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    seen: list[trace.SpanContext] = []
+
+    @app.task("plain")
+    async def plain(job: leaseq.JobContext) -> None:
+        seen.append(trace.get_current_span().get_span_context())
+
+    EXPORTER.clear()
+    await aqueue.enqueue("plain", {"n": 1})  # its send span is a root: a trace of its own
+    worker = Running(leaseq.Worker(app, dsn=database_url, concurrency=1, maintenance=False))
+    await _until(lambda: _all_finished(aqueue, "plain"))
+    await worker.stop()
+    (process,) = [s for s in EXPORTER.get_finished_spans() if s.name == "process plain"]
+    (send,) = [s for s in EXPORTER.get_finished_spans() if s.name == "send plain"]
+    assert process.context.trace_id == send.context.trace_id
+    assert seen[0].span_id == process.context.span_id

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._redact import redact
+from ._types import Claim
 
 _TRACEBACKS = logging.Formatter()
 
@@ -64,6 +65,17 @@ _FILTER = RedactingFilter()
 JOB_FIELDS = ("queue", "job_id", "attempt", "lease_version")
 #: Further context some records carry.
 CONTEXT_FIELDS = ("task", "outcome", "duration_seconds", "error")
+
+
+def job_fields(claim: Claim, **context: object) -> dict[str, object]:
+    """``extra=`` of a record about one attempt of a job: who it is about."""
+    return {
+        "queue": claim.queue,
+        "job_id": claim.job_id,
+        "attempt": claim.attempts,
+        "lease_version": claim.lease_version,
+        **context,
+    }
 
 
 class JsonFormatter(logging.Formatter):

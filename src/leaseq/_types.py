@@ -69,6 +69,9 @@ class Claim:
     ready_at: datetime | None = None
     #: When it was claimed, by the database's clock.
     claimed_at: datetime | None = None
+    #: The producer's trace context (the ``otel`` extra), which the worker's
+    #: ``process`` span continues; None when the enqueue was not traced.
+    trace_context: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def wait_seconds(self) -> float | None:

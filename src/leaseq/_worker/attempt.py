@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 
+from .. import _tracing
 from .._errors import LeaseLost
-from .._logs import get_logger
+from .._logs import get_logger, job_fields
 from .._metrics import Metrics
 from .._retry import Retry, Verdict
 from .._types import Claim
@@ -66,32 +68,51 @@ class AttemptRunner:
         self._threads.shutdown()
 
     async def _run(self, attempt: Attempt, task: Task) -> None:
-        instruments = None if self._metrics is None else self._metrics.queue(attempt.claim.queue)
+        claim = attempt.claim
+        instruments = None if self._metrics is None else self._metrics.queue(claim.queue)
         try:
-            started = time.perf_counter()
-            outcome = await self.outcome_of(attempt, task)
-            if instruments is not None:
-                instruments.job_duration.observe(time.perf_counter() - started)
-            if attempt.lost:
-                outcome = None  # never acknowledge the result of a lost lease
-            if outcome is not None:
-                self._attempts.handler_returned(attempt)
-                answer = await self._outcomes.report(outcome)
-                if answer is Answer.LOST:
-                    reason = f"{outcome.kind.value} refused: lease no longer held"
-                    self._attempts.lose(attempt, reason)  # counted there, as lease_lost
-                else:
-                    _count(self._stats, answer)
-                    if instruments is not None:
-                        instruments.finished[OUTCOME_OF[answer]].inc()
-            elif attempt.context.completed:
-                self._stats.completed += 1
+            with _tracing.process(claim, claim.trace_context) as span:
+                log.debug(
+                    "job %d (%s) attempt %d started",
+                    claim.job_id,
+                    claim.queue,
+                    claim.attempts,
+                    extra=job_fields(claim, task=claim.queue),
+                )
+                started = time.perf_counter()
+                outcome = await self.outcome_of(attempt, task)
+                elapsed = time.perf_counter() - started
                 if instruments is not None:
-                    instruments.finished["done"].inc()
+                    instruments.job_duration.observe(elapsed)
+                label = await self._acknowledge(attempt, outcome)
+                span.ended(label, None if outcome is None else _exception(outcome.error))
+                _log_finished(claim, label, elapsed, outcome)
+                if instruments is not None and label in FINISHED:
+                    instruments.finished[label].inc()
         except Exception:
-            log.exception("job %d: could not record its outcome", attempt.claim.job_id)
+            log.exception(
+                "job %d: could not record its outcome", claim.job_id, extra=job_fields(claim)
+            )
         finally:
             self._attempts.finish(attempt)
+
+    async def _acknowledge(self, attempt: Attempt, outcome: Outcome | None) -> str:
+        """Report the outcome; say what the database did with it (a metrics label)."""
+        if attempt.lost:
+            outcome = None  # never acknowledge the result of a lost lease
+        if outcome is not None:
+            self._attempts.handler_returned(attempt)
+            answer = await self._outcomes.report(outcome)
+            if answer is Answer.LOST:
+                reason = f"{outcome.kind.value} refused: lease no longer held"
+                self._attempts.lose(attempt, reason)  # counted there, as lease_lost
+                return LOST_HERE
+            _count(self._stats, answer)
+            return OUTCOME_OF[answer]
+        if attempt.context.completed:
+            self._stats.completed += 1
+            return "done"
+        return LOST_HERE  # lost: counted where the attempt was lost
 
     async def outcome_of(self, attempt: Attempt, task: Task) -> Outcome | None:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
@@ -118,7 +139,12 @@ class AttemptRunner:
             raise
         except Exception as exc:  # a TimeoutError the handler raised itself included
             if context.completed:  # the job's transaction already completed it
-                log.warning("job %d raised after completing: %r", claim.job_id, exc)
+                log.warning(
+                    "job %d raised after completing: %r",
+                    claim.job_id,
+                    exc,
+                    extra=job_fields(claim, error=repr(exc)),
+                )
                 return None
             if task.errors.classify(exc) is Verdict.FAIL:
                 return Outcome(Kind.FAIL, claim, error=exc)
@@ -143,6 +169,37 @@ def _retry_or_fail(task: Task, claim: Claim, delay: float | None, error: object)
     return Outcome(Kind.RETRY, claim, delay=delay, error=error)
 
 
+def _exception(error: object) -> BaseException | None:
+    return error if isinstance(error, BaseException) else None
+
+
+def _log_finished(claim: Claim, label: str, elapsed: float, outcome: Outcome | None) -> None:
+    """A line per finished attempt: DEBUG when done, INFO when it will run again
+    or failed for good (with its error), nothing for a lost lease (said when lost)."""
+    if label == LOST_HERE:
+        return
+    error = None if outcome is None or outcome.error is None else repr(outcome.error)
+    fields = job_fields(
+        claim, task=claim.queue, outcome=label, duration_seconds=round(elapsed, 6), error=error
+    )
+    level = logging.DEBUG if label in ("done", "released") else logging.INFO
+    log.log(
+        level,
+        "job %d (%s) attempt %d %s in %.3fs%s",
+        claim.job_id,
+        claim.queue,
+        claim.attempts,
+        label,
+        elapsed,
+        f": {error}" if error else "",
+        extra=fields,
+    )
+
+
+#: What _acknowledge says when the attempt was lost: leaseq_jobs_finished_total's
+#: lease_lost is counted where the attempt is lost (AttemptRegistry.lose), not here.
+LOST_HERE = "lost"
+
 #: The ``outcome`` label of leaseq_jobs_finished_total for each answer of the database
 #: (a lost one is counted where the attempt is lost, AttemptRegistry.lose).
 OUTCOME_OF = {
@@ -152,6 +209,8 @@ OUTCOME_OF = {
     Answer.RELEASED: "released",
     Answer.LOST: "lease_lost",
 }
+#: The labels counted here, once per attempt.
+FINISHED = frozenset(label for answer, label in OUTCOME_OF.items() if answer is not Answer.LOST)
 
 
 def _count(stats: WorkerStats, answer: Answer) -> None:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 
-from .._logs import get_logger
+from .._logs import get_logger, job_fields
 from .._metrics import Metrics
 from .._types import Claim
 from .context import JobContext
@@ -93,6 +93,7 @@ class AttemptRegistry:
             attempt.claim.job_id,
             attempt.claim.lease_version,
             reason,
+            extra=job_fields(attempt.claim, outcome="lease_lost", error=reason),
         )
         # A sync attempt stays until its thread returns (it holds a slot); job.lost tells it.
         if attempt.cancellable and attempt.task is not None and not attempt.acknowledging:

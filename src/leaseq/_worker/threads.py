@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -35,7 +36,14 @@ class DaemonThreads:
         """Run ``function(argument)`` in a thread; the future settles on the running loop."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        self._work.put((function, argument, loop, future))
+        # The caller's context variables go with the work (as asyncio.to_thread's
+        # do): the attempt's tracing span is the current one in its thread.
+        context = contextvars.copy_context()
+
+        def in_context(value: Any) -> R:
+            return context.run(function, value)
+
+        self._work.put((in_context, argument, loop, future))
         if not self._idle.acquire(blocking=False):
             with self._lock:
                 if len(self._threads) < self._size:
