@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -115,19 +116,28 @@ def test_claim_stops_at_the_head_of_a_large_ready_backlog(queue: leaseq.Queue) -
     assert [c.payload["n"] for c in claims] == [50000, 49997, 49994]  # in claim order
 
 
-def _vacuum_until_clean(queue: leaseq.Queue, timeout: float = 30.0) -> None:
-    """VACUUM ANALYZE until no dead tuple is left: while a transaction that began before
-    the claims runs anywhere in the database (another test's bulk insert), vacuum may
-    not remove the claimed rows' old versions, and the plan would read them."""
+def _vacuum_until_clean(queue: leaseq.Queue, timeout: float = 60.0) -> None:
+    """VACUUM ANALYZE until it leaves no dead tuple behind: while a transaction that
+    began before the claims runs anywhere in the database (another test's bulk
+    insert), vacuum may not remove the claimed rows' old versions, and the plan would
+    read them. VACUUM VERBOSE says how many it had to leave."""
     deadline = time.monotonic() + timeout
     with queue.connection() as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda notice: notices.append(notice.message_primary or ""))
         while True:
-            conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
-            row = conn.execute(
-                "SELECT pg_stat_get_dead_tuples(%s::regclass)", (f'"{queue.schema}".job',)
-            ).fetchone()
-            if (row is not None and row[0] == 0) or time.monotonic() > deadline:
+            notices.clear()
+            conn.execute(f'VACUUM (VERBOSE, ANALYZE) "{queue.schema}".job')
+            left = [
+                int(m.group(1))
+                for n in notices
+                for m in [re.search(r"(\d+) are dead but not yet removable", n)]
+                if m
+            ]
+            if left and sum(left) == 0:
                 return
+            if time.monotonic() > deadline:
+                pytest.fail(f"vacuum left dead tuples for {timeout}s: {left} {notices[:3]}")
             time.sleep(0.3)
 
 
