@@ -121,7 +121,7 @@ def test_a_transaction_under_the_threshold_is_not_warned_about(
 
 
 @pytest.mark.xdist_group("cleanup_horizon")  # its vacuum must be able to remove dead rows
-def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_it(
+async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_it(
     aqueue: leaseq.AsyncQueue, queue: leaseq.Queue, connect: Connect, schema: str
 ) -> None:
     with connect(autocommit=True) as conn:
@@ -132,44 +132,38 @@ def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_it(
     _churn(queue, "reports", 3000)
     _until_dead_rows(queue, lambda dead: dead > 3000, "counted")
 
-    async def lead_until_clean() -> leaseq.Maintenance:
-        # The leader vacuums again on every pass while the dead rows are still due
-        # (a transaction elsewhere may keep its first vacuum from removing them).
-        maintenance = leaseq.Maintenance(aqueue, interval=0.1)
-        task = asyncio.create_task(maintenance.run())
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            job = (await aqueue.health()).table("job")
-            if maintenance.vacuums and job is not None and job.dead_tuples < 1000:
-                break
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return maintenance
+    # The leader vacuums again on every pass while the dead rows are still due (a
+    # transaction elsewhere may keep its first vacuum from removing them).
+    maintenance = leaseq.Maintenance(aqueue, interval=0.1)
+    task = asyncio.create_task(maintenance.run())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        job = (await aqueue.health()).table("job")
+        if maintenance.vacuums and job is not None and job.dead_tuples < 1000:
+            break
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
-    assert asyncio.run(lead_until_clean()).vacuums >= 1
+    assert maintenance.vacuums >= 1
     job = _job_table(queue)
     assert job.last_vacuum is not None  # a manual vacuum: the leader's, not autovacuum's
     assert job.dead_tuples < 1000
 
 
-def test_the_leader_leaves_vacuum_to_autovacuum_when_it_runs(
+async def test_the_leader_leaves_vacuum_to_autovacuum_when_it_runs(
     aqueue: leaseq.AsyncQueue, queue: leaseq.Queue
 ) -> None:
     if not queue.health().server_autovacuum:
         pytest.skip("autovacuum is off for this server (the embedded one runs it)")
     assert not queue.health().leader_vacuums
     _churn(queue, "reports", 3000)
-
-    async def lead_a_while() -> int:
-        maintenance = leaseq.Maintenance(aqueue, interval=0.1)
-        task = asyncio.create_task(maintenance.run())
-        await asyncio.sleep(1.0)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return maintenance.vacuums
-
-    assert asyncio.run(lead_a_while()) == 0
+    maintenance = leaseq.Maintenance(aqueue, interval=0.1)
+    task = asyncio.create_task(maintenance.run())
+    await asyncio.sleep(1.0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert maintenance.vacuums == 0
 
 
 def test_the_claim_plan_reads_the_ready_index_over_a_large_table(
