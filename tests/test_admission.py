@@ -188,6 +188,7 @@ def _enqueue_buffers(client: Client) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cleanup_horizon")  # reads plans after VACUUM (see test_plans)
 @sync_only(
     "EXPLAINs the enqueue statement on raw SQL; both clients send that one statement "
     "(the store builds it), so the async leg would measure the same thing again"

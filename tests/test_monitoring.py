@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 import leaseq
@@ -127,6 +128,7 @@ def _insert_finished(queue: leaseq.Queue, sql_select: str, *, batches: int = 1) 
         conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
 
 
+@pytest.mark.xdist_group("cleanup_horizon")  # reads plans after VACUUM (see test_plans)
 def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Queue) -> None:
     """891,000 done + 9,000 cancelled jobs of one queue, 99,000 + 1,000 of another:
     the stats statement reads the same pages of the job table as with one finished
