@@ -180,5 +180,8 @@ def test_claim_cost_does_not_grow_with_a_keys_waiting_jobs(
     # costs in a queue that never had an ordering key.
     baseline = _explain(queue, queue._store.claim("baseline", limit=10), analyze=True)
     keyed, plain_only = (p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in (plan, baseline))
-    assert keyed <= plain_only + 30, (keyed, plain_only)
+    # Within a quarter plus 30 pages: what the ten row updates touch varies with
+    # where their new versions land (a fresh heap page, a b-tree page split), on
+    # any queue; reading the 100,000 waiting successors would cost thousands.
+    assert keyed <= plain_only * 1.25 + 30, (keyed, plain_only)
     assert {c.job_id for c in queue.claim("events", limit=10)} <= set(plain)
