@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 
+import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -195,6 +196,28 @@ def test_database_gauges_match_a_known_table_state(queue: leaseq.Queue) -> None:
     del expired
 
 
+def test_table_gauges_say_dead_rows_size_and_what_holds_cleanup_back(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    metrics = leaseq.Metrics()
+    metrics.watch(queue, ttl=0)
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(50)])
+    queue.complete_many(queue.claim("reports", limit=50))
+    job = queue.health().table("job")
+    assert job is not None
+    assert len(ids) == 50
+    samples = _samples(metrics.text())
+    assert _value(samples, "leaseq_job_table_bytes") == job.total_bytes
+    assert _value(samples, "leaseq_job_table_dead_tuples") >= 0
+    with psycopg.connect(database_url, autocommit=True) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")  # a snapshot, then idle in transaction
+        time.sleep(1.1)
+        held = _value(_samples(metrics.text()), "leaseq_cleanup_held_back_seconds")
+        holder.execute("ROLLBACK")
+    assert held >= 1.0
+
+
 class CountingSource:
     def __init__(self, queue: leaseq.Queue) -> None:
         self.queue = queue
@@ -205,6 +228,9 @@ class CountingSource:
         with self.lock:
             self.calls += 1
         return self.queue.stats(queue)
+
+    def health(self, *, long_transaction: float = 60.0) -> leaseq.Health:
+        return self.queue.health(long_transaction=long_transaction)
 
 
 def test_scrapes_share_one_stats_query_per_ttl(queue: leaseq.Queue) -> None:
@@ -234,6 +260,9 @@ def test_scrapes_share_one_stats_query_per_ttl(queue: leaseq.Queue) -> None:
 def test_a_failing_stats_query_says_so_and_serves_no_stale_numbers(queue: leaseq.Queue) -> None:
     class Broken:
         def stats(self, queue: str | None = None) -> list[QueueStats]:
+            raise leaseq.DatabaseUnavailable("no database")
+
+        def health(self, *, long_transaction: float = 60.0) -> leaseq.Health:
             raise leaseq.DatabaseUnavailable("no database")
 
     metrics = leaseq.Metrics()

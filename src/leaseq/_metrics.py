@@ -42,7 +42,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ._errors import InvalidArgument
 from ._logs import get_logger
-from ._types import JobStatus, QueueStats
+from ._types import Health, JobStatus, QueueStats
 
 log = get_logger("leaseq.metrics")
 
@@ -52,12 +52,46 @@ OUTCOMES = ("done", "retried", "failed", "released", "lease_lost")
 
 #: Handler run times: from 5 ms to an hour.
 DURATION_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
-)  # fmt: skip
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+)
 #: Ready until claimed: from 5 ms to a day.
 WAIT_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400,
-)  # fmt: skip
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
+    3600,
+    21600,
+    86400,
+)
 #: One claim call, as the worker waited for it: from 0.5 ms to 5 s.
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
@@ -71,9 +105,12 @@ ESTIMATES_HELP = (
 
 
 class StatsSource(Protocol):
-    """What the database gauges read: a (sync) client's ``stats()``, e.g. ``leaseq.Queue``."""
+    """What the database gauges read: a (sync) client's ``stats()`` and ``health()``,
+    e.g. ``leaseq.Queue``."""
 
     def stats(self, queue: str | None = None) -> list[QueueStats]: ...
+
+    def health(self, *, long_transaction: float = 60.0) -> Health: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,38 +299,42 @@ class _DatabaseGauges:
         self._lock = threading.Lock()  # one query at a time; concurrent scrapes wait for it
         self._read_at = float("-inf")
         self._stats: list[QueueStats] | None = None
+        self._health: Health | None = None
 
     def watch(self, source: StatsSource | None, ttl: float) -> None:
         with self._lock:
             self._source, self._ttl = source, ttl
-            self._read_at, self._stats = float("-inf"), None
+            self._read_at, self._stats, self._health = float("-inf"), None, None
 
-    def _current(self) -> tuple[bool, list[QueueStats] | None]:
-        """(watching, the stats: fresh or at most ttl old; None if the query failed)."""
+    def _current(self) -> tuple[bool, list[QueueStats] | None, Health | None]:
+        """(watching, the stats and the table health: fresh or at most ttl old; None
+        where the query failed)."""
         with self._lock:
             if self._source is None:
-                return False, None
+                return False, None, None
             now = time.monotonic()
             if now - self._read_at >= self._ttl:
                 self._read_at = now
                 try:
                     self._stats = self._source.stats()
+                    self._health = self._source.health()
                 except Exception as exc:
                     log.warning("metrics: reading the queues' stats failed: %s", exc)
-                    self._stats = None
-            return True, self._stats
+                    self._stats = self._health = None
+            return True, self._stats, self._health
 
     def describe(self) -> Iterable[Metric]:
-        return [_up_family(), *_families()]
+        return [_up_family(), *_families(), *_table_families()]
 
     def collect(self) -> Iterable[Metric]:
-        watching, stats = self._current()
+        watching, stats, health = self._current()
         if not watching:
             return []
         up = _up_family()
         up.add_metric([], 0.0 if stats is None else 1.0)
-        if stats is None:
+        if stats is None or health is None:
             return [up]
+        table = list(_table_gauges(health))
         jobs, estimated, size, oldest, expired = _families()
         for s in stats:
             for state in JobStatus:
@@ -302,7 +343,7 @@ class _DatabaseGauges:
             size.add_metric([s.queue], s.queued_bytes)
             oldest.add_metric([s.queue], s.oldest_ready_age or 0.0)
             expired.add_metric([s.queue], s.expired_leases)
-        return [up, jobs, estimated, size, oldest, expired]
+        return [up, jobs, estimated, size, oldest, expired, *table]
 
 
 def _up_family() -> GaugeMetricFamily:
@@ -336,6 +377,32 @@ def _families() -> Iterator[GaugeMetricFamily]:
         "Running jobs whose lease has expired, awaiting recovery (exact).",
         labels=["queue"],
     )
+
+
+def _table_families() -> Iterator[GaugeMetricFamily]:
+    yield GaugeMetricFamily(
+        "leaseq_job_table_dead_tuples",
+        "Dead row versions in the job table (the server's statistics, a moment behind).",
+    )
+    yield GaugeMetricFamily(
+        "leaseq_job_table_bytes", "Size of the job table with its indexes and TOAST, in bytes."
+    )
+    yield GaugeMetricFamily(
+        "leaseq_cleanup_held_back_seconds",
+        "How long the oldest open transaction that holds back VACUUM in this database "
+        "has been open, 0 if none (leaseq health names it).",
+    )
+
+
+def _table_gauges(health: Health) -> Iterator[GaugeMetricFamily]:
+    job = health.table("job")
+    if job is None:
+        return
+    dead, size, held = _table_families()
+    dead.add_metric([], job.dead_tuples)
+    size.add_metric([], job.total_bytes)
+    held.add_metric([], max((h.held_seconds or 0.0 for h in health.holders), default=0.0))
+    yield from (dead, size, held)
 
 
 #: The process's metrics, on prometheus-client's default registry.
