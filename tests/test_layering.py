@@ -26,8 +26,8 @@ SOURCE = Path(leaseq.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"_errors", "_types", "_redact", "_statement"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
-    {"_embedded", "_retry", "_metrics"},
-    {"_config", "_store", "_db"},
+    {"_embedded", "_retry", "_gauges"},
+    {"_config", "_store", "_db", "_metrics"},
     {"_migrate", "_steps", "_client_base"},
     {"_async_client", "_sync_client"},
     {"_maintenance", "testing"},
