@@ -15,17 +15,18 @@ and a completion commits together with a handler's effect.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from . import _metrics, _migrate, _steps, _tracing
 from . import _validate as validate
 from ._client_base import ClientBase
 from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
 from ._metrics import Metrics
+from ._statement import Operation
 from ._types import (
     Claim,
     ClaimPlan,
@@ -41,6 +42,9 @@ from ._types import (
 
 # AsyncConnection is the type of ``conn=`` and of ``connection()``: exported with it.
 __all__ = ["AsyncConnection", "AsyncQueue"]
+
+
+T = TypeVar("T")
 
 
 class AsyncQueue(ClientBase):
@@ -118,8 +122,10 @@ class AsyncQueue(ClientBase):
         ``key``/``seq`` order it within its ordering key; ``idempotency_key`` is
         the business key handlers see (default: the job's identity).
         """
-        with _tracing.send(queue) as send:
-            operation = self._store.enqueue(
+        return await self._send(
+            queue,
+            conn,
+            lambda trace_context: self._store.enqueue(
                 queue,
                 payload,
                 delay=delay,
@@ -129,13 +135,10 @@ class AsyncQueue(ClientBase):
                 key=key,
                 seq=seq,
                 idempotency_key=idempotency_key,
-                trace_context=send.context,
-            )
-            steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
-            job_id = await self._db.run_steps(steps, conn)
-            send.sent([job_id])
-        self._count_enqueued(queue, 1)
-        return job_id
+                trace_context=trace_context,
+            ),
+            lambda job_id: [job_id],
+        )
 
     async def enqueue_many(
         self,
@@ -152,8 +155,10 @@ class AsyncQueue(ClientBase):
     ) -> list[int]:
         """Enqueue many jobs of one queue in one statement; returns their ids in
         input order. All or nothing. With ``conn``, in your transaction."""
-        with _tracing.send(queue) as send:
-            operation = self._store.enqueue_many(
+        return await self._send(
+            queue,
+            conn,
+            lambda trace_context: self._store.enqueue_many(
                 queue,
                 payloads,
                 delay=delay,
@@ -162,13 +167,26 @@ class AsyncQueue(ClientBase):
                 max_attempts=max_attempts,
                 key=key,
                 seqs=seqs,
-                trace_context=send.context,
-            )
-            steps = _steps.enqueue(self._store, self._known_queues, queue, operation)
-            job_ids = await self._db.run_steps(steps, conn)
-            send.sent(job_ids)
-        self._count_enqueued(queue, len(job_ids))
-        return job_ids
+                trace_context=trace_context,
+            ),
+            lambda job_ids: job_ids,
+        )
+
+    async def _send(
+        self,
+        queue: str,
+        conn: AsyncConnection | None,
+        build: Callable[[dict[str, str] | None], Operation[T]],
+        ids: Callable[[T], list[int]],
+    ) -> T:
+        """An enqueue call: in its `send` span (whose context the jobs store), into a
+        queue whose settings row exists, counted once it succeeded."""
+        with _tracing.send(queue) as send:
+            steps = _steps.enqueue(self._store, self._known_queues, queue, build(send.context))
+            result = await self._db.run_steps(steps, conn)
+            send.sent(ids(result))
+        self._count_enqueued(queue, len(ids(result)))
+        return result
 
     # -- workers: claim, then fenced writes --------------------------------------
 

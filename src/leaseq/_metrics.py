@@ -48,48 +48,12 @@ log = get_logger("leaseq.metrics")
 #: database did (a retry of a job with no attempts left is ``failed``).
 OUTCOMES = ("done", "retried", "failed", "released", "lease_lost")
 
+#: The first ten buckets of the job histograms: 5 ms to 5 s.
+_SUBSECOND = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 #: Handler run times: from 5 ms to an hour.
-DURATION_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    30,
-    60,
-    120,
-    300,
-    600,
-    1800,
-    3600,
-)
+DURATION_BUCKETS = (*_SUBSECOND, 10, 30, 60, 120, 300, 600, 1800, 3600)
 #: Ready until claimed: from 5 ms to a day.
-WAIT_BUCKETS = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    30,
-    60,
-    300,
-    900,
-    3600,
-    21600,
-    86400,
-)
+WAIT_BUCKETS = (*_SUBSECOND, 10, 30, 60, 300, 900, 3600, 21600, 86400)
 #: One claim call, as the worker waited for it: from 0.5 ms to 5 s.
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
