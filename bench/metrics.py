@@ -4,7 +4,7 @@ Rounds alternate in pairs, off/on then on/off (so neither side always runs secon
 in one run, each on an emptied job table (done rows and dead tuples of the round
 before would slow the next); the ratio of the best rate of each side is printed,
 and the median of the per-pair ratios. "On" is what `leaseq worker
---metrics-port` runs: every instrument, the /metrics server, and a scraper thread
+--metrics-port` runs: every instrument, the /metrics server, and a scraper process
 fetching /metrics every second (the database gauges cached for 5 s).
 
     .venv/bin/python bench/metrics.py [--jobs 10000] [--rounds 3] [--concurrency 50]
@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import threading
+import subprocess
+import sys
 import time
-import urllib.request
 
 import psycopg
 
@@ -57,24 +57,32 @@ async def drain(url: str, jobs: int, concurrency: int, metrics: leaseq.Metrics |
 
 
 class Scraper:
-    """Fetches /metrics every second while a drain with metrics runs."""
+    """Fetches /metrics every second while a drain with metrics runs, from a process
+    of its own as Prometheus would: the worker process pays for serving, not for
+    the scraper's HTTP client."""
+
+    SCRIPT = (
+        "import sys, time, urllib.request\n"
+        "n = 0\n"
+        "while True:\n"
+        "    time.sleep(1.0)\n"
+        "    urllib.request.urlopen(sys.argv[1], timeout=10).read()\n"
+        "    n += 1\n"
+        "    print(n, flush=True)\n"
+    )
 
     def __init__(self, port: int) -> None:
-        self.port = port
         self.scrapes = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-                r.read()
-            self.scrapes += 1
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", self.SCRIPT, f"http://127.0.0.1:{port}/metrics"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(15)
+        self._process.terminate()
+        output, _ = self._process.communicate(timeout=15)
+        self.scrapes = len(output.split())
 
 
 def with_metrics(url: str, jobs: int, concurrency: int) -> tuple[float, int]:
