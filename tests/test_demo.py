@@ -20,6 +20,9 @@ from .conftest import ROOT
 
 # The end-to-end run gets a schema of its own, apart from the in-process tests'.
 E2E_SCHEMA = "leaseq_demo_e2e"
+#: Every test here but the end-to-end one resets the demo's one schema (SCHEMA):
+#: they run one after another, on one test process, never beside each other.
+pytestmark = pytest.mark.xdist_group("demo_schema")
 
 
 def _line(output: str, label: str) -> str:
