@@ -17,7 +17,7 @@ from leaseq import JobStatus
 
 from .conftest import ROOT
 from .worker_app import TABLES
-from .worker_processes import Spawn, worker_processes
+from .worker_processes import Spawn, output_of, worker_processes
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_repeated_crashes_end_failed_and_crashed_children_restart(
     assert "lease expired" in (job.last_error or "")
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(60) == 0
-    output = supervisor.stdout.read() if supervisor.stdout else ""
+    output = output_of(supervisor)
     assert output.count("restarting") >= 3, output
     assert _effects(queue) == dict.fromkeys(normal, 1)
 

@@ -23,7 +23,7 @@ from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
 from .test_worker import Running, _all_finished, _until
 from .test_worker_processes import _attempts_logged, _wait, setup_tables  # noqa: F401
-from .worker_processes import Spawn, worker_processes
+from .worker_processes import Spawn, output_of, worker_processes
 
 
 def _app(schema: str) -> leaseq.App:
@@ -457,7 +457,7 @@ def test_a_group_wide_sigterm_finishes_or_releases_every_job(
         job = queue.get(job_id)
         assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
         assert job.history[-1]["outcome"] == "released"
-    output = supervisor.stdout.read() if supervisor.stdout else ""
+    output = output_of(supervisor)
     assert "second signal" not in output, output
 
 

@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from .conftest import ROOT
 
 Spawn = Callable[..., subprocess.Popen[str]]
+
+#: Where each started process writes its stdout and stderr, by pid: a file, not a
+#: pipe nobody reads until the end (a chatty process would fill a pipe's 64 KiB
+#: and block on its next log line, stopping a shutdown the test waits for).
+_OUTPUTS: dict[int, Path] = {}
+
+
+def output_of(process: subprocess.Popen[str]) -> str:
+    """Everything the process wrote so far (stdout and stderr together)."""
+    return _OUTPUTS[process.pid].read_text(errors="replace")
 
 
 @contextlib.contextmanager
@@ -22,28 +35,32 @@ def worker_processes(database_url: str, schema: str, *, own_session: bool) -> It
     terminal or systemd), and the whole group is killed, its children included.
     """
     started: list[subprocess.Popen[str]] = []
+    folder = Path(tempfile.mkdtemp(prefix="leaseq-worker-output-"))
 
     def spawn(*arguments: str) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "leaseq",
-                "worker",
-                "tests.worker_app:app",
-                "--schema",
-                schema,
-                "--poll-interval",
-                "0.2",
-                *arguments,
-            ],
-            cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=own_session,
-        )
+        log = folder / f"{len(started)}.log"
+        with log.open("w") as output:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "leaseq",
+                    "worker",
+                    "tests.worker_app:app",
+                    "--schema",
+                    schema,
+                    "--poll-interval",
+                    "0.2",
+                    *arguments,
+                ],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=own_session,
+            )
+        _OUTPUTS[process.pid] = log
         started.append(process)
         return process
 
@@ -57,5 +74,5 @@ def worker_processes(database_url: str, schema: str, *, own_session: bool) -> It
             elif process.poll() is None:
                 process.kill()
             process.wait(10)
-            if process.stdout:
-                process.stdout.close()
+            _OUTPUTS.pop(process.pid, None)
+        shutil.rmtree(folder, ignore_errors=True)
