@@ -182,3 +182,36 @@ def test_finished_report_is_served(
     assert "Sales report: acme, 2026-11" in page.text
     assert "<svg" in page.text
     assert page.text == http.get(status["report_url"]).text
+
+
+def test_home_page_requests_a_report_with_a_form(client: tuple[TestClient, leaseq.Queue]) -> None:
+    http, queue = client
+    home = http.get("/")
+    assert home.status_code == 200
+    assert home.headers["content-type"].startswith("text/html")
+    assert "No report requested yet." in home.text
+    assert "href='/dashboard/'" in home.text
+    form = {"customer": "acme", "period": "2026-11", "kind": "flaky"}
+    response = http.post("/reports", data=form, follow_redirects=False)
+    assert response.status_code == 303
+    status_url = response.headers["location"]
+    assert _written(queue) == (1, 1)
+    page = http.get(status_url, headers={"accept": "text/html"})
+    assert "queued" in page.text
+    assert "flaky" in page.text
+    listed = http.get("/").text
+    assert f"href='{status_url}'" in listed
+    assert "acme" in listed
+
+
+def test_home_page_form_refuses_bad_input_and_keeps_it(
+    client: tuple[TestClient, leaseq.Queue],
+) -> None:
+    http, queue = client
+    form = {"customer": "<b>acme</b>", "period": "2026-13", "kind": "standard"}
+    response = http.post("/reports", data=form)
+    assert response.status_code == 422
+    assert "customer:" in response.text
+    assert "&lt;b&gt;acme&lt;/b&gt;" in response.text  # sent back, escaped
+    assert "<b>acme" not in response.text
+    assert _written(queue) == (0, 0)

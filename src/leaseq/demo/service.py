@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import os
 import re
 from collections.abc import AsyncIterator
@@ -11,12 +10,12 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 import leaseq
 
-from . import QUEUE, SCHEMA, sql
+from . import QUEUE, SCHEMA, pages, sql
 
 KINDS = ("standard", "flaky", "broken", "ordered")
 CUSTOMER = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}")
@@ -55,24 +54,20 @@ def create_app(database_url: str) -> Starlette:
         await queue.close()
 
     async def submit(request: Request) -> Response:
+        if _is_form(request):  # the home page's form: answer with pages, not JSON
+            values = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+            try:
+                report_id = await save(*parse(values))
+            except Invalid as exc:
+                page = pages.home(await _recent(queue), kinds=KINDS, error=str(exc), values=values)
+                return HTMLResponse(page, status_code=422)
+            return RedirectResponse(f"/reports/{report_id}", status_code=303)
         try:
-            customer, period, kind = parse(await request.json())
+            report_id = await save(*parse(await request.json()))
         except ValueError:
             return JSONResponse({"error": "the body is not valid JSON"}, status_code=422)
         except Invalid as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
-        async with queue.connection() as conn, conn.transaction():
-            rows = await sql.afetch(
-                conn, "insert_request", customer=customer, period=period, kind=kind
-            )
-            report_id = rows[0][0]
-            payload = {"report_id": report_id, "customer": customer, "period": period, "kind": kind}
-            ordering: dict[str, Any] = {}
-            if kind == "ordered":  # one customer's ordered reports run in period order
-                year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
-                ordering = {"key": customer, "seq": int(year) * 12 + int(month)}
-            job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
-            await sql.afetch(conn, "set_request_job", id=report_id, job_id=job_id)
         status_url = f"/reports/{report_id}"
         return JSONResponse(
             {"id": report_id, "status_url": status_url},
@@ -80,10 +75,29 @@ def create_app(database_url: str) -> Starlette:
             headers={"Location": status_url},
         )
 
+    async def save(customer: str, period: str, kind: str) -> int:
+        """The request row and its job, in one transaction; the request's id."""
+        async with queue.connection() as conn, conn.transaction():
+            rows = await sql.afetch(
+                conn, "insert_request", customer=customer, period=period, kind=kind
+            )
+            report_id = int(rows[0][0])
+            payload = {"report_id": report_id, "customer": customer, "period": period, "kind": kind}
+            ordering: dict[str, Any] = {}
+            if kind == "ordered":  # one customer's ordered reports run in period order
+                year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
+                ordering = {"key": customer, "seq": int(year) * 12 + int(month)}
+            job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
+            await sql.afetch(conn, "set_request_job", id=report_id, job_id=job_id)
+        return report_id
+
+    async def home(_: Request) -> Response:
+        return HTMLResponse(pages.home(await _recent(queue), kinds=KINDS))
+
     async def status(request: Request) -> Response:
         report_id = _report_id(request)
         rows = await _fetch(queue, "get_request", id=report_id) if report_id else []
-        if not rows:
+        if report_id is None or not rows:
             return JSONResponse({"error": "no such report"}, status_code=404)
         _, customer, period, kind, job_id, has_report = rows[0]
         job = await queue.get(job_id)
@@ -101,14 +115,7 @@ def create_app(database_url: str) -> Starlette:
         if "text/html" in request.headers.get("accept", ""):  # a browser: show the report
             if has_report:
                 return await report_html(request)
-            rows_html = "".join(
-                f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                for k, v in body.items()
-            )
-            return HTMLResponse(
-                f"<!doctype html><meta http-equiv='refresh' content='2'>"
-                f"<h1>Report {report_id}</h1><table>{rows_html}</table>"
-            )
+            return HTMLResponse(pages.status(report_id, body, job_id))
         return JSONResponse(body)
 
     async def report_html(request: Request) -> Response:
@@ -123,6 +130,7 @@ def create_app(database_url: str) -> Starlette:
 
     return Starlette(
         routes=[
+            Route("/", home),
             Route("/health", health),
             Route("/reports", submit, methods=["POST"]),
             Route("/reports/{report_id}", status),
@@ -140,6 +148,15 @@ def app_from_environment() -> Starlette:
 def _report_id(request: Request) -> int | None:
     text = request.path_params["report_id"]
     return int(text) if text.isdigit() and len(text) < 18 else None
+
+
+def _is_form(request: Request) -> bool:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind in {"application/x-www-form-urlencoded", "multipart/form-data"}
+
+
+async def _recent(queue: leaseq.AsyncQueue, limit: int = 20) -> sql.Rows:
+    return await _fetch(queue, "recent_requests", limit=limit)
 
 
 async def _fetch(queue: leaseq.AsyncQueue, file: str, **params: object) -> sql.Rows:
