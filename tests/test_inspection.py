@@ -307,3 +307,16 @@ def test_the_cli_cancels_a_running_job_and_shows_the_audit_log(
     assert entry["action"] == "cancel"
     assert entry["job_ids"] == [job_id]
     assert entry["actor"].startswith("cli:")
+
+
+def test_failed_groups_read_only_the_newest_failures_of_a_queue(client: Client) -> None:
+    ids = client.enqueue_many("mail", [{"n": n} for n in range(1005)], max_attempts=1)
+    claims = client.claim("mail", limit=1005)
+    assert len(claims) == len(ids)
+    client.fail_many(claims, ["boom"] * len(claims))
+    summary = client.failed_groups()
+    assert summary.capped
+    assert summary.scanned == 1000
+    (group,) = summary.groups
+    assert group.count == 1000
+    assert group.newest_job_id == max(ids)
