@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {"_embedded", "_retry", "_gauges"},
     {"_config", "_store", "_db", "_metrics"},
     {"_migrate", "_steps", "_client_base"},
+    {"_async_operators", "_sync_operators"},
     {"_async_client", "_sync_client"},
     {"_maintenance", "testing"},
     {"_worker"},

@@ -1,9 +1,12 @@
 """Write the sync client from the async one (the way psycopg keeps its twin).
 
-    python tools/async_to_sync.py          # write src/leaseq/_sync_client.py
-    python tools/async_to_sync.py --check  # fail if it is not what this would write
+    python tools/async_to_sync.py          # write the sync files
+    python tools/async_to_sync.py --check  # fail if one is not what this would write
 
-The async source is the one edited by hand. The conversion is textual and
+The client is two async sources, each with its sync twin: ``_async_client.py``
+(producers and workers) -> ``_sync_client.py`` and ``_async_operators.py``
+(the operators' calls, a base class of the client) -> ``_sync_operators.py``.
+The async sources are the ones edited by hand. The conversion is textual and
 exact for that file's style: ``async def``/``await``/``async with``/``async
 for`` lose their async, the async names become their sync twins, and blocks
 between ``# async-only: begin`` and ``# async-only: end`` are left out. The
@@ -18,20 +21,26 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "src" / "leaseq" / "_async_client.py"
-TARGET = ROOT / "src" / "leaseq" / "_sync_client.py"
+PACKAGE = ROOT / "src" / "leaseq"
+#: Each async source and its generated twin, with the twin's first docstring line.
+PAIRS = (
+    ("_async_client.py", "_sync_client.py", "The producer and worker API for synchronous code"),
+    ("_async_operators.py", "_sync_operators.py", "The operators' calls for synchronous code"),
+)
 
-HEADER = '''"""The producer and operator API for synchronous code: :class:`Queue`.
+HEADER = '''"""{title}.
 
-GENERATED from ``_async_client.py`` by ``tools/async_to_sync.py``: do not edit
+GENERATED from ``{source}`` by ``tools/async_to_sync.py``: do not edit
 this file; edit the async source and run the tool (``make lint`` checks it).
-See ``_async_client.py`` for what the client does.
+See ``{source}`` for what it does.
 """
 '''
 
 #: Whole words of the async source and their sync twins.
 NAMES = {
     "AsyncQueue": "Queue",
+    "AsyncOperatorCalls": "OperatorCalls",
+    "_async_operators": "_sync_operators",
     "AsyncDatabase": "Database",
     "AsyncConnection": "Connection",
     "AsyncIterator": "Iterator",
@@ -46,22 +55,23 @@ ASYNC_ONLY = re.compile(r"^[ \t]*# async-only: begin\n.*?^[ \t]*# async-only: en
 DOCSTRING = re.compile(r'\A""".*?"""\n', re.S)
 
 
-def convert(source: str) -> str:
-    text = DOCSTRING.sub(HEADER, source, count=1)
+def convert(source: str, name: str, title: str, target: Path) -> str:
+    header = HEADER.format(title=title, source=name)
+    text = DOCSTRING.sub(lambda _: header, source, count=1)
     text = ASYNC_ONLY.sub("", text)
     for async_name, sync_name in NAMES.items():
         text = re.sub(rf"\b{async_name}\b", sync_name, text)
     text = re.sub(r"\basync (def|with|for) ", r"\1 ", text)
     text = re.sub(r"\bawait ", "", text)
-    return format_with_ruff(text)
+    return format_with_ruff(text, target)
 
 
-def format_with_ruff(text: str) -> str:
+def format_with_ruff(text: str, target: Path) -> str:
     """Drop the imports only async-only blocks used, sort the rest, and format, as
     ``make lint`` wants every file."""
     ruff = Path(sys.executable).with_name("ruff")
     program = str(ruff) if ruff.exists() else "ruff"
-    stdin = f"--stdin-filename={TARGET}"
+    stdin = f"--stdin-filename={target}"
     for arguments in (
         ["check", "--quiet", "--select", "I,F401", "--fix", stdin, "-"],
         ["format", "--quiet", stdin, "-"],
@@ -76,17 +86,20 @@ def format_with_ruff(text: str) -> str:
 
 
 def main() -> int:
-    generated = convert(SOURCE.read_text(encoding="utf-8"))
-    if "--check" in sys.argv[1:]:
-        if not TARGET.exists() or TARGET.read_text(encoding="utf-8") != generated:
-            print(
-                f"{TARGET.relative_to(ROOT)} is not what tools/async_to_sync.py writes "
-                "from _async_client.py: edit the async source and run the tool"
+    stale = []
+    for source, twin, title in PAIRS:
+        target = PACKAGE / twin
+        generated = convert((PACKAGE / source).read_text(encoding="utf-8"), source, title, target)
+        if "--check" not in sys.argv[1:]:
+            target.write_text(generated, encoding="utf-8")
+        elif not target.exists() or target.read_text(encoding="utf-8") != generated:
+            stale.append(
+                f"{target.relative_to(ROOT)} is not what tools/async_to_sync.py writes "
+                f"from {source}: edit the async source and run the tool"
             )
-            return 1
-        return 0
-    TARGET.write_text(generated, encoding="utf-8")
-    return 0
+    for message in stale:
+        print(message)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ and a completion commits together with a handler's effect.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -23,20 +22,14 @@ from typing import Any, Self, TypeVar
 
 from . import _metrics, _migrate, _steps, _tracing
 from . import _validate as validate
+from ._async_operators import AsyncOperatorCalls
 from ._client_base import ClientBase
-from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session
+from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session, with_statement_timeout
 from ._metrics import Metrics
 from ._statement import Operation
 from ._types import (
     Claim,
-    ClaimPlan,
-    Health,
-    Job,
     JobStatus,
-    PruneResult,
-    QueueSettings,
-    QueueStats,
-    ReapResult,
     RenewalBusy,
 )
 
@@ -47,12 +40,16 @@ __all__ = ["AsyncConnection", "AsyncQueue"]
 T = TypeVar("T")
 
 
-class AsyncQueue(ClientBase):
+class AsyncQueue(AsyncOperatorCalls, ClientBase):
     """A leaseq schema (its many named queues) on one database.
 
     Opens a small pool of autocommit connections on first use; close it with
     ``close()`` or by using the queue as a context manager. Enqueues are counted
-    on ``metrics`` (``leaseq.metrics`` unless given; None counts nothing).
+    on ``metrics`` (``leaseq.metrics`` unless given; None counts nothing). With
+    ``statement_timeout`` (seconds), the server cancels any of its statements
+    that runs longer (StatementTimeout), as a dashboard wants for its reads.
+    The operators' calls (replay, cancel, stats, find_jobs, ...) are those of
+    :class:`~leaseq._async_operators.AsyncOperatorCalls`.
     """
 
     def __init__(
@@ -66,12 +63,17 @@ class AsyncQueue(ClientBase):
         connection_options: dict[str, Any] | None = None,
         connect_timeout: float = 30.0,
         metrics: Metrics | None = _metrics.DEFAULT,
+        statement_timeout: float | None = None,
     ) -> None:
         super().__init__(
             dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify, metrics=metrics
         )
+        options = connection_options
+        if statement_timeout is not None:
+            seconds = validate.seconds(statement_timeout, "statement_timeout", 86400.0)
+            options = with_statement_timeout(options, seconds)
         self._db = AsyncDatabase(
-            self.dsn, max_size=pool_size, options=connection_options, open_timeout=connect_timeout
+            self.dsn, max_size=pool_size, options=options, open_timeout=connect_timeout
         )
 
     async def __aenter__(self) -> Self:
@@ -267,109 +269,6 @@ class AsyncQueue(ClientBase):
     async def release_many(self, claims: Sequence[Claim]) -> list[tuple[Claim, bool]]:
         """Give unfinished claims back at once, without counting the attempt."""
         return await self._db.run(self._store.release(claims))
-
-    # -- operators -------------------------------------------------------------------
-
-    async def reap(self, *, limit: int = 1000) -> ReapResult:
-        """Fail up to ``limit`` jobs with no attempts left (queued, or running with
-        an expired lease). A live lease is never touched."""
-        return await self._db.run(self._store.reap(limit=limit))
-
-    async def replay(self, job_id: int) -> bool:
-        """Put a failed or cancelled job back (same id, fresh attempts): True if
-        replayed, False if it was neither. BacklogFull if its queue has no room."""
-        return await self._db.run(self._store.replay(job_id))
-
-    async def replay_failed(self, queue: str, *, batch: int = 1000) -> list[int]:
-        """Replay every failed job of ``queue`` in batches of short transactions;
-        returns their ids. A queue with admission limits takes back only what
-        fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
-        return await self._db.run_steps(_steps.replay_failed(self._store, queue, batch=batch))
-
-    async def cancel(self, job_id: int) -> bool:
-        """Cancel a queued job, or skip a failed one (which unblocks its ordering
-        key): True if it changed. A running job is left to its owner."""
-        return await self._db.run(self._store.cancel(job_id))
-
-    async def prune(
-        self,
-        queue: str | None = None,
-        *,
-        states: Iterable[JobStatus | str] | JobStatus | str | None = None,
-        older_than: float | None = None,
-        archived_older_than: float | None = None,
-        batch: int = 1000,
-        dry_run: bool = False,
-        pause: float = 0.1,
-        max_batches: int | None = None,
-    ) -> PruneResult:
-        """Apply retention now: remove finished jobs (done, cancelled, failed, or
-        ``states``) of every queue (or ``queue``) past their queue's retention, or
-        older than ``older_than`` seconds if given; a queue in archive mode moves
-        them to the archive, whose own retention (or ``archived_older_than``)
-        applies too. In batches of ``batch`` jobs, each a short transaction that
-        skips locked rows, ``pause`` seconds apart (so autovacuum keeps up), until
-        nothing is due or ``max_batches`` ran (then ``more`` says whether some may
-        be left). Queued and running jobs are never touched, nor a failed job of an
-        ordering key under the ``block`` policy. ``dry_run`` counts what would go,
-        writing nothing."""
-        operation = self._store.prune(
-            queue=queue,
-            states=states,
-            older_than=older_than,
-            archived_older_than=archived_older_than,
-            limit=batch,
-            dry_run=dry_run,
-        )
-        pause = validate.seconds(pause, "pause", 3600.0)
-        if max_batches is not None:
-            validate.prune_batch(max_batches)
-        result = PruneResult(dry_run=dry_run)
-        batches = 0
-        while True:
-            result = result.merged(await self._db.run(operation))
-            batches += 1
-            if not result.more or batches == max_batches:
-                return result
-            await asyncio.sleep(pause)
-
-    async def get(self, job_id: int) -> Job:
-        """The job as stored, or JobNotFound."""
-        return await self._db.run(self._store.get(job_id))
-
-    async def list_jobs(
-        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
-    ) -> list[Job]:
-        """Jobs of one status (and queue), newest first."""
-        return await self._db.run(self._store.list_jobs(status, queue=queue, limit=limit))
-
-    async def stats(self, queue: str | None = None) -> list[QueueStats]:
-        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases, in
-        one statement that reads no finished job: unfinished counts are exact, finished
-        ones of a large table are estimates (each result's ``estimated`` names them)."""
-        return await self._db.run(self._store.stats(queue))
-
-    async def configure_queue(self, name: str, **settings: Any) -> QueueSettings:
-        """Change a queue's settings (only those named); returns them all."""
-        return await self._db.run(self._store.configure_queue(name, **settings))
-
-    async def queue_settings(self, name: str) -> QueueSettings | None:
-        """A queue's settings, or None if it was never used."""
-        return await self._db.run(self._store.queue_settings(name))
-
-    # -- health -------------------------------------------------------------------
-
-    async def health(self, *, long_transaction: float = 60.0) -> Health:
-        """The schema's tables and indexes (sizes, live and dead rows, last vacuum and
-        analyze), what holds back their cleanup, whether autovacuum runs, and
-        warnings in plain language; a transaction open for ``long_transaction``
-        seconds that holds back cleanup is warned about."""
-        return await self._db.run(self._store.health(long_transaction=long_transaction))
-
-    async def explain_claim(self, queue: str) -> ClaimPlan:
-        """The plan the server picks now for a claim of ``queue`` (EXPLAIN; the
-        claim does not run), with a warning when it does not read the ready index."""
-        return await self._db.run(self._store.explain_claim(queue))
 
     # async-only: begin
     # -- the worker's own needs (asyncio only) ---------------------------------------

@@ -24,6 +24,7 @@ from ._errors import (
     InvalidArgument,
     NotMigrated,
     PayloadTooLarge,
+    StatementTimeout,
     TransientError,
 )
 from ._redact import redact
@@ -53,7 +54,19 @@ WORKER_OPTIONS: dict[str, Any] = {
     "options": "-c idle_in_transaction_session_timeout=60000",
 }
 
+
+def with_statement_timeout(options: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """Connection settings under which the server cancels any statement running
+    longer than ``seconds`` (SQLSTATE 57014, raised as StatementTimeout)."""
+    settings = dict(options or CONNECTION_OPTIONS)
+    given = settings.get("options", "")
+    milliseconds = max(1, round(seconds * 1000))
+    settings["options"] = f"{given} -c statement_timeout={milliseconds}".strip()
+    return settings
+
+
 _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
+    "57014": StatementTimeout,  # query_canceled: statement_timeout (or pg_cancel_backend)
     "LQ001": BacklogFull,
     "LQ002": PayloadTooLarge,
     "3F000": NotMigrated,  # invalid_schema_name

@@ -66,7 +66,9 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         created_at,
         claimed_at,
         finished_at,
-    ) = row
+        lease_remaining,
+        ahead,
+    ) = row[:21]
     return Job(
         job_id=job_id,
         queue=queue,
@@ -87,6 +89,8 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         created_at=created_at,
         claimed_at=claimed_at,
         finished_at=finished_at,
+        lease_remaining=lease_remaining,
+        ahead=None if ahead is None else int(ahead),
     )
 
 

@@ -73,3 +73,9 @@ class TransientError(LeaseqError):
 
 class DatabaseUnavailable(TransientError):
     """No database could be reached or started."""
+
+
+class StatementTimeout(TransientError):
+    """The server cancelled the statement: it ran past the client's
+    ``statement_timeout`` (or an operator cancelled it). Nothing it would have
+    written was committed."""

@@ -44,12 +44,14 @@ def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operati
     return result
 
 
-def replay_failed(store: Store, queue: str, *, batch: int) -> Steps[list[int]]:
+def replay_failed(
+    store: Store, queue: str, *, batch: int, actor: str | None = None
+) -> Steps[list[int]]:
     """Replay a queue's failed jobs in batches (short transactions) as long as
     its backlog has room; BacklogFull, carrying the ids replayed, once it has not."""
     replayed: list[int] = []
     while True:
-        result: ReplayBatch = yield store.replay_failed(queue, limit=batch)
+        result: ReplayBatch = yield store.replay_failed(queue, limit=batch, actor=actor)
         replayed += result.replayed
         if result.refused:
             raise BacklogFull(

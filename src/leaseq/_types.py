@@ -108,6 +108,92 @@ class Job:
     created_at: datetime
     claimed_at: datetime | None
     finished_at: datetime | None
+    #: Seconds left on a running job's lease by the database's clock (negative once
+    #: expired, awaiting recovery); None unless running. Read, not stored: left
+    #: out of comparisons, like ``ahead``.
+    lease_remaining: float | None = field(default=None, compare=False)
+    #: ``get()`` only: how many unfinished jobs of its ordering key come before it
+    #: (0: it is the key's head); None without a key or once finished.
+    ahead: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of ``find_jobs``: newest first; pass ``next_before`` for the next."""
+
+    jobs: tuple[Job, ...]
+    #: The ``before`` of the next (older) page; None when this is the last.
+    next_before: int | None
+    #: The search reached the edge of its window (the newest ``window`` jobs):
+    #: older jobs were not searched.
+    window_end: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FailedGroup:
+    """Failed jobs of one queue that ended with the same error text."""
+
+    queue: str
+    error: str | None
+    count: int
+    newest_job_id: int
+    newest_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedSummary:
+    groups: tuple[FailedGroup, ...]
+    #: Failed jobs read to build the groups; ``capped``: there are more than that.
+    scanned: int
+    capped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedKey:
+    """An ordering key held by a failed head under the ``block`` policy."""
+
+    queue: str
+    key: str
+    head_job_id: int
+    head_error: str | None
+    failed_at: datetime | None
+    #: Unfinished jobs waiting behind the head (counted up to a cap: ``waiting_capped``).
+    waiting: int
+    waiting_capped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityMinute:
+    start: datetime
+    done: int
+    failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueActivity:
+    """A queue's finished jobs per minute (oldest first, every minute present) and
+    the durations (claim to finish, seconds) of the jobs done in that time."""
+
+    queue: str
+    per_minute: tuple[ActivityMinute, ...]
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    #: Only the newest finished jobs were read (a busy queue): the counts are a floor.
+    sampled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action: who, what, when, which jobs."""
+
+    audit_id: int
+    at: datetime
+    actor: str
+    action: str
+    queue: str | None
+    job_ids: tuple[int, ...]
+    detail: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

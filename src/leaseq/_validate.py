@@ -304,3 +304,61 @@ def job_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
         raise InvalidArgument(f"job id must be a positive integer, got {value!r}")
     return value
+
+
+MAX_ACTOR_CHARS = 200
+MAX_SEARCH_WINDOW = 10_000_000
+
+
+def actor(value: object) -> str | None:
+    """Who an operator action is recorded for (None: the database role)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise InvalidArgument(f"actor must be a non-empty string, got {value!r}")
+    if len(value) > MAX_ACTOR_CHARS:
+        raise InvalidArgument(f"actor is {len(value)} characters; the limit is {MAX_ACTOR_CHARS}")
+    return value
+
+
+def job_ids(values: object) -> list[int]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidArgument(f"job ids must be a sequence of integers, got {values!r}")
+    ids = [job_id(v) for v in values]
+    if len(ids) > MAX_CLAIM_LIMIT:
+        raise InvalidArgument(f"at most {MAX_CLAIM_LIMIT} job ids per call, got {len(ids)}")
+    return ids
+
+
+def search_text(value: object, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\x00" in value or len(value) > 1000:
+        raise InvalidArgument(f"{what} must be a non-empty string of at most 1000 characters")
+    return value
+
+
+def payload_filter(value: object) -> str | None:
+    """A JSON object the payload must contain (its fields, nested ones too)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise InvalidArgument(f"payload filter must be a non-empty mapping, got {value!r}")
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"payload filter is not JSON-serialisable: {exc}") from None
+
+
+def search_window(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SEARCH_WINDOW:
+        raise InvalidArgument(
+            f"window must be an integer in [1, {MAX_SEARCH_WINDOW}], got {value!r}"
+        )
+    return value
+
+
+def job_status(value: object) -> JobStatus:
+    if isinstance(value, str) and value in JobStatus._value2member_map_:
+        return JobStatus(value)
+    raise InvalidArgument(f"unknown job status {value!r}")

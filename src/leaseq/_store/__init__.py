@@ -5,12 +5,14 @@ Each public method of :class:`Store` returns an
 that turns the rows into the result. The database layer executes it on a sync
 or an async connection; neither side builds SQL of its own. The SQL itself
 lives in ``sql/*.sql``. The store is split by who needs the operation: jobs
-(producers and workers), operators, retention, health, monitoring, the schema.
+(producers and workers), operators, inspection (searches, summaries),
+retention, health, monitoring, the schema.
 """
 
 from __future__ import annotations
 
 from .health import HealthOperations
+from .inspection import InspectionOperations
 from .jobs import UNIQUE_VIOLATION, Claimed, JobOperations
 from .monitoring import MonitoringOperations
 from .operators import OperatorOperations, ReplayBatch
@@ -21,6 +23,7 @@ from .schema import SchemaOperations
 class Store(
     JobOperations,
     OperatorOperations,
+    InspectionOperations,
     RetentionOperations,
     HealthOperations,
     MonitoringOperations,

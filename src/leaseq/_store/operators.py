@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +39,10 @@ class OperatorOperations(StoreBase):
 
         return Operation((Statement(self.sql("reap.sql"), params),), decode)
 
-    def replay(self, job_id: int) -> Operation[bool]:
+    def replay(self, job_id: int, *, actor: str | None = None) -> Operation[bool]:
         """True if replayed, False if the job was not failed or cancelled;
         BacklogFull (nothing written) if its queue has no room for it."""
-        params = {"job_id": validate.job_id(job_id), "queue": None, "limit": 1}
+        params = self._replay_params([validate.job_id(job_id)], None, 1, actor)
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
@@ -52,14 +54,34 @@ class OperatorOperations(StoreBase):
 
         return Operation((Statement(self.sql("replay.sql"), params),), decode)
 
-    def replay_failed(self, queue: str, *, limit: int = 1000) -> Operation[ReplayBatch]:
+    def replay_many(
+        self, job_ids: Sequence[int], *, actor: str | None = None
+    ) -> Operation[list[int]]:
+        """Replay those of the jobs that are failed or cancelled, in one statement;
+        their ids. BacklogFull (carrying them) if a queue had no room for some."""
+        ids = validate.job_ids(job_ids)
+        params = self._replay_params(ids, None, max(len(ids), 1), actor)
+
+        def decode(rows: list[Rows]) -> list[int]:
+            replayed = [row[0] for row in rows[0] if row[2]]
+            refused = sum(1 for row in rows[0] if row[3])
+            if refused:
+                raise BacklogFull(
+                    f"queue full: replayed {len(replayed)} jobs, {refused} left as they were",
+                    replayed=tuple(replayed),
+                )
+            return replayed
+
+        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+
+    def replay_failed(
+        self, queue: str, *, limit: int = 1000, actor: str | None = None
+    ) -> Operation[ReplayBatch]:
         """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
         as many as its backlog limits have room for."""
-        params = {
-            "job_id": None,
-            "queue": validate.queue_name(queue),
-            "limit": validate.claim_limit(limit),
-        }
+        params = self._replay_params(
+            [], validate.queue_name(queue), validate.claim_limit(limit), actor
+        )
 
         def decode(rows: list[Rows]) -> ReplayBatch:
             return ReplayBatch(
@@ -70,8 +92,27 @@ class OperatorOperations(StoreBase):
 
         return Operation((Statement(self.sql("replay.sql"), params),), decode)
 
-    def cancel(self, job_id: int) -> Operation[bool]:
-        return self._transition("cancel.sql", job_id, {"job_id": validate.job_id(job_id)})
+    @staticmethod
+    def _replay_params(
+        job_ids: list[int], queue: str | None, limit: int, actor: str | None
+    ) -> dict[str, Any]:
+        return {
+            "job_ids": job_ids,
+            "queue": queue,
+            "limit": limit,
+            "actor": validate.actor(actor),
+        }
+
+    def cancel(
+        self, job_id: int, *, running: bool = False, actor: str | None = None
+    ) -> Operation[bool]:
+        params = {
+            "job_id": validate.job_id(job_id),
+            "running": bool(running),
+            "actor": validate.actor(actor),
+            "channel": self._notify_channel,
+        }
+        return self._transition("cancel.sql", job_id, params)
 
     def _transition(self, name: str, job_id: int, params: dict[str, Any]) -> Operation[bool]:
         def decode(rows: list[Rows]) -> bool:
@@ -111,12 +152,20 @@ class OperatorOperations(StoreBase):
             lambda r: [decoding.job_from_row(schema, row) for row in r[0]],
         )
 
-    def configure_queue(self, name: str, **settings: Any) -> Operation[QueueSettings]:
+    def configure_queue(
+        self, name: str, *, actor: str | None = None, **settings: Any
+    ) -> Operation[QueueSettings]:
         params: dict[str, Any] = {
             "name": validate.queue_name(name),
             **validate.queue_settings(settings),
         }
         named = {"name": params["name"]}
+        audit = {
+            **named,
+            "actor": validate.actor(actor),
+            "action": _settings_action(settings),
+            "detail": json.dumps(settings, default=str),
+        }
         return Operation(
             (
                 Statement(self.sql("configure_queue_ensure.sql"), named),
@@ -126,6 +175,7 @@ class OperatorOperations(StoreBase):
                     self.sql("settle_failed_keys.sql"),
                     {**named, "set_ordering_policy": params["set_ordering_policy"]},
                 ),
+                Statement(self.sql("configure_queue_audit.sql"), audit),
                 Statement(self.sql("get_queue.sql"), named),
             ),
             lambda r: decoding.settings_from_row(r[-1][0]),
@@ -142,3 +192,10 @@ class OperatorOperations(StoreBase):
             (Statement(self.sql("get_queue.sql"), params),),
             lambda r: decoding.settings_from_row(r[0][0]) if r[0] else None,
         )
+
+
+def _settings_action(settings: dict[str, Any]) -> str:
+    """The audit log's name for a settings change: pausing and resuming stand out."""
+    if set(settings) == {"paused"}:
+        return "pause" if settings["paused"] else "resume"
+    return "configure"

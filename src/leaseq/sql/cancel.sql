@@ -1,5 +1,11 @@
--- Cancel a queued job, or skip a failed one (which unblocks its ordering key).
--- Running jobs are not touched: their owner holds the lease.
+-- Cancel a queued job, or skip a failed one (which unblocks its ordering key);
+-- with %(running)s, also end a running job's claim through the lease fence.
+-- A running job: status cancelled at once and lease_version moved on, so every
+-- later write of the claim (renew, complete, retry, fail, release) is refused,
+-- and its worker learns at its next renewal -- sooner, through a notification
+-- ("!lost <job_id>": not a queue name) that makes it renew that lease now. The
+-- history entry keeps the end of the lease cut short (cut_lease_until): a
+-- replay waits until then (see replay.sql). One audit row if it changed.
 WITH target AS (
     SELECT j.job_id, j.status FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
 ),
@@ -7,12 +13,28 @@ cancelled AS (
     UPDATE {schema}.job AS j
     SET status = 'cancelled',
         finished_at = {schema}.clock(),
+        lease_until = NULL,
+        lease_version = j.lease_version + CASE WHEN j.status = 'running' THEN 1 ELSE 0 END,
         history = {schema}.history_append(j.history, jsonb_build_object(
             'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'cancelled',
-            'previous_status', j.status))
+            'previous_status', j.status,
+            'actor', coalesce(%(actor)s::text, session_user::text))
+            || CASE WHEN j.status = 'running' THEN jsonb_build_object(
+                   'lease_version', j.lease_version, 'claimed_at', j.claimed_at,
+                   'cut_lease_until', j.lease_until)
+               ELSE '{}'::jsonb END)
     FROM target AS t
-    WHERE j.job_id = t.job_id AND j.status IN ('queued', 'failed')
-    RETURNING j.job_id
+    WHERE j.job_id = t.job_id
+      AND (j.status IN ('queued', 'failed') OR (%(running)s AND j.status = 'running'))
+    RETURNING j.job_id, j.queue, t.status AS previous_status
+),
+audit AS (
+    INSERT INTO {schema}.audit (at, actor, action, queue, job_ids, detail)
+    SELECT {schema}.clock(), coalesce(%(actor)s::text, session_user::text), 'cancel', c.queue,
+           ARRAY[c.job_id], jsonb_build_object('previous_status', c.previous_status)
+    FROM cancelled AS c
 )
-SELECT t.job_id, t.status, cancelled.job_id IS NOT NULL AS changed
+SELECT t.job_id, t.status, cancelled.job_id IS NOT NULL AS changed,
+       CASE WHEN cancelled.previous_status = 'running' AND %(channel)s::text IS NOT NULL
+            THEN pg_notify(%(channel)s::text, '!lost ' || cancelled.job_id) END
 FROM target AS t LEFT JOIN cancelled ON cancelled.job_id = t.job_id

@@ -83,7 +83,8 @@ claimed AS (
         claimed_at = {schema}.clock(),
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
-                'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired'))
+                'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired',
+                'lease_version', j.lease_version, 'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
             ELSE j.history END
     FROM picked, settings AS s
     WHERE j.job_id = picked.job_id

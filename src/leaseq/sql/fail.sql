@@ -20,7 +20,8 @@ failed AS (
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'error', c.error,
-                'outcome', 'failed', 'write', 'fail', 'lease_version', j.lease_version))
+                'outcome', 'failed', 'write', 'fail', 'lease_version', j.lease_version,
+                'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
             ELSE j.history END
     FROM claimed AS c
     WHERE j.job_id = c.job_id

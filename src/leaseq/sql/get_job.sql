@@ -1,5 +1,18 @@
-SELECT job_id, queue, payload, payload_bytes, status, priority, available_at, lease_until,
-       lease_version, attempts, max_attempts, ordering_key, ordering_seq, idempotency_key,
-       last_error, history, created_at, claimed_at, finished_at
-FROM {schema}.job
-WHERE job_id = %(job_id)s
+-- One job, with its lease's remaining seconds (running) and how many unfinished
+-- jobs of its ordering key come before it (through job_ordering_idx; capped).
+SELECT j.job_id, j.queue, j.payload, j.payload_bytes, j.status, j.priority, j.available_at,
+       j.lease_until, j.lease_version, j.attempts, j.max_attempts, j.ordering_key,
+       j.ordering_seq, j.idempotency_key, j.last_error, j.history, j.created_at, j.claimed_at,
+       j.finished_at,
+       CASE WHEN j.status = 'running'
+            THEN extract(epoch FROM j.lease_until - {schema}.clock())::double precision END,
+       CASE WHEN j.ordering_key IS NOT NULL AND j.status IN ('queued', 'running') THEN (
+           SELECT count(*) FROM (
+               SELECT 1 FROM {schema}.job AS o
+               WHERE o.queue = j.queue AND o.ordering_key = j.ordering_key
+                 AND o.status IN ('queued', 'running')
+                 AND (o.ordering_seq, o.job_id) < (j.ordering_seq, j.job_id)
+               LIMIT 100000) AS before_it)
+       END
+FROM {schema}.job AS j
+WHERE j.job_id = %(job_id)s

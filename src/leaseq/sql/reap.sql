@@ -33,7 +33,8 @@ reaped AS (
             ELSE 'no attempts left (' || j.attempts || ' of ' || j.max_attempts || ')' END,
         history = {schema}.history_append(j.history, jsonb_build_object(
             'attempt', j.attempts, 'at', {schema}.clock(),
-            'outcome', CASE WHEN j.status = 'running' THEN 'lease_expired' ELSE 'exhausted' END))
+            'outcome', CASE WHEN j.status = 'running' THEN 'lease_expired' ELSE 'exhausted' END,
+            'lease_version', j.lease_version, 'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
     FROM doomed
     WHERE j.job_id = doomed.job_id
       AND j.attempts >= j.max_attempts

@@ -18,7 +18,8 @@ released AS (
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'released',
-                'write', 'release', 'lease_version', j.lease_version))
+                'write', 'release', 'lease_version', j.lease_version,
+                'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
             ELSE j.history END
     FROM claimed AS c
     WHERE j.job_id = c.job_id

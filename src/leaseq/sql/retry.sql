@@ -32,7 +32,8 @@ retried AS (
             ELSE {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'error', c.error,
                 'outcome', CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'retry' END,
-                'write', 'retry', 'lease_version', j.lease_version))
+                'write', 'retry', 'lease_version', j.lease_version,
+                'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
             END
     FROM claimed AS c, {schema}.queue AS q
     WHERE j.job_id = c.job_id

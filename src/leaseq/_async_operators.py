@@ -1,0 +1,215 @@
+"""The operators' calls of the client for asyncio code: a base class of
+:class:`~leaseq.AsyncQueue`.
+
+This file is the source of ``_sync_operators.py`` too (``tools/async_to_sync.py``
+writes it; ``make lint`` checks that the two agree), so edit this one only.
+Operators (the CLI, a dashboard, your own scripts) look into queues and fix
+them: every search and summary here costs the same on any size of table, and
+every action goes through the lease fence and writes an audit row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from . import _steps
+from . import _validate as validate
+from ._db import AsyncDatabase
+from ._store import Store
+from ._types import (
+    AuditEntry,
+    BlockedKey,
+    ClaimPlan,
+    FailedSummary,
+    Health,
+    Job,
+    JobPage,
+    JobStatus,
+    PruneResult,
+    QueueActivity,
+    QueueSettings,
+    QueueStats,
+    ReapResult,
+)
+
+
+class AsyncOperatorCalls:
+    """What operators call; the client supplies its store and database."""
+
+    _store: Store
+    _db: AsyncDatabase
+
+    async def reap(self, *, limit: int = 1000) -> ReapResult:
+        """Fail up to ``limit`` jobs with no attempts left (queued, or running with
+        an expired lease). A live lease is never touched."""
+        return await self._db.run(self._store.reap(limit=limit))
+
+    async def replay(self, job_id: int, *, actor: str | None = None) -> bool:
+        """Put a failed or cancelled job back (same id, fresh attempts): True if
+        replayed, False if it was neither (a running job is never replayed: that
+        would start a second run beside the first). BacklogFull if its queue has
+        no room. A job cancelled while running becomes claimable once the lease
+        the cancel cut short would have ended. Audited under ``actor``."""
+        return await self._db.run(self._store.replay(job_id, actor=actor))
+
+    async def replay_many(self, job_ids: Sequence[int], *, actor: str | None = None) -> list[int]:
+        """Replay those of the jobs (up to 10,000) that are failed or cancelled, in one
+        statement; returns their ids. BacklogFull (its ``replayed`` holding what was
+        done) if a queue had no room for some. Audited under ``actor``."""
+        return await self._db.run(self._store.replay_many(job_ids, actor=actor))
+
+    async def replay_failed(
+        self, queue: str, *, batch: int = 1000, actor: str | None = None
+    ) -> list[int]:
+        """Replay every failed job of ``queue`` in batches of short transactions;
+        returns their ids. A queue with admission limits takes back only what
+        fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
+        steps = _steps.replay_failed(self._store, queue, batch=batch, actor=actor)
+        return await self._db.run_steps(steps)
+
+    async def cancel(self, job_id: int, *, running: bool = False, actor: str | None = None) -> bool:
+        """Cancel a queued job, or skip a failed one (which unblocks its ordering
+        key): True if it changed. A running job is left to its owner unless
+        ``running``: then its claim ends through the lease fence (the job is
+        cancelled at once; its handler is told as of a lost lease, within moments
+        through a notification or at its next renewal, and whatever it reports
+        afterwards is refused). Audited under ``actor``."""
+        return await self._db.run(self._store.cancel(job_id, running=running, actor=actor))
+
+    async def prune(
+        self,
+        queue: str | None = None,
+        *,
+        states: Iterable[JobStatus | str] | JobStatus | str | None = None,
+        older_than: float | None = None,
+        archived_older_than: float | None = None,
+        batch: int = 1000,
+        dry_run: bool = False,
+        pause: float = 0.1,
+        max_batches: int | None = None,
+    ) -> PruneResult:
+        """Apply retention now: remove finished jobs (done, cancelled, failed, or
+        ``states``) of every queue (or ``queue``) past their queue's retention, or
+        older than ``older_than`` seconds if given; a queue in archive mode moves
+        them to the archive, whose own retention (or ``archived_older_than``)
+        applies too. In batches of ``batch`` jobs, each a short transaction that
+        skips locked rows, ``pause`` seconds apart (so autovacuum keeps up), until
+        nothing is due or ``max_batches`` ran (then ``more`` says whether some may
+        be left). Queued and running jobs are never touched, nor a failed job of an
+        ordering key under the ``block`` policy. ``dry_run`` counts what would go,
+        writing nothing."""
+        operation = self._store.prune(
+            queue=queue,
+            states=states,
+            older_than=older_than,
+            archived_older_than=archived_older_than,
+            limit=batch,
+            dry_run=dry_run,
+        )
+        pause = validate.seconds(pause, "pause", 3600.0)
+        if max_batches is not None:
+            validate.prune_batch(max_batches)
+        result = PruneResult(dry_run=dry_run)
+        batches = 0
+        while True:
+            result = result.merged(await self._db.run(operation))
+            batches += 1
+            if not result.more or batches == max_batches:
+                return result
+            await asyncio.sleep(pause)
+
+    async def get(self, job_id: int) -> Job:
+        """The job as stored, or JobNotFound."""
+        return await self._db.run(self._store.get(job_id))
+
+    async def list_jobs(
+        self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
+    ) -> list[Job]:
+        """Jobs of one status (and queue), newest first."""
+        return await self._db.run(self._store.list_jobs(status, queue=queue, limit=limit))
+
+    async def find_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: JobStatus | str | None = None,
+        key: str | None = None,
+        error: str | None = None,
+        payload: dict[str, Any] | None = None,
+        before: int | None = None,
+        limit: int = 50,
+        window: int = 10_000,
+    ) -> JobPage:
+        """One page of the jobs matching every filter given, newest first: ``error``
+        a case-insensitive substring of the last error, ``payload`` fields the
+        payload contains (``{"customer": "acme"}``). Pass the page's
+        ``next_before`` as ``before`` for the next. Only the newest ``window`` job
+        ids are searched, so a search costs the same on any table (``window_end``
+        tells when older jobs were left out)."""
+        operation = self._store.find_jobs(
+            queue=queue,
+            status=status,
+            key=key,
+            error=error,
+            payload=payload,
+            before=before,
+            limit=limit,
+            window=window,
+        )
+        return await self._db.run(operation)
+
+    async def failed_groups(self, queue: str | None = None, *, limit: int = 50) -> FailedSummary:
+        """Failed jobs grouped by queue and error text, largest group first (the
+        newest 10,000 failed jobs at most are read: ``capped`` says when more exist)."""
+        return await self._db.run(self._store.failed_groups(queue, limit=limit))
+
+    async def blocked_keys(self, queue: str | None = None, *, limit: int = 100) -> list[BlockedKey]:
+        """Ordering keys held by a failed head under the ``block`` policy, newest
+        failure first: the head, its error, how many jobs wait behind it. Skip a
+        head with ``cancel(head_job_id)`` or replay it."""
+        return await self._db.run(self._store.blocked_keys(queue, limit=limit))
+
+    async def activity(self, queue: str | None = None, *, minutes: int = 60) -> list[QueueActivity]:
+        """Per queue: jobs done and failed per minute over the last ``minutes``, and
+        the p50/p95/p99 of the done ones' durations (claim to finish)."""
+        return await self._db.run(self._store.activity(queue, minutes=minutes))
+
+    async def audit_log(
+        self, *, queue: str | None = None, before: int | None = None, limit: int = 50
+    ) -> list[AuditEntry]:
+        """Operator actions (replay, cancel, configure, pause, resume), newest first;
+        ``before`` an ``audit_id`` for the next page."""
+        return await self._db.run(self._store.audit_log(queue=queue, before=before, limit=limit))
+
+    async def stats(self, queue: str | None = None) -> list[QueueStats]:
+        """Per queue: jobs by status, queued bytes, oldest ready age, expired leases, in
+        one statement that reads no finished job: unfinished counts are exact, finished
+        ones of a large table are estimates (each result's ``estimated`` names them)."""
+        return await self._db.run(self._store.stats(queue))
+
+    async def configure_queue(
+        self, name: str, *, actor: str | None = None, **settings: Any
+    ) -> QueueSettings:
+        """Change a queue's settings (only those named); returns them all. Audited
+        under ``actor`` (pausing and resuming as such)."""
+        return await self._db.run(self._store.configure_queue(name, actor=actor, **settings))
+
+    async def queue_settings(self, name: str) -> QueueSettings | None:
+        """A queue's settings, or None if it was never used."""
+        return await self._db.run(self._store.queue_settings(name))
+
+    # -- health -------------------------------------------------------------------
+
+    async def health(self, *, long_transaction: float = 60.0) -> Health:
+        """The schema's tables and indexes (sizes, live and dead rows, last vacuum and
+        analyze), what holds back their cleanup, whether autovacuum runs, and
+        warnings in plain language; a transaction open for ``long_transaction``
+        seconds that holds back cleanup is warned about."""
+        return await self._db.run(self._store.health(long_transaction=long_transaction))
+
+    async def explain_claim(self, queue: str) -> ClaimPlan:
+        """The plan the server picks now for a claim of ``queue`` (EXPLAIN; the
+        claim does not run), with a warning when it does not read the ready index."""
+        return await self._db.run(self._store.explain_claim(queue))

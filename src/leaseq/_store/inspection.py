@@ -1,0 +1,171 @@
+"""Operations that let operators look into queues (a dashboard, the CLI): searches
+and summaries whose cost is bounded whatever the size of the job table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _decoding as decoding
+from .. import _validate as validate
+from .._errors import InvalidArgument
+from .._statement import Operation, Rows, Statement
+from .._types import (
+    ActivityMinute,
+    AuditEntry,
+    BlockedKey,
+    FailedGroup,
+    FailedSummary,
+    JobPage,
+    JobStatus,
+    QueueActivity,
+)
+from .base import StoreBase
+
+#: Failed jobs read at most to group them by error, and jobs counted at most
+#: behind a blocked key: enough to see what is wrong, bounded on any table.
+FAILED_GROUPS_CAP = 10_000
+WAITING_CAP = 10_000
+#: Finished jobs of one queue and state read at most for its activity.
+ACTIVITY_CAP = 20_000
+MAX_PAGE = 1000
+MAX_MINUTES = 24 * 60
+
+
+def _page_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PAGE:
+        raise InvalidArgument(f"limit must be an integer in [1, {MAX_PAGE}], got {value!r}")
+    return value
+
+
+def _queue(queue: str | None) -> str | None:
+    return None if queue is None else validate.queue_name(queue)
+
+
+class InspectionOperations(StoreBase):
+    """Searches and summaries of a schema's jobs and of its audit log."""
+
+    def find_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: JobStatus | str | None = None,
+        key: str | None = None,
+        error: str | None = None,
+        payload: dict[str, Any] | None = None,
+        before: int | None = None,
+        limit: int = 50,
+        window: int = 10_000,
+    ) -> Operation[JobPage]:
+        limit = _page_limit(limit)
+        params = {
+            "queue": _queue(queue),
+            "status": None if status is None else validate.job_status(status).value,
+            "key": validate.search_text(key, "ordering key"),
+            "error": validate.search_text(error, "error text"),
+            "payload": validate.payload_filter(payload),
+            "before": None if before is None else validate.job_id(before),
+            "limit": limit,
+            "window": validate.search_window(window),
+        }
+        schema = self.schema
+
+        def decode(rows: list[Rows]) -> JobPage:
+            floor = rows[0][0][21]
+            found = [row for row in rows[0] if row[0] is not None]
+            jobs = tuple(decoding.job_from_row(schema, row) for row in found[:limit])
+            more = len(found) > limit
+            return JobPage(
+                jobs=jobs,
+                next_before=jobs[-1].job_id if more else None,
+                # The search went down to the window's floor and jobs may lie below it.
+                window_end=not more and floor > 0,
+            )
+
+        return Operation((Statement(self.sql("find_jobs.sql"), params),), decode)
+
+    def failed_groups(
+        self, queue: str | None = None, *, limit: int = 50
+    ) -> Operation[FailedSummary]:
+        params = {"queue": _queue(queue), "limit": _page_limit(limit), "cap": FAILED_GROUPS_CAP}
+
+        def decode(rows: list[Rows]) -> FailedSummary:
+            groups = tuple(
+                FailedGroup(queue=r[0], error=r[1], count=r[2], newest_job_id=r[3], newest_at=r[4])
+                for r in rows[0]
+            )
+            scanned, capped = (rows[0][0][5], rows[0][0][6]) if rows[0] else (0, False)
+            return FailedSummary(groups=groups, scanned=scanned, capped=capped)
+
+        return Operation((Statement(self.sql("failed_groups.sql"), params),), decode)
+
+    def blocked_keys(
+        self, queue: str | None = None, *, limit: int = 100
+    ) -> Operation[list[BlockedKey]]:
+        params = {"queue": _queue(queue), "limit": _page_limit(limit), "cap": WAITING_CAP}
+
+        def decode(rows: list[Rows]) -> list[BlockedKey]:
+            return [
+                BlockedKey(
+                    queue=r[0],
+                    key=r[1],
+                    head_job_id=r[2],
+                    head_error=r[3],
+                    failed_at=r[4],
+                    waiting=min(r[5], WAITING_CAP),
+                    waiting_capped=r[5] > WAITING_CAP,
+                )
+                for r in rows[0]
+            ]
+
+        return Operation((Statement(self.sql("blocked_keys.sql"), params),), decode)
+
+    def activity(
+        self, queue: str | None = None, *, minutes: int = 60
+    ) -> Operation[list[QueueActivity]]:
+        if isinstance(minutes, bool) or not isinstance(minutes, int):
+            raise InvalidArgument(f"minutes must be an integer, got {minutes!r}")
+        if not 1 <= minutes <= MAX_MINUTES:
+            raise InvalidArgument(f"minutes must be in [1, {MAX_MINUTES}], got {minutes}")
+        params = {"queue": _queue(queue), "minutes": minutes, "cap": ACTIVITY_CAP}
+
+        def decode(rows: list[Rows]) -> list[QueueActivity]:
+            return [
+                QueueActivity(
+                    queue=name,
+                    per_minute=tuple(
+                        ActivityMinute(start=s, done=d, failed=f)
+                        for s, d, f in zip(starts, done, failed, strict=True)
+                    ),
+                    p50=p50,
+                    p95=p95,
+                    p99=p99,
+                    sampled=bool(sampled),
+                )
+                for name, starts, done, failed, p50, p95, p99, sampled in rows[0]
+            ]
+
+        return Operation((Statement(self.sql("activity.sql"), params),), decode)
+
+    def audit_log(
+        self, *, queue: str | None = None, before: int | None = None, limit: int = 50
+    ) -> Operation[list[AuditEntry]]:
+        params = {
+            "queue": _queue(queue),
+            "before": None if before is None else validate.job_id(before),
+            "limit": _page_limit(limit),
+        }
+        return Operation(
+            (Statement(self.sql("audit_log.sql"), params),),
+            lambda r: [
+                AuditEntry(
+                    audit_id=a,
+                    at=at,
+                    actor=actor,
+                    action=action,
+                    queue=queue,
+                    job_ids=tuple(ids),
+                    detail=detail,
+                )
+                for a, at, actor, action, queue, ids, detail in r[0]
+            ],
+        )
