@@ -81,7 +81,9 @@ async def skip(request: Request, ctx: Context) -> Response:
     client = ctx.dashboard.client
     job = await client.get(job_id)
     if job.status is not leaseq.JobStatus.FAILED:
-        return _done(ctx, form, "/blocked", f"Job {job_id} is {job.status.value}, not a failed head.")
+        return _done(
+            ctx, form, "/blocked", f"Job {job_id} is {job.status.value}, not a failed head."
+        )
     if await client.cancel(job_id, actor=ctx.actor):
         message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
     else:
@@ -223,5 +225,7 @@ async def login(request: Request, ctx: Context) -> Response:
 @handler(post=True)
 async def logout(request: Request, ctx: Context) -> Response:
     response = ctx.redirect("/")
-    response.delete_cookie(security.LOGIN_COOKIE, samesite="lax", **security.cookie_options(request))
+    response.delete_cookie(
+        security.LOGIN_COOKIE, samesite="lax", **security.cookie_options(request)
+    )
     return response

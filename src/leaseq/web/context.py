@@ -109,9 +109,7 @@ class Context:
     def _finish(self, response: Response) -> Response:
         options = security.cookie_options(self.request)
         if self.new_session:
-            response.set_cookie(
-                security.SESSION_COOKIE, self.session, samesite="strict", **options
-            )
+            response.set_cookie(security.SESSION_COOKIE, self.session, samesite="strict", **options)
         if self._flash_seen:
             response.delete_cookie(security.FLASH_COOKIE, samesite="strict", **options)
         return response
@@ -145,25 +143,29 @@ def error_page(ctx: Context, exc: leaseq.LeaseqError) -> Response:
         return refuse(ctx, 400, str(exc))
     if isinstance(exc, leaseq.NotMigrated):
         return refuse(ctx, 503, f"The leaseq schema is not there yet: {exc}")
+    if isinstance(exc, leaseq.StatementTimeout):
+        return refuse(
+            ctx,
+            503,
+            "The database took too long to answer (the dashboard's statement timeout). "
+            "Try a narrower filter, or again in a moment.",
+        )
     if isinstance(exc, leaseq.TransientError):
-        text = str(exc)
-        if "statement timeout" in text or "canceling statement" in text:
-            message = (
-                "The database took too long to answer (the dashboard's statement timeout). "
-                "Try a narrower filter, or again in a moment."
-            )
-        else:
-            message = f"The database cannot be reached just now: {text}"
-        return refuse(ctx, 503, message)
+        return refuse(ctx, 503, f"The database cannot be reached just now: {exc}")
     return refuse(ctx, 503, f"leaseq could not do that: {exc}")
 
 
-def handler(permission: str = security.READ, *, post: bool = False, login: bool = False) -> Any:
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def handler(
+    permission: str = security.READ, *, post: bool = False, login: bool = False
+) -> Callable[[Handler], Endpoint]:
     """Wrap a page or action: authenticate (401), refuse cross-site requests and
     missing CSRF tokens on POST (403), check ``permission`` (403), and show
     leaseq's errors as pages. ``login``: the login form itself (no auth)."""
 
-    def wrap(function: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def wrap(function: Handler) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             dashboard: Dashboard = request.app.state.leaseq
             principal = None if login else await dashboard.principal(request)

@@ -73,10 +73,10 @@ class Aggregates:
     async def settings(self, queue: str) -> leaseq.QueueSettings | None:
         return await self.cache.get(("settings", queue), lambda: self.client.queue_settings(queue))
 
-    async def activity(self) -> dict[str, Any]:
-        """Per queue, its last hour of activity (``leaseq.QueueActivity``)."""
+    async def activity(self) -> dict[str, leaseq.QueueActivity]:
+        """Per queue, its last hour of activity."""
 
-        async def load() -> dict[str, Any]:
+        async def load() -> dict[str, leaseq.QueueActivity]:
             return {entry.queue: entry for entry in await self.client.activity(minutes=60)}
 
         return await self.cache.get(("activity",), load)
@@ -84,12 +84,12 @@ class Aggregates:
     async def health(self) -> leaseq.Health:
         return await self.cache.get(("health",), self.client.health)
 
-    async def failed_groups(self, queue: str | None) -> Any:
+    async def failed_groups(self, queue: str | None) -> leaseq.FailedSummary:
         return await self.cache.get(
             ("failed_groups", queue), lambda: self.client.failed_groups(queue)
         )
 
-    async def blocked_keys(self, queue: str | None) -> Any:
+    async def blocked_keys(self, queue: str | None) -> list[leaseq.BlockedKey]:
         return await self.cache.get(
             ("blocked_keys", queue), lambda: self.client.blocked_keys(queue)
         )

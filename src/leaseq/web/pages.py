@@ -17,7 +17,7 @@ import leaseq
 
 from .context import Context, handler
 from .forms import STATES, JobFilter, settings_text
-from .views import chart, percent
+from .views import Chart, chart, percent
 
 #: Jobs per page of the Jobs list; running jobs shown at most on the Running page.
 PAGE_SIZE = 50
@@ -31,8 +31,8 @@ class QueueView:
 
     stats: leaseq.QueueStats
     settings: leaseq.QueueSettings | None
-    activity: Any  # leaseq.QueueActivity | None
-    chart: Any
+    activity: leaseq.QueueActivity | None
+    chart: Chart | None
     jobs_full: int | None
     bytes_full: int | None
 
@@ -104,7 +104,11 @@ async def jobs(request: Request, ctx: Context) -> Response:
 
 async def _job(ctx: Context, job_id: int) -> dict[str, Any]:
     job = await ctx.dashboard.client.get(job_id)
-    return {"job": job, "timeline": timeline(job), "payload": ctx.dashboard.mask.pretty(job.payload)}
+    return {
+        "job": job,
+        "timeline": timeline(job),
+        "payload": ctx.dashboard.mask.pretty(job.payload),
+    }
 
 
 @handler()
@@ -148,7 +152,9 @@ def timeline(job: leaseq.Job) -> list[Event]:
         version = entry.get("lease_version")
         lease = f", lease version {version}" if version is not None else ""
         if entry.get("claimed_at"):
-            events.append(Event(entry["claimed_at"], "claimed", f"attempt {attempt} claimed{lease}"))
+            events.append(
+                Event(entry["claimed_at"], "claimed", f"attempt {attempt} claimed{lease}")
+            )
         if entry.get("renewed_at"):
             events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
         outcome = str(entry.get("outcome", ""))
@@ -175,7 +181,11 @@ def timeline(job: leaseq.Job) -> list[Event]:
     elif status is leaseq.JobStatus.DONE:
         events.append(Event(job.finished_at, "done", f"done after {job.attempts} attempt(s)"))
     elif status is leaseq.JobStatus.QUEUED:
-        events.append(Event(job.available_at, "queued", "waiting to be claimed from"))
+        if job.ahead:
+            waiting = f"queued behind {job.ahead} earlier job(s) of key {job.key!r}"
+        else:
+            waiting = "queued: claimable from here on"
+        events.append(Event(job.available_at, "queued", waiting))
     return events
 
 

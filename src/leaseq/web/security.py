@@ -62,7 +62,7 @@ class Principal:
 
 
 #: ``auth``: a request in, a Principal (or None: not authenticated) out; sync or async.
-Auth = Callable[[Request], "Principal | None | Awaitable[Principal | None]"]
+Auth = Callable[[Request], "Principal | Awaitable[Principal | None] | None"]
 
 
 def _digest(key: bytes, text: str) -> str:

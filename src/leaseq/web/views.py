@@ -103,9 +103,10 @@ def when(moment: datetime | str | None) -> str:
         return "—"
     if isinstance(moment, str):
         try:
-            moment = datetime.fromisoformat(moment)
+            parsed = datetime.fromisoformat(moment)
         except ValueError:
             return moment
+        moment = parsed
     if moment.tzinfo is not None:
         moment = moment.astimezone(UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -119,7 +120,7 @@ def retention(seconds: float | None) -> str:
     """A retention or other setting in seconds: ``1d``, ``2h``, ``90s``; ``never``."""
     if seconds is None:
         return "never"
-    for unit, length in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= length and seconds % length == 0:
             return f"{seconds / length:g}{unit}"
     return f"{seconds:g}s"
