@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from html import unescape
 from html.parser import HTMLParser
 from typing import Any
 
@@ -188,4 +189,4 @@ def csp_problems(html: str) -> list[str]:
 
 def text_of(html: str) -> str:
     """A page's text without tags, whitespace collapsed, for reading assertions."""
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    return unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)))
