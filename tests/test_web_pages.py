@@ -112,7 +112,9 @@ async def test_job_page_masks_secrets_and_shows_the_job(browser: Browser, jobs: 
     assert "queued behind 1 earlier job(s) of key 'cust-1'" in waiting
 
 
-async def test_jobs_filters_and_keyset_pages(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+async def test_jobs_filters_and_keyset_pages(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
     page = (await browser.get("/jobs?queue=reports&state=failed")).text
     for job_id in jobs.failed:
         assert f"#{job_id}<" in page

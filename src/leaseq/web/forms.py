@@ -194,4 +194,9 @@ def settings_changes(form: Mapping[str, str], current: leaseq.QueueSettings) -> 
         old = getattr(current, name)
         if str(value) != str(old) and value != old:
             changes[name] = value
+    # The library checks the pair only when both are given; the form knows both.
+    base = changes.get("backoff_base", current.backoff_base)
+    cap = changes.get("backoff_cap", current.backoff_cap)
+    if cap < base:
+        raise leaseq.InvalidArgument("backoff_cap must be >= backoff_base")
     return changes
