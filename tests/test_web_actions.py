@@ -172,7 +172,7 @@ async def test_change_settings(browser: Browser, jobs: Jobs, queue: leaseq.Queue
         ("backoff_cap", "0.5", "backoff_cap must be >= backoff_base"),
     ],
 )
-async def test_bad_settings_are_refused_and_nothing_is_written(
+async def test_bad_settings_are_refused_and_nothing_is_written(  # noqa: PLR0917
     browser: Browser, jobs: Jobs, queue: leaseq.Queue, field: str, value: str, message: str
 ) -> None:
     before = queue.queue_settings("reports")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 from html import unescape
+from typing import Any
 
 import httpx
 import psycopg
