@@ -107,6 +107,7 @@ class Browser:
     """An httpx client that keeps cookies and posts forms with the page's token."""
 
     def __init__(self, app: Starlette, **options: Any) -> None:
+        self.app = app
         self.http = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url=BASE, **options
         )
@@ -118,8 +119,14 @@ class Browser:
         """The CSRF token of the forms on ``path`` (loading it starts the session)."""
         page = await self.get(path)
         match = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
-        assert match, f"no CSRF token on {path}: {page.status_code} {page.text[:300]}"
-        return match[1]
+        if match:
+            return match[1]
+        # A page without forms (read-only, no permission): the session's token as
+        # the app would put in a form.
+        session = self.http.cookies.get("leaseq_session")
+        assert session, f"no session on {path}: {page.status_code} {page.text[:300]}"
+        token: str = self.app.state.leaseq.csrf.token(session)
+        return token
 
     async def post(
         self,
