@@ -2,13 +2,13 @@
 
 Its rooms: ``common`` (the group, database options, errors, output), ``running``
 (migrate, worker, maintenance, demo), ``jobs`` (enqueue, status, failed,
-replay, cancel, reap, queue configure), ``retention`` (prune) and ``health``
-(health, explain).
+replay, cancel, reap, queue configure), ``retention`` (prune), ``health``
+(health, explain) and ``audit``.
 """
 
 from __future__ import annotations
 
-from . import dashboard, health, jobs, retention, running  # noqa: F401 - registers their commands on the group
+from . import audit, dashboard, health, jobs, retention, running  # noqa: F401 - registers their commands on the group
 from .common import cli, scrubbed_crash
 
 __all__ = ["cli", "main"]

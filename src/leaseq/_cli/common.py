@@ -6,6 +6,7 @@ records, stored job errors) goes through :func:`leaseq._redact.redact` first.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import sys
@@ -65,6 +66,15 @@ def open_queue(database_url: str | None, schema: str) -> Iterator[Queue]:
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     with Queue(database_url, schema=schema, pool_size=2, connect_timeout=5) as queue:
         yield queue
+
+
+def actor() -> str:
+    """Who the audit log records for an action of this command: the OS user."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return f"cli:{user}"
 
 
 class CommandError(click.ClickException):

@@ -17,7 +17,7 @@ from leaseq import (
 )
 
 from .._redact import redact
-from .common import cli, console, database_options, open_queue
+from .common import actor, cli, console, database_options, open_queue
 from .retention import NEVER, duration, format_duration
 
 
@@ -133,22 +133,27 @@ def replay(
         if all_failed:
             if queue_name is None:
                 raise InvalidArgument("--all-failed needs --queue")
-            ids = queue.replay_failed(queue_name)
+            ids = queue.replay_failed(queue_name, actor=actor())
             click.echo(f"replayed {len(ids)} jobs")
         else:
             assert job_id is not None
-            if not queue.replay(job_id):
+            if not queue.replay(job_id, actor=actor()):
                 raise InvalidArgument(f"job {job_id} is {queue.get(job_id).status}: not replayed")
             click.echo(f"replayed job {job_id}")
 
 
 @cli.command()
 @click.argument("job_id", type=int)
+@click.option(
+    "--running",
+    is_flag=True,
+    help="Also end a running job's claim (its handler is told; its writes are refused).",
+)
 @database_options
-def cancel(job_id: int, database_url: str | None, schema: str) -> None:
-    """Cancel a queued job, or skip a failed one."""
+def cancel(job_id: int, running: bool, database_url: str | None, schema: str) -> None:
+    """Cancel a queued job, or skip a failed one; with --running, a running one too."""
     with open_queue(database_url, schema) as queue:
-        if not queue.cancel(job_id):
+        if not queue.cancel(job_id, running=running, actor=actor()):
             raise InvalidArgument(f"job {job_id} is {queue.get(job_id).status}: not cancelled")
     click.echo(f"cancelled job {job_id}")
 
@@ -223,7 +228,7 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
         if value is not None
     }
     with open_queue(database_url, schema) as queue:
-        result = queue.configure_queue(name, **given)
+        result = queue.configure_queue(name, actor=actor(), **given)
     click.echo(
         f"queue {result.name}: lease={result.lease:g}s max_attempts={result.max_attempts} "
         f"backoff={result.backoff_base:g}..{result.backoff_cap:g}s "

@@ -21,9 +21,11 @@ from .._types import (
 )
 from .base import StoreBase
 
-#: Failed jobs read at most to group them by error, and jobs counted at most
-#: behind a blocked key: enough to see what is wrong, bounded on any table.
-FAILED_GROUPS_CAP = 10_000
+#: The newest failed jobs of each queue read to group them by error; the keys
+#: with a failed head read at most, and the jobs counted at most behind one:
+#: enough to see what is wrong, bounded on any table.
+FAILED_GROUPS_CAP = 1000
+BLOCKED_KEYS_CAP = 1000
 WAITING_CAP = 10_000
 #: Finished jobs of one queue and state read at most for its activity.
 ACTIVITY_CAP = 20_000
@@ -101,7 +103,12 @@ class InspectionOperations(StoreBase):
     def blocked_keys(
         self, queue: str | None = None, *, limit: int = 100
     ) -> Operation[list[BlockedKey]]:
-        params = {"queue": _queue(queue), "limit": _page_limit(limit), "cap": WAITING_CAP}
+        params = {
+            "queue": _queue(queue),
+            "limit": _page_limit(limit),
+            "cap": BLOCKED_KEYS_CAP,
+            "waiting_cap": WAITING_CAP,
+        }
 
         def decode(rows: list[Rows]) -> list[BlockedKey]:
             return [

@@ -57,6 +57,14 @@ class LeaseKeeper:
         self._renewal_wakeup.set()
         self._deadline_wakeup.set()
 
+    def check_now(self, job_id: int) -> None:
+        """Renew this job's lease at once: a notification said it may be gone (an
+        operator cancelled the job), and only the database can say for sure."""
+        for attempt in self._attempts:
+            if attempt.claim.job_id == job_id:
+                attempt.check_now = True
+                self._renewal_wakeup.set()
+
     async def renew_forever(self) -> None:
         while True:
             now = time.monotonic()
@@ -69,6 +77,8 @@ class LeaseKeeper:
 
     async def _renew(self, due: list[Attempt]) -> None:
         sent = time.monotonic()
+        for attempt in due:
+            attempt.check_now = False
         try:
             results = await self._queue.renew_many([r.claim for r in due])
         except TransientError as exc:

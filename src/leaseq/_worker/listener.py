@@ -1,4 +1,10 @@
-"""LISTEN for enqueue notifications: a wake-up hint, re-established after every loss."""
+"""LISTEN for enqueue notifications: a wake-up hint, re-established after every loss.
+
+The schema's channel carries queue names (something was enqueued there) and
+"!lost <job_id>" (an operator cancelled a running job: its lease may be gone;
+"!" never starts a queue name). Both are hints: polling and the heartbeat find
+out the same, only later, when a notification is lost.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,16 @@ from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
 
+#: The notification of a job whose claim an operator ended (cancel.sql sends it).
+LOST_PREFIX = "!lost "
+
 
 async def listen_for_work(
     listener: AsyncQueue,
     queues: set[str],
     *,
     wake: Callable[[], None],
+    lost: Callable[[int], None],
     stats: WorkerStats,
 ) -> None:
     """Call ``wake`` for every notification about one of ``queues``; never returns.
@@ -33,6 +43,8 @@ async def listen_for_work(
                 delay = 0.1
                 if payload == "" or payload in queues:  # "": (re)connected
                     wake()
+                elif payload.startswith(LOST_PREFIX) and payload[len(LOST_PREFIX) :].isdigit():
+                    lost(int(payload[len(LOST_PREFIX) :]))
         except TransientError as exc:
             log.info("LISTEN connection lost (%s); reconnecting", exc)
         stats.listen_reconnects += 1

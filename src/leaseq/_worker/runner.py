@@ -192,7 +192,11 @@ class Worker:
         }
         if self._clients.listener is not None:
             services["listen"] = listen_for_work(
-                self._clients.listener, set(self.queues), wake=self._attempts.wake, stats=self.stats
+                self._clients.listener,
+                set(self.queues),
+                wake=self._attempts.wake,
+                lost=self._leases.check_now,
+                stats=self.stats,
             )
         if self.maintenance:
             reaper = Maintenance(self._clients.handlers_async, interval=self.maintenance_interval)

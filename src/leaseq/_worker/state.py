@@ -47,6 +47,9 @@ class Attempt:
     task: asyncio.Task[None] | None = None  # runs the handler, then the acknowledgement
     lost: bool = False  # the lease is gone: whatever the handler does is never acknowledged
     acknowledging: bool = False  # the handler returned; its outcome is being flushed
+    #: Renew at once, whatever the time: an operator may have cancelled the job
+    #: (the notification "!lost <job_id>"); the renewal tells.
+    check_now: bool = False
 
     @property
     def deadline(self) -> float:
@@ -59,4 +62,4 @@ class Attempt:
         return self.lease_from + lease - min(lease * LEASE_MARGIN_FRACTION, MAX_LEASE_MARGIN)
 
     def renewal_due(self, now: float, fraction: float) -> bool:
-        return now - self.lease_from >= self.claim.lease_seconds * fraction
+        return self.check_now or now - self.lease_from >= self.claim.lease_seconds * fraction

@@ -1,7 +1,8 @@
 -- Ordering keys held by a failed head under the `block` policy (the default of
 -- a queue without settings): the key's earliest failed job, its error, and how
--- many unfinished jobs of the key wait behind it (counted up to %(cap)s, through
--- job_ordering_idx). The heads come from job_failed_key_idx in key order.
+-- many unfinished jobs of the key wait behind it (counted up to %(waiting_cap)s, through
+-- job_ordering_idx). The heads come from job_failed_key_idx in key order, the
+-- first %(cap)s keys at most, so the cost is bounded on any table.
 WITH heads AS (
     SELECT DISTINCT ON (f.queue, f.ordering_key)
            f.queue, f.ordering_key, f.ordering_seq, f.job_id, f.last_error, f.finished_at
@@ -11,6 +12,7 @@ WITH heads AS (
       AND (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
       AND coalesce(q.ordering_policy = 'block', true)
     ORDER BY f.queue, f.ordering_key, f.ordering_seq, f.job_id
+    LIMIT %(cap)s
 ),
 page AS (
     SELECT h.* FROM heads AS h ORDER BY h.finished_at DESC NULLS LAST, h.job_id DESC
@@ -24,6 +26,6 @@ CROSS JOIN LATERAL (
         WHERE o.queue = p.queue AND o.ordering_key = p.ordering_key
           AND o.status IN ('queued', 'running')
           AND (o.ordering_seq, o.job_id) > (p.ordering_seq, p.job_id)
-        LIMIT %(cap)s + 1) AS behind
+        LIMIT %(waiting_cap)s + 1) AS behind
 ) AS w
 ORDER BY p.finished_at DESC NULLS LAST, p.job_id DESC

@@ -1,0 +1,322 @@
+"""What operators read and do: searches and summaries, the audit log, cancelling a
+running job through the fence. Both client legs, against the real database."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus, LeaseLost
+
+from .clients import Client
+from .conftest import Clock
+
+
+def _fail(client: Client, queue: str, error: str, **enqueue: object) -> int:
+    # (the highest priority: claimed before whatever else the queue holds)
+    job_id = client.enqueue(queue, {"n": 1}, max_attempts=1, priority=1000, **enqueue)  # type: ignore[arg-type]
+    (claim,) = client.claim(queue)
+    assert claim.job_id == job_id
+    client.fail(claim, error)
+    return job_id
+
+
+# -- find_jobs -----------------------------------------------------------------------
+
+
+def test_find_jobs_filters_by_every_field_newest_first(client: Client) -> None:
+    acme = [client.enqueue("reports", {"customer": "acme", "n": n}) for n in range(3)]
+    client.enqueue("reports", {"customer": "globex", "n": 9})
+    keyed = client.enqueue("mail", {"to": "x"}, key="user:1")
+    failed = _fail(client, "mail", "SMTPError: mailbox unavailable")
+
+    page = client.find_jobs(payload={"customer": "acme"})
+    assert [j.job_id for j in page.jobs] == acme[::-1]
+    assert page.next_before is None
+    assert [j.job_id for j in client.find_jobs(key="user:1").jobs] == [keyed]
+    assert [j.job_id for j in client.find_jobs(error="mailbox UNAVAILABLE").jobs] == [failed]
+    assert [j.job_id for j in client.find_jobs(status="failed", queue="mail").jobs] == [failed]
+    assert client.find_jobs(status=JobStatus.FAILED, queue="reports").jobs == ()
+    both = client.find_jobs(queue="reports", payload={"customer": "acme", "n": 1})
+    assert [j.job_id for j in both.jobs] == [acme[1]]
+
+
+def test_find_jobs_pages_by_keyset_without_gaps_or_repeats(client: Client) -> None:
+    ids = client.enqueue_many("reports", [{"n": n} for n in range(23)])
+    seen: list[int] = []
+    before = None
+    pages = 0
+    while True:
+        page = client.find_jobs(queue="reports", limit=5, before=before)
+        seen += [j.job_id for j in page.jobs]
+        pages += 1
+        if page.next_before is None:
+            break
+        before = page.next_before
+    assert seen == sorted(ids, reverse=True)
+    assert pages == 5
+
+
+def test_find_jobs_searches_only_the_newest_window(client: Client) -> None:
+    old = client.enqueue("reports", {"needle": True})
+    client.enqueue_many("reports", [{"n": n} for n in range(30)])
+    page = client.find_jobs(payload={"needle": True}, window=10)
+    assert page.jobs == ()
+    assert page.window_end  # older jobs were not searched: say so
+    wide = client.find_jobs(payload={"needle": True}, window=1000)
+    assert [j.job_id for j in wide.jobs] == [old]
+    assert not wide.window_end
+
+
+def test_find_jobs_reports_the_lease_remaining_of_running_jobs(client: Client) -> None:
+    client.enqueue("reports", {})
+    client.claim("reports", lease=30)
+    (running,) = client.find_jobs(status="running").jobs
+    assert running.lease_remaining is not None
+    assert 25 < running.lease_remaining <= 30
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"status": "nope"},
+        {"payload": ["not", "a", "mapping"]},
+        {"payload": {}},
+        {"error": ""},
+        {"limit": 0},
+        {"limit": 1001},
+        {"window": 0},
+        {"before": -1},
+        {"queue": "bad queue"},
+    ],
+)
+def test_find_jobs_refuses_bad_filters(client: Client, filters: dict[str, object]) -> None:
+    with pytest.raises(leaseq.InvalidArgument):
+        client.find_jobs(**filters)  # type: ignore[arg-type]
+
+
+# -- summaries -----------------------------------------------------------------------
+
+
+def test_failed_groups_count_jobs_by_queue_and_error(client: Client) -> None:
+    for _ in range(3):
+        _fail(client, "mail", "SMTPError: mailbox unavailable")
+    newest = _fail(client, "mail", "TimeoutError: no answer")
+    _fail(client, "reports", "SMTPError: mailbox unavailable")
+    summary = client.failed_groups()
+    groups = {(g.queue, g.error): g.count for g in summary.groups}
+    assert groups == {
+        ("mail", "SMTPError: mailbox unavailable"): 3,
+        ("mail", "TimeoutError: no answer"): 1,
+        ("reports", "SMTPError: mailbox unavailable"): 1,
+    }
+    assert summary.groups[0].count == 3  # largest first
+    assert summary.scanned == 5
+    assert not summary.capped
+    (timeout,) = [g for g in summary.groups if g.error == "TimeoutError: no answer"]
+    assert timeout.newest_job_id == newest
+    only_reports = client.failed_groups("reports")
+    assert [(g.queue, g.count) for g in only_reports.groups] == [("reports", 1)]
+
+
+def test_blocked_keys_name_the_failed_head_and_what_waits(client: Client) -> None:
+    head = client.enqueue("mail", {"n": 0}, key="user:1", max_attempts=1)
+    waiting = [client.enqueue("mail", {"n": n}, key="user:1") for n in range(1, 4)]
+    client.enqueue("mail", {"n": 0}, key="user:2")
+    (claim,) = client.claim("mail", limit=1)
+    assert claim.job_id == head
+    client.fail(claim, "ValueError: bad address")
+
+    (blocked,) = client.blocked_keys()
+    assert (blocked.queue, blocked.key, blocked.head_job_id) == ("mail", "user:1", head)
+    assert blocked.head_error == "ValueError: bad address"
+    assert blocked.waiting == len(waiting)
+    assert not blocked.waiting_capped
+    # Skipping the head (cancel) releases the key: it is no longer blocked.
+    assert client.cancel(head)
+    assert client.blocked_keys() == []
+    (next_claim,) = client.claim("mail", limit=1)
+    assert next_claim.job_id == waiting[0]
+
+
+def test_a_key_under_continue_is_not_blocked(client: Client) -> None:
+    client.configure_queue("mail", ordering_policy="continue")
+    head = client.enqueue("mail", {}, key="k", max_attempts=1)
+    client.enqueue("mail", {}, key="k")
+    (claim,) = client.claim("mail")
+    assert claim.job_id == head
+    client.fail(claim, "boom")
+    assert client.blocked_keys() == []
+
+
+def test_activity_counts_finished_jobs_per_minute_with_durations(
+    client: Client, clock: Clock
+) -> None:
+    client.enqueue_many("reports", [{"n": n} for n in range(4)])
+    claims = client.claim("reports", limit=4)
+    clock.advance(2.0)
+    for claim in claims[:3]:
+        client.complete(claim)
+    client.fail(claims[3], "boom")
+    (activity,) = client.activity(minutes=60)
+    assert activity.queue == "reports"
+    assert len(activity.per_minute) == 60
+    starts = [m.start for m in activity.per_minute]
+    assert starts == sorted(starts)
+    assert sum(m.done for m in activity.per_minute) == 3
+    assert sum(m.failed for m in activity.per_minute) == 1
+    assert activity.per_minute[-1].done + activity.per_minute[-2].done == 3  # just now
+    assert activity.p50 is not None
+    assert 1.5 < activity.p50 < 10
+    assert activity.p99 is not None
+    assert activity.p99 >= activity.p50
+    assert not activity.sampled
+    # An hour later they are out of the window.
+    clock.advance(3700)
+    (later,) = client.activity(minutes=60)
+    assert sum(m.done + m.failed for m in later.per_minute) == 0
+    assert later.p50 is None
+
+
+# -- actions and the audit log --------------------------------------------------------
+
+
+def test_every_action_writes_one_audit_row_with_its_actor(client: Client) -> None:
+    failed = [_fail(client, "mail", "boom") for _ in range(3)]
+    queued = client.enqueue("mail", {})
+    assert client.replay(failed[0], actor="dashboard:alice")
+    assert client.replay_many(failed[1:], actor="dashboard:bob") == failed[1:]
+    assert client.cancel(queued, actor="cli:carol")
+    client.configure_queue("mail", paused=True, actor="dashboard:alice")
+    client.configure_queue("mail", paused=False, max_attempts=7)
+    # An action that changes nothing is not an action on a job.
+    assert not client.cancel(queued, actor="dashboard:alice")
+
+    log = client.audit_log()
+    assert [(e.action, e.actor, e.job_ids) for e in log[1:]] == [
+        ("pause", "dashboard:alice", ()),
+        ("cancel", "cli:carol", (queued,)),
+        ("replay", "dashboard:bob", tuple(failed[1:])),
+        ("replay", "dashboard:alice", (failed[0],)),
+    ]
+    newest = log[0]
+    assert newest.action == "configure"
+    assert newest.actor  # the database role when no actor is named
+    assert newest.detail == {"paused": False, "max_attempts": 7}
+    assert all(e.queue == "mail" for e in log)
+    assert [e.audit_id for e in client.audit_log(before=log[1].audit_id, limit=2)] == [
+        log[2].audit_id,
+        log[3].audit_id,
+    ]
+    assert client.get(failed[0]).history[-1]["actor"] == "dashboard:alice"
+
+
+def test_replay_many_replays_only_failed_or_cancelled_jobs(client: Client) -> None:
+    failed = _fail(client, "mail", "boom")
+    done = client.enqueue("mail", {})
+    (claim,) = client.claim("mail")
+    client.complete(claim)
+    running = client.enqueue("mail", {})
+    (held,) = client.claim("mail")
+    assert client.replay_many([failed, done, running]) == [failed]
+    assert client.get(done).status is JobStatus.DONE
+    assert client.get(running).status is JobStatus.RUNNING
+    assert held.job_id == running
+    with pytest.raises(leaseq.InvalidArgument):
+        client.replay_many([0])
+
+
+def test_replay_never_restarts_a_running_job(client: Client) -> None:
+    job_id = client.enqueue("mail", {})
+    (claim,) = client.claim("mail")
+    assert not client.replay(job_id)
+    client.complete(claim)  # the running attempt still owns the job
+
+
+def test_cancel_running_ends_the_claim_through_the_fence(client: Client, clock: Clock) -> None:
+    job_id = client.enqueue("mail", {"n": 1})
+    (claim,) = client.claim("mail", lease=60)
+    assert not client.cancel(job_id)  # without running=True a running job is left alone
+    assert client.cancel(job_id, running=True, actor="dashboard:alice")
+    job = client.get(job_id)
+    assert job.status is JobStatus.CANCELLED
+    assert job.lease_version > claim.lease_version
+    assert job.history[-1]["outcome"] == "cancelled"
+    assert job.history[-1]["previous_status"] == "running"
+    # Whatever the old claim reports afterwards is refused.
+    with pytest.raises(LeaseLost):
+        client.renew(claim)
+    with pytest.raises(LeaseLost):
+        client.complete(claim)
+    with pytest.raises(LeaseLost):
+        client.retry(claim)
+    assert client.renew_many([claim]) == [(claim, None)]
+    assert client.get(job_id).status is JobStatus.CANCELLED
+    # A replay waits until the lease the cancel cut short would have ended, so it
+    # never starts beside an old run that has not noticed yet.
+    assert client.replay(job_id)
+    assert client.claim("mail") == []
+    clock.advance(61)
+    (again,) = client.claim("mail")
+    assert again.job_id == job_id
+    assert again.lease_version > job.lease_version
+
+
+def test_cancel_running_keyed_job_lets_the_key_move_on(client: Client) -> None:
+    first = client.enqueue("mail", {}, key="user:1")
+    second = client.enqueue("mail", {}, key="user:1")
+    (claim,) = client.claim("mail", limit=2)
+    assert claim.job_id == first
+    assert client.cancel(first, running=True)
+    (nxt,) = client.claim("mail", limit=2)
+    assert nxt.job_id == second
+
+
+def test_statement_timeout_is_a_typed_error(database_url: str, schema: str) -> None:
+    with leaseq.Queue(database_url, schema=schema, statement_timeout=0.05) as queue:
+        queue.migrate()
+        # (errors of your own SQL on connection() come out as leaseq's too)
+        with pytest.raises(leaseq.StatementTimeout), queue.connection() as conn:
+            conn.execute("SELECT pg_sleep(1)")
+        assert queue.stats() == []
+    with pytest.raises(leaseq.InvalidArgument):
+        leaseq.Queue(database_url, schema=schema, statement_timeout=-1)
+
+
+def test_the_cli_cancels_a_running_job_and_shows_the_audit_log(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    from click.testing import CliRunner
+
+    from leaseq._cli import cli
+
+    job_id = queue.enqueue("mail", {})
+    queue.claim("mail")
+    args = ["--database-url", database_url, "--schema", schema]
+    refused = CliRunner().invoke(cli, ["cancel", str(job_id), *args])
+    assert refused.exit_code == 1
+    assert "running" in refused.output
+    done = CliRunner().invoke(cli, ["cancel", "--running", str(job_id), *args])
+    assert done.exit_code == 0, done.output
+    assert queue.get(job_id).status is JobStatus.CANCELLED
+    shown = CliRunner().invoke(cli, ["audit", "--json", *args])
+    assert shown.exit_code == 0, shown.output
+    (entry,) = json.loads(shown.output)
+    assert entry["action"] == "cancel"
+    assert entry["job_ids"] == [job_id]
+    assert entry["actor"].startswith("cli:")
+
+
+def test_failed_groups_read_only_the_newest_failures_of_a_queue(client: Client) -> None:
+    ids = client.enqueue_many("mail", [{"n": n} for n in range(1005)], max_attempts=1)
+    claims = client.claim("mail", limit=1005)
+    assert len(claims) == len(ids)
+    client.fail_many(claims, ["boom"] * len(claims))
+    summary = client.failed_groups()
+    assert summary.capped
+    assert summary.scanned == 1000
+    (group,) = summary.groups
+    assert group.count == 1000
+    assert group.newest_job_id == max(ids)
