@@ -155,7 +155,7 @@ def timeline(job: leaseq.Job) -> list[Event]:
             events.append(
                 Event(entry["claimed_at"], "claimed", f"attempt {attempt} claimed{lease}")
             )
-        if entry.get("renewed_at"):
+        if entry.get("renewed_at") and entry.get("renewed_at") != entry.get("claimed_at"):
             events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
         outcome = str(entry.get("outcome", ""))
         events.append(
