@@ -4,6 +4,7 @@ what is there, masks secrets and keeps to the Content-Security-Policy."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from html import unescape
 from typing import Any
@@ -227,3 +228,24 @@ async def test_a_statement_timeout_is_a_friendly_page(
         assert (await http.get("/jobs?state=done")).status_code == 200  # and it recovers
     finally:
         await http.close()
+
+
+async def test_estimates_are_labelled(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large table's finished counts are estimates: the page marks them ≈."""
+    app = make_app()
+    client = app.state.leaseq.client
+    exact = await client.stats()
+
+    async def estimated(queue: str | None = None) -> list[leaseq.QueueStats]:
+        done = {leaseq.JobStatus.DONE, leaseq.JobStatus.CANCELLED}
+        return [dataclasses.replace(s, estimated=frozenset(done)) for s in exact]
+
+    monkeypatch.setattr(client, "stats", estimated)
+    http = Browser(app)
+    try:
+        page = (await http.get("/")).text
+    finally:
+        await http.close()
+    assert page.count('<abbr title="estimate">≈</abbr>') == 2 * len(exact)

@@ -212,12 +212,18 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
+        # Static files may be kept, if checked again (their ETag): pages may not.
+        static = "/static/" in scope.get("path", "")
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
                 headers += [
-                    (name.encode(), value.encode())
+                    (
+                        name.encode(),
+                        b"no-cache" if static and name == "cache-control" else value.encode(),
+                    )
                     for name, value in HEADERS.items()
                     if name.encode() not in present
                 ]
