@@ -162,7 +162,7 @@ class AsyncOperatorCalls:
 
     async def failed_groups(self, queue: str | None = None, *, limit: int = 50) -> FailedSummary:
         """Failed jobs grouped by queue and error text, largest group first (the
-        newest 10,000 failed jobs at most are read: ``capped`` says when more exist)."""
+        newest 500 failed jobs of each queue are read: ``capped`` says when it has more)."""
         return await self._db.run(self._store.failed_groups(queue, limit=limit))
 
     async def blocked_keys(self, queue: str | None = None, *, limit: int = 100) -> list[BlockedKey]:

@@ -172,7 +172,7 @@ class ActivityMinute:
 @dataclass(frozen=True, slots=True)
 class QueueActivity:
     """A queue's finished jobs per minute (oldest first, every minute present) and
-    the durations (claim to finish, seconds) of the jobs done in that time."""
+    the durations (claim to finish, seconds) of its newest 1,000 jobs done in that time."""
 
     queue: str
     per_minute: tuple[ActivityMinute, ...]

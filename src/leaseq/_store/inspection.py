@@ -24,11 +24,13 @@ from .base import StoreBase
 #: The newest failed jobs of each queue read to group them by error; the keys
 #: with a failed head read at most, and the jobs counted at most behind one:
 #: enough to see what is wrong, bounded on any table.
-FAILED_GROUPS_CAP = 1000
+FAILED_GROUPS_CAP = 500
 BLOCKED_KEYS_CAP = 1000
 WAITING_CAP = 10_000
-#: Finished jobs of one queue and state read at most for its activity.
+#: Finished jobs of one queue and state counted at most for its activity (index
+#: entries), and the done jobs whose durations make its percentiles (rows).
 ACTIVITY_CAP = 20_000
+DURATION_SAMPLE = 1000
 MAX_PAGE = 1000
 MAX_MINUTES = 24 * 60
 
@@ -133,7 +135,12 @@ class InspectionOperations(StoreBase):
             raise InvalidArgument(f"minutes must be an integer, got {minutes!r}")
         if not 1 <= minutes <= MAX_MINUTES:
             raise InvalidArgument(f"minutes must be in [1, {MAX_MINUTES}], got {minutes}")
-        params = {"queue": _queue(queue), "minutes": minutes, "cap": ACTIVITY_CAP}
+        params = {
+            "queue": _queue(queue),
+            "minutes": minutes,
+            "cap": ACTIVITY_CAP,
+            "sample": DURATION_SAMPLE,
+        }
 
         def decode(rows: list[Rows]) -> list[QueueActivity]:
             return [
