@@ -249,3 +249,52 @@ async def test_estimates_are_labelled(
     finally:
         await http.close()
     assert page.count('<abbr title="estimate">≈</abbr>') == 2 * len(exact)
+
+
+async def test_health_warnings_show_on_the_overview(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    client = app.state.leaseq.client
+    real = await client.health()
+
+    async def warned(**_: object) -> leaseq.Health:
+        return dataclasses.replace(real, warnings=("pid 4242 (psql) has had a transaction open",))
+
+    monkeypatch.setattr(client, "health", warned)
+    http = Browser(app)
+    try:
+        page = text_of((await http.get("/")).text)
+    finally:
+        await http.close()
+    assert "Health pid 4242 (psql) has had a transaction open" in page
+
+
+async def test_the_timeline_tells_a_lost_lease_and_a_recovery(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    job_id = queue.enqueue("reports", {"customer": "acme"})
+    queue.claim("reports", lease=10)
+    leaseq.testing.set_clock_offset(queue, 20)
+    (recovered,) = queue.claim("reports", lease=300)
+    assert recovered.recovered
+    queue.retry(recovered, error="upstream timed out", delay=0)
+    page = text_of((await browser.get(f"/jobs/{job_id}")).text)
+    assert "attempt 1 claimed, lease version 1" in page
+    assert "lease expired (worker lost)" in page
+    assert "attempt 2 claimed, lease version 2" in page
+    assert "attempt failed, retried later" in page
+    assert "upstream timed out" in page
+
+
+async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(55)])
+    for job_id in ids:
+        queue.cancel(job_id, actor="script:cleanup")
+    first = await browser.get("/audit")
+    assert first.text.count("<td>script:cleanup</td>") == 50
+    older = first.text.split('">older →')[0].rsplit('href="', 1)[1]
+    second = await browser.get(unescape(older))
+    assert second.text.count("<td>script:cleanup</td>") == 5
+    assert "older →" not in second.text
+    assert "← newest" in second.text
