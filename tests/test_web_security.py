@@ -4,6 +4,7 @@ mode, missing permissions, missing credentials; and its cookies."""
 from __future__ import annotations
 
 import base64
+import re
 
 import httpx
 from starlette.applications import Starlette
@@ -210,5 +211,16 @@ async def test_mounted_under_a_path(make_app: AppFactory, jobs: Jobs, queue: lea
         response = await client.post(f"/ops/queue/jobs/{jobs.failed[0]}/replay", {"csrf": token})
         assert response.headers["location"] == f"/ops/queue/jobs/{jobs.failed[0]}"
         assert queue.get(jobs.failed[0]).status is JobStatus.QUEUED
+        confirm = await client.post(
+            "/ops/queue/replay", {"csrf": token, "queue": "reports", "next": "/failed"}
+        )
+        assert 'href="/ops/queue/failed"' in confirm.text
+        ids = re.search(r'name="ids" value="([^"]+)"', confirm.text)
+        assert ids is not None
+        done = await client.post(
+            "/ops/queue/replay/confirm", {"csrf": token, "ids": ids[1], "next": "/failed"}
+        )
+        assert done.headers["location"] == "/ops/queue/failed"
+        assert {queue.get(i).status for i in jobs.failed} == {JobStatus.QUEUED}
     finally:
         await client.close()

@@ -123,7 +123,7 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
         ids=ids,
         more=more,
         window_end=window_end,
-        back=f"/jobs?{found.query()}",
+        back=ctx.local(form.get("next") or f"/jobs?{found.query()}"),
     )
 
 

@@ -44,7 +44,7 @@ class Dashboard:
     async def principal(self, request: Request) -> Principal | None:
         """Who is asking; without ``auth``, the local user with every permission."""
         if self.auth is None:
-            found: Principal | None = Principal("local")
+            found: Principal | None = Principal("local", security.PERMISSIONS)
         else:
             answer = self.auth(request)
             found = await answer if inspect.isawaitable(answer) else answer

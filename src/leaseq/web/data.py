@@ -81,6 +81,15 @@ class Aggregates:
 
         return await self.cache.get(("activity",), load)
 
+    async def running(self, queue: str | None, limit: int, window: int) -> leaseq.JobPage:
+        """The running jobs (the Running page refreshes every few seconds)."""
+        return await self.cache.get(
+            ("running", queue, limit),
+            lambda: self.client.find_jobs(
+                queue=queue, status="running", limit=limit, window=window
+            ),
+        )
+
     async def health(self) -> leaseq.Health:
         return await self.cache.get(("health",), self.client.health)
 

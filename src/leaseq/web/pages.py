@@ -206,9 +206,7 @@ async def blocked(request: Request, ctx: Context) -> Response:
 
 
 async def _running(ctx: Context, queue: str | None) -> dict[str, Any]:
-    page = await ctx.dashboard.client.find_jobs(
-        queue=queue, status="running", limit=RUNNING_LIMIT, window=ctx.dashboard.search_window
-    )
+    page = await ctx.dashboard.aggregates.running(queue, RUNNING_LIMIT, ctx.dashboard.search_window)
     # Expired leases first: they are what needs attention (recovery pending).
     running = sorted(
         page.jobs,

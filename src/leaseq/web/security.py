@@ -19,7 +19,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import HTTPConnection, Request
@@ -55,7 +55,8 @@ class Principal:
     """Someone using the dashboard: a name for the audit log and what they may do."""
 
     name: str
-    permissions: frozenset[str] = field(default=PERMISSIONS)
+    #: Out of PERMISSIONS; no default, so that nobody grants everything by omission.
+    permissions: frozenset[str]
 
     def can(self, permission: str) -> bool:
         return permission in self.permissions
