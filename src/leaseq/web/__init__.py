@@ -6,5 +6,6 @@ docs/dashboard.md for auth, permissions and what it keeps safe."""
 
 from .app import create_app
 from .security import PERMISSIONS, BasicAuth, Principal, TokenAuth
+from .views import SECRET_FIELDS
 
-__all__ = ["PERMISSIONS", "BasicAuth", "Principal", "TokenAuth", "create_app"]
+__all__ = ["PERMISSIONS", "SECRET_FIELDS", "BasicAuth", "Principal", "TokenAuth", "create_app"]
