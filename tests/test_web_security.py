@@ -7,6 +7,7 @@ import base64
 import re
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Mount
@@ -15,7 +16,17 @@ import leaseq
 from leaseq import JobStatus
 from leaseq.web import BasicAuth, Principal, TokenAuth
 
-from .test_web_fixtures import BASE, AppFactory, Browser, Jobs, browser, jobs, make_app, text_of
+from .test_web_fixtures import (
+    BASE,
+    AppFactory,
+    Browser,
+    Jobs,
+    browser,
+    csp_problems,
+    jobs,
+    make_app,
+    text_of,
+)
 
 __all__ = ["browser", "jobs", "make_app"]  # fixtures, used by name
 
@@ -143,6 +154,7 @@ async def test_token_auth_bearer_and_browser_login(make_app: AppFactory, jobs: J
             response = await anonymous.get(path)
             assert response.status_code == 401, path
             assert 'name="token"' in response.text  # the login form
+            assert csp_problems(response.text) == []
             assert "reports" not in response.text
         assert (await anonymous.post(f"/jobs/{jobs.failed[0]}/replay")).status_code == 401
         assert (await bearer.get("/")).status_code == 200
@@ -224,3 +236,22 @@ async def test_mounted_under_a_path(make_app: AppFactory, jobs: Jobs, queue: lea
         assert {queue.get(i).status for i in jobs.failed} == {JobStatus.QUEUED}
     finally:
         await client.close()
+
+
+async def test_an_unexpected_error_is_a_page_with_the_headers(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+
+    async def broken(job_id: int) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app.state.leaseq.client, "get", broken)
+    http = Browser(app)
+    try:
+        response = await http.get(f"/jobs/{jobs.done}")
+    finally:
+        await http.close()
+    assert response.status_code == 500
+    assert "a bug" not in response.text
+    assert "content-security-policy" in response.headers

@@ -131,7 +131,8 @@ def _unauthenticated(request: Request, dashboard: Dashboard) -> Response:
 
 
 def refuse(ctx: Context, status: int, message: str) -> Response:
-    heading = {400: "Not done", 403: "Not allowed", 404: "Not found"}.get(status, "Unavailable")
+    headings = {400: "Not done", 403: "Not allowed", 404: "Not found", 500: "Error"}
+    heading = headings.get(status, "Unavailable")
     return ctx.render("error.html", status=status, heading=heading, message=message)
 
 
@@ -192,6 +193,11 @@ def handler(
             except leaseq.LeaseqError as exc:
                 log.info("dashboard request failed: %s", exc)
                 return error_page(ctx, exc)
+            except Exception:
+                # Our own page (with its headers), not a bare traceback: the details
+                # go to the log, which leaseq's errors already reach scrubbed.
+                log.exception("dashboard request %s %s failed", request.method, request.url.path)
+                return refuse(ctx, 500, "Something went wrong on the dashboard's side.")
 
         endpoint.__name__ = function.__name__
         return endpoint
