@@ -6,7 +6,6 @@ permissions, and turns leaseq's errors into clear pages."""
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +17,14 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 import leaseq
 
+from .._logs import get_logger
 from . import security
 from .data import Aggregates
 from .security import Auth, Csrf, Principal
 from .views import SecretMask
 
-log = logging.getLogger("leaseq.web")
+# leaseq's loggers scrub DSN passwords from messages and tracebacks.
+log = get_logger("leaseq.web")
 
 
 @dataclass
