@@ -5,7 +5,10 @@
 * the worker reaches the database only through the clients (one door);
 * SQL lives in ``.sql`` files, read through ``_statement.sql_text`` by the store;
 * the demo imports only public names; the CLI too, but for the few internals
-  named here (secret redaction, logging, the ``--processes`` supervisor).
+  named here (secret redaction, logging, the ``--processes`` supervisor);
+* the dashboard (``leaseq.web``) imports only public names of ``leaseq``, its own
+  modules and leaseq's scrubbing logger, and never the driver: it reads and acts
+  through the client.
 """
 
 from __future__ import annotations
@@ -88,7 +91,12 @@ def _layer(unit: str) -> int:
     raise AssertionError(f"module {unit} has no layer in LAYERS: add it")
 
 
-LIBRARY = {n: p for n, p in _modules().items() if not n.startswith("demo")}
+#: What the dashboard may take from the internals besides the public API: the
+#: logger that scrubs secrets (every leaseq logger must).
+WEB_INTERNALS = {"leaseq._logs"}
+#: Public subpackages that sit on the public API only (checked by their own tests).
+ON_THE_PUBLIC_API = ("demo", "web")
+LIBRARY = {n: p for n, p in _modules().items() if not n.startswith(ON_THE_PUBLIC_API)}
 
 
 def test_every_public_name_is_exported() -> None:
@@ -98,7 +106,7 @@ def test_every_public_name_is_exported() -> None:
         for name, value in vars(leaseq).items()
         if isinstance(value, types.ModuleType) and not name.startswith("_")
     }
-    assert public_modules <= {"testing", "demo"}, public_modules
+    assert public_modules <= {"testing", "demo", "web"}, public_modules
     exported = {
         name
         for name in vars(leaseq)
@@ -148,6 +156,32 @@ def test_the_demo_imports_only_public_names(name: str) -> None:
     text = path.read_text(encoding="utf-8")
     used = set(re.findall(r"\bleaseq\.([A-Za-z_]+)", text))
     assert used <= set(leaseq.__all__) | {"demo"}, used - set(leaseq.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules() if n.startswith("web")))
+def test_the_dashboard_imports_only_public_names(name: str) -> None:
+    path = _modules()[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:  # relative: one of its own modules
+                continue
+            if node.level == 2:  # relative, from leaseq itself
+                assert f"leaseq.{node.module}" in WEB_INTERNALS, f"{name} imports {node.module}"
+                continue
+            module = node.module or ""
+            assert module.split(".")[0] not in DRIVERS, f"{name} imports the driver"
+            if module.startswith("leaseq"):
+                assert module == "leaseq" or module.startswith("leaseq.web"), module
+                if module == "leaseq":
+                    assert {a.name for a in node.names} <= set(leaseq.__all__)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                assert alias.name.split(".")[0] not in DRIVERS, f"{name} imports the driver"
+                assert alias.name == "leaseq" or not alias.name.startswith("leaseq."), alias.name
+    text = path.read_text(encoding="utf-8")
+    used = set(re.findall(r"\bleaseq\.([A-Za-z_]+)", text))
+    assert used <= set(leaseq.__all__) | {"web"}, used - set(leaseq.__all__)
 
 
 _SQL = re.compile(

@@ -1,0 +1,87 @@
+"""``leaseq dashboard``: the web dashboard (``leaseq.web``) served by uvicorn.
+
+Bound to a loopback address it needs no auth (whoever can reach it is on this
+machine). Bound anywhere else it refuses to start unless the environment
+configures auth: ``LEASEQ_DASHBOARD_TOKEN`` (a bearer token; browsers sign in
+once with it) or ``LEASEQ_DASHBOARD_USER`` + ``LEASEQ_DASHBOARD_PASSWORD`` (HTTP
+basic). Secrets come from the environment, never from options, so that they do
+not show in ``ps`` or shell history.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from leaseq import InvalidArgument
+
+from .common import CommandError, cli, database_options
+
+TOKEN_VARIABLE = "LEASEQ_DASHBOARD_TOKEN"
+USER_VARIABLE = "LEASEQ_DASHBOARD_USER"
+PASSWORD_VARIABLE = "LEASEQ_DASHBOARD_PASSWORD"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and ``localhost``: reachable from this machine only."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def auth_from_environment(host: str, environ: Mapping[str, str]) -> Any:
+    """The ``auth`` callable the environment configures (None: none), or a
+    CommandError when ``host`` is not loopback and there is none, or when the
+    variables are half set."""
+    from leaseq.web import BasicAuth, TokenAuth  # noqa: PLC0415 - the optional web extra
+
+    token = environ.get(TOKEN_VARIABLE, "")
+    user = environ.get(USER_VARIABLE, "")
+    password = environ.get(PASSWORD_VARIABLE, "")
+    try:
+        if token:
+            return TokenAuth(token)
+        if user or password:
+            if not (user and password):
+                raise CommandError(f"set both {USER_VARIABLE} and {PASSWORD_VARIABLE}")
+            return BasicAuth(user, password)
+    except ValueError as exc:
+        raise CommandError(f"{TOKEN_VARIABLE}: {exc}") from None
+    if not is_loopback(host):
+        raise CommandError(
+            f"refusing to serve the dashboard on {host} without auth: set {TOKEN_VARIABLE}, "
+            f"or {USER_VARIABLE} and {PASSWORD_VARIABLE} (or bind --host 127.0.0.1)"
+        )
+    return None
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--read-only", is_flag=True, help="Look only: every action is refused.")
+@database_options
+def dashboard(host: str, port: int, read_only: bool, database_url: str | None, schema: str) -> None:
+    """Serve the web dashboard (needs the web extra). Off loopback it needs
+    $LEASEQ_DASHBOARD_TOKEN or $LEASEQ_DASHBOARD_USER + $LEASEQ_DASHBOARD_PASSWORD."""
+    try:
+        import uvicorn  # noqa: PLC0415 - the optional web extra
+
+        from leaseq.web import create_app  # noqa: PLC0415
+    except ImportError as exc:
+        raise InvalidArgument(
+            f"the dashboard needs its extra: pip install 'leaseq[web]' ({exc.name} is missing)"
+        ) from exc
+    auth = auth_from_environment(host, os.environ)
+    app = create_app(database_url, schema=schema, read_only=read_only, auth=auth)
+    shown = f"[{host}]" if ":" in host else host
+    mode = " (read-only)" if read_only else ""
+    how = "no auth: loopback only" if auth is None else type(auth).__name__
+    click.echo(f"leaseq dashboard{mode} on http://{shown}:{port}/ ({how}); Ctrl-C stops it")
+    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)

@@ -1,0 +1,231 @@
+"""The POST handlers: every state change, through the library's fenced calls only,
+each named in the audit log as ``dashboard:<principal>``; then back to the page
+(post/redirect/get) with a message saying what happened.
+
+A running job is never retried: a second run would start beside the first.
+Cancelling it ends its claim through the lease fence (``cancel(running=True)``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+import leaseq
+
+from . import security
+from .context import Context, handler, refuse
+from .forms import JobFilter, settings_changes
+from .pages import settings_page
+from .views import retention
+
+#: Ids per find_jobs call while collecting a bulk replay's jobs.
+COLLECT_PAGE = 100
+
+
+async def _form(request: Request) -> dict[str, str]:
+    form = await request.form()
+    return {name: value for name, value in form.items() if isinstance(value, str)}
+
+
+def _done(ctx: Context, form: dict[str, str], default: str, message: str) -> Response:
+    ctx.dashboard.aggregates.cache.clear()  # the next page shows the action's effect
+    return ctx.redirect(form.get("next") or default, message)
+
+
+@handler(security.REPLAY, post=True)
+async def replay(request: Request, ctx: Context) -> Response:
+    job_id: int = request.path_params["job_id"]
+    form = await _form(request)
+    client = ctx.dashboard.client
+    try:
+        replayed = await client.replay(job_id, actor=ctx.actor)
+    except leaseq.BacklogFull as exc:
+        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {exc}")
+    if replayed:
+        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} replayed: it is queued again.")
+    job = await client.get(job_id)
+    if job.status is leaseq.JobStatus.RUNNING:
+        message = (
+            f"Job {job_id} is running: retrying it now would start a second run beside "
+            "the first. Cancel it (its claim ends through the lease fence), then replay it."
+        )
+    else:
+        message = f"Job {job_id} is {job.status.value}: only failed or cancelled jobs replay."
+    return _done(ctx, form, f"/jobs/{job_id}", message)
+
+
+@handler(security.CANCEL, post=True)
+async def cancel(request: Request, ctx: Context) -> Response:
+    job_id: int = request.path_params["job_id"]
+    form = await _form(request)
+    running = form.get("running") == "1"
+    client = ctx.dashboard.client
+    if await client.cancel(job_id, running=running, actor=ctx.actor):
+        told = " Its worker is told to stop; whatever it reports now is refused." if running else ""
+        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} cancelled.{told}")
+    job = await client.get(job_id)
+    if job.status is leaseq.JobStatus.RUNNING:
+        message = f"Job {job_id} is running: use “Cancel running job” to stop it."
+    else:
+        message = f"Job {job_id} is {job.status.value}: nothing to cancel."
+    return _done(ctx, form, f"/jobs/{job_id}", message)
+
+
+@handler(security.CANCEL, post=True)
+async def skip(request: Request, ctx: Context) -> Response:
+    """Skip a blocked key's failed head: it becomes cancelled and the key moves on."""
+    job_id: int = request.path_params["job_id"]
+    form = await _form(request)
+    client = ctx.dashboard.client
+    job = await client.get(job_id)
+    if job.status is not leaseq.JobStatus.FAILED:
+        return _done(
+            ctx, form, "/blocked", f"Job {job_id} is {job.status.value}, not a failed head."
+        )
+    if await client.cancel(job_id, actor=ctx.actor):
+        message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
+    else:
+        message = f"Job {job_id} changed meanwhile: nothing skipped."
+    return _done(ctx, form, "/blocked", message)
+
+
+@handler(security.REPLAY, post=True)
+async def replay_matching(request: Request, ctx: Context) -> Response:
+    """Step one of a bulk replay: find the failed jobs matching the filter (at most
+    ``bulk_limit``) and ask for confirmation, showing exactly how many."""
+    form = await _form(request)
+    dashboard = ctx.dashboard
+    try:
+        found = JobFilter.read({**form, "state": "failed", "before": ""})
+        arguments = found.arguments(dashboard.mask)
+    except leaseq.InvalidArgument as exc:
+        return refuse(ctx, 400, str(exc))
+    ids: list[int] = []
+    before: int | None = None
+    more = window_end = False
+    while len(ids) < dashboard.bulk_limit:
+        page = await dashboard.client.find_jobs(
+            **{**arguments, "before": before},
+            limit=min(COLLECT_PAGE, dashboard.bulk_limit - len(ids)),
+            window=dashboard.search_window,
+        )
+        ids += [job.job_id for job in page.jobs]
+        window_end = window_end or page.window_end
+        before = page.next_before
+        if before is None:
+            break
+        more = len(ids) >= dashboard.bulk_limit
+    return ctx.render(
+        "confirm_replay.html",
+        filter=found,
+        ids=ids,
+        more=more,
+        window_end=window_end,
+        back=ctx.local(form.get("next") or f"/jobs?{found.query()}"),
+    )
+
+
+@handler(security.REPLAY, post=True)
+async def replay_confirmed(request: Request, ctx: Context) -> Response:
+    """Step two: replay exactly the jobs the confirmation showed (those still failed
+    or cancelled; a job replayed or skipped meanwhile is left alone)."""
+    form = await _form(request)
+    texts = [t for t in form.get("ids", "").split(",") if t.strip()]
+    if not all(t.strip().isdigit() for t in texts):
+        return refuse(ctx, 400, "The list of jobs to replay is malformed.")
+    ids = [int(t) for t in texts]
+    if len(ids) > ctx.dashboard.bulk_limit:
+        return refuse(ctx, 400, f"At most {ctx.dashboard.bulk_limit:,} jobs per replay.")
+    back = form.get("next") or "/failed"
+    try:
+        replayed = await ctx.dashboard.client.replay_many(ids, actor=ctx.actor)
+    except leaseq.BacklogFull as exc:
+        message = f"Replayed {len(exc.replayed):,} of {len(ids):,} jobs, then: {exc}"
+        return _done(ctx, form, back, message)
+    skipped = len(ids) - len(replayed)
+    tail = f" ({skipped:,} had changed meanwhile and were left alone)" if skipped else ""
+    return _done(ctx, form, back, f"Replayed {len(replayed):,} of {len(ids):,} jobs{tail}.")
+
+
+async def _pause(request: Request, ctx: Context, paused: bool) -> Response:
+    name: str = request.path_params["name"]
+    form = await _form(request)
+    if await ctx.dashboard.client.queue_settings(name) is None:
+        return refuse(ctx, 404, f"No queue named {name!r}.")
+    await ctx.dashboard.client.configure_queue(name, paused=paused, actor=ctx.actor)
+    what = "paused: workers claim none of its jobs" if paused else "resumed"
+    return _done(ctx, form, f"/queues/{name}", f"Queue {name} {what}.")
+
+
+@handler(security.PAUSE, post=True)
+async def pause(request: Request, ctx: Context) -> Response:
+    return await _pause(request, ctx, True)
+
+
+@handler(security.PAUSE, post=True)
+async def resume(request: Request, ctx: Context) -> Response:
+    return await _pause(request, ctx, False)
+
+
+def _shown(name: str, value: Any) -> str:
+    if name.startswith(("retain_", "lease", "backoff_")):
+        return retention(value)
+    return "no limit" if value is None else str(value)
+
+
+@handler(security.CONFIGURE, post=True)
+async def configure(request: Request, ctx: Context) -> Response:
+    """Save the settings form: only what changed; bad input is shown with the
+    form as typed and nothing is written."""
+    name: str = request.path_params["name"]
+    form = await _form(request)
+    client = ctx.dashboard.client
+    current = await client.queue_settings(name)
+    if current is None:
+        return refuse(ctx, 404, f"No queue named {name!r}.")
+    typed = {k: v for k, v in form.items() if k not in ("csrf", "next")}
+    try:
+        changes = settings_changes(typed, current)
+        if changes:
+            await client.configure_queue(name, actor=ctx.actor, **changes)
+    except leaseq.InvalidArgument as exc:
+        return await settings_page(ctx, name, form=typed, error=str(exc))
+    if not changes:
+        return _done(ctx, form, f"/queues/{name}", "Nothing changed.")
+    said = ", ".join(
+        f"{key} {_shown(key, getattr(current, key))} → {_shown(key, value)}"
+        for key, value in changes.items()
+    )
+    return _done(ctx, form, f"/queues/{name}", f"Saved {name}: {said}.")
+
+
+@handler(login=True, post=True)
+async def login(request: Request, ctx: Context) -> Response:
+    auth = ctx.dashboard.auth
+    form = await _form(request)
+    if not isinstance(auth, security.TokenAuth):
+        return refuse(ctx, 404, "This dashboard has no login form.")
+    if not auth.check_token(form.get("token", "").strip()):
+        return ctx.render("login.html", status=401, error="That token is not the right one.")
+    response = ctx.redirect("/")
+    response.set_cookie(
+        security.LOGIN_COOKIE,
+        auth.login_cookie(),
+        max_age=security.LOGIN_SECONDS,
+        # Lax, so that a link to the dashboard from elsewhere opens it signed in; every
+        # state change still needs the form token of the Strict session cookie.
+        samesite="lax",
+        **security.cookie_options(request),
+    )
+    return response
+
+
+@handler(post=True)
+async def logout(request: Request, ctx: Context) -> Response:
+    response = ctx.redirect("/")
+    response.delete_cookie(
+        security.LOGIN_COOKIE, samesite="lax", **security.cookie_options(request)
+    )
+    return response

@@ -1,0 +1,104 @@
+"""The dashboard's shared, cached aggregates.
+
+Overview, Failed and Blocked keys read aggregates (stats, activity, health,
+failed groups, blocked keys) that cost the database a few statements each. One
+:class:`SharedCache` per app keeps each for ``ttl`` seconds and runs at most one
+load of a key at a time (single flight): a hundred open tabs refreshing every
+few seconds cost the database what one does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
+
+import leaseq
+
+T = TypeVar("T")
+
+
+class SharedCache:
+    """Values by key for ``ttl`` seconds; concurrent misses of one key share one load.
+
+    A failed load is not kept: the next request tries again (every waiter of the
+    failed load sees its error)."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._values: dict[Hashable, tuple[float, Any]] = {}
+        self._loading: dict[Hashable, asyncio.Future[Any]] = {}
+
+    async def get(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+        kept = self._values.get(key)
+        if kept is not None and self._clock() < kept[0]:
+            value: T = kept[1]
+            return value
+        future = self._loading.get(key)
+        if future is None:
+            future = asyncio.ensure_future(self._load(key, load))
+            self._loading[key] = future
+        # A reader that goes away (a closed tab) must not cancel the others' load.
+        result: T = await asyncio.shield(future)
+        return result
+
+    async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+        try:
+            value = await load()
+            self._values[key] = (self._clock() + self.ttl, value)
+            return value
+        finally:
+            self._loading.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every value (after an action, so its effect shows at once)."""
+        self._values.clear()
+
+
+class Aggregates:
+    """The aggregates the pages share, read through one cache."""
+
+    def __init__(self, client: leaseq.AsyncQueue, cache: SharedCache) -> None:
+        self.client = client
+        self.cache = cache
+
+    async def stats(self) -> list[leaseq.QueueStats]:
+        return await self.cache.get(("stats",), self.client.stats)
+
+    async def queue_names(self) -> list[str]:
+        return sorted(stats.queue for stats in await self.stats())
+
+    async def settings(self, queue: str) -> leaseq.QueueSettings | None:
+        return await self.cache.get(("settings", queue), lambda: self.client.queue_settings(queue))
+
+    async def activity(self) -> dict[str, leaseq.QueueActivity]:
+        """Per queue, its last hour of activity."""
+
+        async def load() -> dict[str, leaseq.QueueActivity]:
+            return {entry.queue: entry for entry in await self.client.activity(minutes=60)}
+
+        return await self.cache.get(("activity",), load)
+
+    async def running(self, queue: str | None, limit: int, window: int) -> leaseq.JobPage:
+        """The running jobs (the Running page refreshes every few seconds)."""
+        return await self.cache.get(
+            ("running", queue, limit),
+            lambda: self.client.find_jobs(
+                queue=queue, status="running", limit=limit, window=window
+            ),
+        )
+
+    async def health(self) -> leaseq.Health:
+        return await self.cache.get(("health",), self.client.health)
+
+    async def failed_groups(self, queue: str | None) -> leaseq.FailedSummary:
+        return await self.cache.get(
+            ("failed_groups", queue), lambda: self.client.failed_groups(queue)
+        )
+
+    async def blocked_keys(self, queue: str | None) -> list[leaseq.BlockedKey]:
+        return await self.cache.get(
+            ("blocked_keys", queue), lambda: self.client.blocked_keys(queue)
+        )

@@ -1,0 +1,202 @@
+"""What the user typed, read into library arguments: the Jobs page's filter and
+the queue settings form. Bad input raises ``leaseq.InvalidArgument`` with a
+message the page shows; nothing is sent to the database then."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlencode
+
+import leaseq
+
+from .views import SecretMask, retention
+
+STATES = tuple(state.value for state in leaseq.JobStatus)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """The Jobs page's filter, as it travels in query strings and hidden fields."""
+
+    queue: str = ""
+    state: str = ""
+    key: str = ""
+    error: str = ""
+    payload: str = ""  # ``customer:acme region:"eu west"``
+    before: int | None = None
+
+    @classmethod
+    def read(cls, values: Mapping[str, str]) -> JobFilter:
+        state = values.get("state", "").strip()
+        if state and state not in STATES:
+            raise leaseq.InvalidArgument(f"state must be one of {', '.join(STATES)}")
+        before = values.get("before", "").strip()
+        if before and not before.isdigit():
+            raise leaseq.InvalidArgument("before must be a job id")
+        return cls(
+            queue=values.get("queue", "").strip(),
+            state=state,
+            key=values.get("key", "").strip(),
+            error=values.get("error", "").strip(),
+            payload=values.get("payload", "").strip(),
+            before=int(before) if before else None,
+        )
+
+    def arguments(self, mask: SecretMask) -> dict[str, Any]:
+        """``find_jobs`` keyword arguments (without limit and window)."""
+        return {
+            "queue": self.queue or None,
+            "status": self.state or None,
+            "key": self.key or None,
+            "error": self.error or None,
+            "payload": payload_filter(self.payload, mask),
+            "before": self.before,
+        }
+
+    def query(self, **changes: Any) -> str:
+        """This filter (with ``changes``) as a query string, empty fields left out."""
+        values = replace(self, **changes)
+        fields = {
+            "queue": values.queue,
+            "state": values.state,
+            "key": values.key,
+            "error": values.error,
+            "payload": values.payload,
+            "before": "" if values.before is None else str(values.before),
+        }
+        return urlencode({name: value for name, value in fields.items() if value})
+
+    @property
+    def empty(self) -> bool:
+        return not (self.queue or self.state or self.key or self.error or self.payload)
+
+
+def payload_filter(text: str, mask: SecretMask) -> dict[str, Any] | None:
+    """``customer:acme n:5 address.city:Paris`` as a containment document:
+    ``{"customer": "acme", "n": 5, "address": {"city": "Paris"}}``. Values that
+    read as JSON numbers, booleans or null are those; quote a value with spaces.
+    Secret fields cannot be searched (a search would reveal their values)."""
+    if not text:
+        return None
+    try:
+        pairs = shlex.split(text)
+    except ValueError as exc:
+        raise leaseq.InvalidArgument(f"payload filter: {exc}") from None
+    document: dict[str, Any] = {}
+    for pair in pairs:
+        field, colon, raw = pair.partition(":")
+        if not colon or not field:
+            raise leaseq.InvalidArgument(
+                f"payload filter: {pair!r} is not field:value (e.g. customer:acme)"
+            )
+        path = field.split(".")
+        if any(not part or mask.secret(part) for part in path):
+            raise leaseq.InvalidArgument(f"payload filter: {field!r} cannot be searched")
+        value: Any = raw
+        if re.fullmatch(r"-?\d+(\.\d+)?|true|false|null", raw):
+            value = json.loads(raw)
+        target = document
+        for part in path[:-1]:
+            nested = target.setdefault(part, {})
+            if not isinstance(nested, dict):
+                raise leaseq.InvalidArgument(f"payload filter: {field!r} given twice")
+            target = nested
+        target[path[-1]] = value
+    return document
+
+
+# -- queue settings -------------------------------------------------------------------
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)")
+
+
+def seconds(text: str, what: str, *, forever: bool = False) -> float | None:
+    """``90s``, ``15m``, ``2h``, ``1d``, a bare number of seconds; with ``forever``,
+    ``never``/``forever`` (None)."""
+    value = text.strip().lower()
+    if forever and value in ("never", "forever"):
+        return None
+    match = _DURATION.fullmatch(value)
+    if match is None:
+        never = ", or never" if forever else ""
+        raise leaseq.InvalidArgument(
+            f"{what}: {text!r} is not a duration such as 90s, 15m, 2h, 1d{never}"
+        )
+    return float(match[1]) * UNITS[match[2] or "s"]
+
+
+def integer(text: str, what: str, *, optional: bool = False) -> int | None:
+    value = text.strip().replace(",", "").replace("_", "")
+    if optional and value in ("", "none", "no limit"):
+        return None
+    if not re.fullmatch(r"-?\d+", value):
+        empty = " (empty: no limit)" if optional else ""
+        raise leaseq.InvalidArgument(f"{what}: {text!r} is not a whole number{empty}")
+    return int(value)
+
+
+#: The settings form's fields: name -> (label, how to read it).
+SETTINGS_FIELDS: dict[str, str] = {
+    "lease": "duration",
+    "max_attempts": "integer",
+    "backoff_base": "duration",
+    "backoff_cap": "duration",
+    "ordering_policy": "choice",
+    "max_queued_jobs": "limit",
+    "max_queued_bytes": "limit",
+    "max_payload_bytes": "limit",
+    "retain_done": "retention",
+    "retain_cancelled": "retention",
+    "retain_failed": "retention",
+    "retention_mode": "choice",
+    "retain_archived": "retention",
+}
+
+
+def settings_text(settings: leaseq.QueueSettings) -> dict[str, str]:
+    """The form's values for the current settings."""
+    shown: dict[str, str] = {}
+    for name, kind in SETTINGS_FIELDS.items():
+        value = getattr(settings, name)
+        if kind in ("duration", "retention"):
+            shown[name] = retention(value)
+        elif kind == "limit":
+            shown[name] = "" if value is None else str(value)
+        else:
+            shown[name] = str(value)
+    return shown
+
+
+def settings_changes(form: Mapping[str, str], current: leaseq.QueueSettings) -> dict[str, Any]:
+    """The settings the form changes (only those), read as ``configure_queue`` wants."""
+    changes: dict[str, Any] = {}
+    for name, kind in SETTINGS_FIELDS.items():
+        if name not in form:
+            continue
+        text = form[name]
+        value: Any
+        if kind == "duration":
+            value = seconds(text, name)
+        elif kind == "retention":
+            value = seconds(text, name, forever=True)
+        elif kind == "integer":
+            value = integer(text, name)
+        elif kind == "limit":
+            value = integer(text, name, optional=True)
+        else:
+            value = text.strip()
+        old = getattr(current, name)
+        if str(value) != str(old) and value != old:
+            changes[name] = value
+    # The library checks the pair only when both are given; the form knows both.
+    base = changes.get("backoff_base", current.backoff_base)
+    cap = changes.get("backoff_cap", current.backoff_cap)
+    if cap < base:
+        raise leaseq.InvalidArgument("backoff_cap must be >= backoff_base")
+    return changes

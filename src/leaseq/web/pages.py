@@ -1,0 +1,281 @@
+"""The GET handlers: every page and the fragments its live parts refresh.
+
+Counts come from ``stats()`` (estimates labelled), aggregates from the shared
+cache, searches from ``find_jobs`` within the search window. Nothing here
+writes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+import leaseq
+
+from .context import Context, handler
+from .forms import STATES, JobFilter, settings_text
+from .views import Chart, chart, percent
+
+#: Jobs per page of the Jobs list; running jobs shown at most on the Running page.
+PAGE_SIZE = 50
+RUNNING_LIMIT = 200
+AUDIT_PAGE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """One queue's row of the Overview."""
+
+    stats: leaseq.QueueStats
+    settings: leaseq.QueueSettings | None
+    activity: leaseq.QueueActivity | None
+    chart: Chart | None
+    jobs_full: int | None
+    bytes_full: int | None
+
+    @property
+    def name(self) -> str:
+        return self.stats.queue
+
+    def count(self, state: str) -> tuple[int, bool]:
+        """A state's count and whether it is an estimate."""
+        status = leaseq.JobStatus(state)
+        return self.stats.counts.get(status, 0), status in self.stats.estimated
+
+
+async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
+    aggregates = ctx.dashboard.aggregates
+    stats, activity, health = await asyncio.gather(
+        aggregates.stats(), aggregates.activity(), aggregates.health()
+    )
+    settings = await asyncio.gather(*(aggregates.settings(s.queue) for s in stats))
+    views = []
+    for queue_stats, queue_settings in zip(stats, settings, strict=True):
+        recent = activity.get(queue_stats.queue)
+        views.append(
+            QueueView(
+                stats=queue_stats,
+                settings=queue_settings,
+                activity=recent,
+                chart=chart(recent.per_minute) if recent is not None else None,
+                jobs_full=percent(queue_settings.backlog_jobs, queue_settings.max_queued_jobs)
+                if queue_settings
+                else None,
+                bytes_full=percent(queue_settings.backlog_bytes, queue_settings.max_queued_bytes)
+                if queue_settings
+                else None,
+            )
+        )
+    return sorted(views, key=lambda v: v.name), tuple(health.warnings)
+
+
+@handler()
+async def overview(request: Request, ctx: Context) -> Response:
+    queues, warnings = await _queue_views(ctx)
+    return ctx.render("overview.html", queues=queues, warnings=warnings, states=STATES)
+
+
+@handler()
+async def overview_live(request: Request, ctx: Context) -> Response:
+    queues, warnings = await _queue_views(ctx)
+    return ctx.render("_overview_live.html", queues=queues, warnings=warnings, states=STATES)
+
+
+@handler()
+async def jobs(request: Request, ctx: Context) -> Response:
+    dashboard = ctx.dashboard
+    queues = await dashboard.aggregates.queue_names()
+    try:
+        found = JobFilter.read(request.query_params)
+        arguments = found.arguments(dashboard.mask)
+    except leaseq.InvalidArgument as exc:
+        empty = JobFilter()
+        return ctx.render(
+            "jobs.html", status=400, filter=empty, page=None, queues=queues, error=str(exc)
+        )
+    page = await dashboard.client.find_jobs(
+        **arguments, limit=PAGE_SIZE, window=dashboard.search_window
+    )
+    return ctx.render("jobs.html", filter=found, page=page, queues=queues, error=None)
+
+
+async def _job(ctx: Context, job_id: int) -> dict[str, Any]:
+    job = await ctx.dashboard.client.get(job_id)
+    return {
+        "job": job,
+        "timeline": timeline(job),
+        "payload": ctx.dashboard.mask.pretty(job.payload),
+    }
+
+
+@handler()
+async def job(request: Request, ctx: Context) -> Response:
+    return ctx.render("job.html", **await _job(ctx, request.path_params["job_id"]))
+
+
+@handler()
+async def job_live(request: Request, ctx: Context) -> Response:
+    return ctx.render("_job_live.html", **await _job(ctx, request.path_params["job_id"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of a job's timeline."""
+
+    at: Any
+    kind: str  # a CSS class: enqueued, claimed, renewed, retry, failed, lost, ...
+    text: str
+    error: str | None = None
+    actor: str | None = None
+
+
+_OUTCOMES = {
+    "retry": "attempt failed, retried later",
+    "failed": "failed",
+    "lease_expired": "lease expired (worker lost), recovered by the next claim",
+    "released": "released at worker shutdown",
+    "replayed": "replayed",
+    "cancelled": "cancelled",
+    "exhausted": "no attempts left: failed",
+}
+
+
+def timeline(job: leaseq.Job) -> list[Event]:
+    """The job's life, oldest first: enqueued, each attempt's claim, renewal and
+    outcome from its history, and where it is now."""
+    events = [Event(job.created_at, "enqueued", "enqueued")]
+    for entry in job.history:
+        attempt = entry.get("attempt")
+        version = entry.get("lease_version")
+        lease = f", lease version {version}" if version is not None else ""
+        if entry.get("claimed_at"):
+            events.append(
+                Event(entry["claimed_at"], "claimed", f"attempt {attempt} claimed{lease}")
+            )
+        if entry.get("renewed_at") and entry.get("renewed_at") != entry.get("claimed_at"):
+            events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
+        outcome = str(entry.get("outcome", ""))
+        events.append(
+            Event(
+                entry.get("at"),
+                outcome or "event",
+                f"attempt {attempt}: {_OUTCOMES.get(outcome, outcome)}"
+                if attempt is not None and outcome not in ("replayed", "cancelled")
+                else _OUTCOMES.get(outcome, outcome),
+                error=entry.get("error"),
+                actor=entry.get("actor"),
+            )
+        )
+    status = job.status
+    if status is leaseq.JobStatus.RUNNING:
+        events.append(
+            Event(
+                job.claimed_at,
+                "running",
+                f"attempt {job.attempts} running, lease version {job.lease_version}",
+            )
+        )
+    elif status is leaseq.JobStatus.DONE:
+        events.append(Event(job.finished_at, "done", f"done after {job.attempts} attempt(s)"))
+    elif status is leaseq.JobStatus.QUEUED:
+        if job.ahead:
+            waiting = f"queued behind {job.ahead} earlier job(s) of key {job.key!r}"
+        else:
+            waiting = "queued: claimable from here on"
+        events.append(Event(job.available_at, "queued", waiting))
+    return events
+
+
+@handler()
+async def failed(request: Request, ctx: Context) -> Response:
+    queue = request.query_params.get("queue") or None
+    summary = await ctx.dashboard.aggregates.failed_groups(queue)
+    queues = await ctx.dashboard.aggregates.queue_names()
+    return ctx.render("failed.html", summary=summary, queue=queue or "", queues=queues)
+
+
+@handler()
+async def blocked(request: Request, ctx: Context) -> Response:
+    queue = request.query_params.get("queue") or None
+    keys = await ctx.dashboard.aggregates.blocked_keys(queue)
+    queues = await ctx.dashboard.aggregates.queue_names()
+    return ctx.render("blocked.html", keys=keys, queue=queue or "", queues=queues)
+
+
+async def _running(ctx: Context, queue: str | None) -> dict[str, Any]:
+    page = await ctx.dashboard.aggregates.running(queue, RUNNING_LIMIT, ctx.dashboard.search_window)
+    # Expired leases first: they are what needs attention (recovery pending).
+    running = sorted(
+        page.jobs,
+        key=lambda j: (j.lease_remaining is None, j.lease_remaining or 0.0, j.job_id),
+    )
+    return {"running": running, "more": page.next_before is not None, "queue": queue or ""}
+
+
+@handler()
+async def running(request: Request, ctx: Context) -> Response:
+    queue = request.query_params.get("queue") or None
+    queues = await ctx.dashboard.aggregates.queue_names()
+    return ctx.render("running.html", queues=queues, **await _running(ctx, queue))
+
+
+@handler()
+async def running_live(request: Request, ctx: Context) -> Response:
+    queue = request.query_params.get("queue") or None
+    return ctx.render("_running_live.html", **await _running(ctx, queue))
+
+
+@handler()
+async def audit(request: Request, ctx: Context) -> Response:
+    queue = request.query_params.get("queue") or None
+    before_text = request.query_params.get("before", "")
+    if before_text and not before_text.isdigit():
+        raise leaseq.InvalidArgument("before must be an audit entry id")
+    before = int(before_text) if before_text else None
+    entries = await ctx.dashboard.client.audit_log(queue=queue, before=before, limit=AUDIT_PAGE)
+    older = entries[-1].audit_id if len(entries) == AUDIT_PAGE else None
+    details = [ctx.dashboard.mask.mask(entry.detail) for entry in entries]
+    queues = await ctx.dashboard.aggregates.queue_names()
+    return ctx.render(
+        "audit.html",
+        entries=list(zip(entries, details, strict=True)),
+        older=older,
+        queue=queue or "",
+        queues=queues,
+    )
+
+
+async def settings_page(
+    ctx: Context, name: str, *, form: dict[str, str] | None = None, error: str | None = None
+) -> Response:
+    """The settings form of queue ``name``: its current values, or what the user
+    typed with the error that kept it from being saved."""
+    current = await ctx.dashboard.client.queue_settings(name)
+    if current is None:
+        return ctx.render(
+            "error.html", status=404, heading="Not found", message=f"No queue named {name!r}."
+        )
+    values = {**settings_text(current), **(form or {})}
+    return ctx.render(
+        "settings.html",
+        status=400 if error else 200,
+        queue=name,
+        settings=current,
+        values=values,
+        error=error,
+        policies=[p.value for p in leaseq.OrderingPolicy],
+        modes=[m.value for m in leaseq.RetentionMode],
+    )
+
+
+@handler()
+async def queue_settings(request: Request, ctx: Context) -> Response:
+    return await settings_page(ctx, request.path_params["name"])
+
+
+@handler(login=True)
+async def login_form(request: Request, ctx: Context) -> Response:
+    return ctx.render("login.html", error=None)

@@ -1,0 +1,234 @@
+"""Who may do what, and the checks every request passes.
+
+* :class:`Principal`: a name and permissions (``read``, ``replay``, ``cancel``,
+  ``pause``, ``configure``); ``auth`` callables return one, or None (401).
+* :class:`TokenAuth` (a bearer token; browsers log in once through a form that sets
+  a signed cookie) and :class:`BasicAuth` (HTTP basic): what the CLI builds from
+  its environment, usable by anyone mounting the app.
+* CSRF: a random session cookie and, in every form, a token that is the HMAC of
+  it under the app's secret; plus ``Origin`` and ``Sec-Fetch-Site`` checks.
+* :class:`SecurityHeaders`: the strict CSP and friends on every response.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import HTTPConnection, Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+READ, REPLAY, CANCEL, PAUSE, CONFIGURE = "read", "replay", "cancel", "pause", "configure"
+#: Every permission the dashboard knows; a local dashboard without auth grants all.
+PERMISSIONS: frozenset[str] = frozenset({READ, REPLAY, CANCEL, PAUSE, CONFIGURE})
+
+SESSION_COOKIE = "leaseq_session"
+LOGIN_COOKIE = "leaseq_login"
+FLASH_COOKIE = "leaseq_flash"
+#: How long a browser login through the token form lasts.
+LOGIN_SECONDS = 12 * 3600
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = {
+    "content-security-policy": CSP,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "x-frame-options": "DENY",
+    # Pages show live data: a cached copy would show the past (and a shared cache
+    # would keep one principal's page for another).
+    "cache-control": "no-store",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Someone using the dashboard: a name for the audit log and what they may do."""
+
+    name: str
+    #: Out of PERMISSIONS; no default, so that nobody grants everything by omission.
+    permissions: frozenset[str]
+
+    def can(self, permission: str) -> bool:
+        return permission in self.permissions
+
+
+#: ``auth``: a request in, a Principal (or None: not authenticated) out; sync or async.
+Auth = Callable[[Request], "Principal | Awaitable[Principal | None] | None"]
+
+
+def _digest(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+class TokenAuth:
+    """A bearer token (``Authorization: Bearer ...``) or a login cookie signed with
+    it: whoever knows the token gets ``permissions`` under ``name``. Changing the
+    token ends every browser login."""
+
+    login_form = True
+
+    def __init__(
+        self, token: str, *, name: str = "token", permissions: frozenset[str] = PERMISSIONS
+    ) -> None:
+        if len(token) < 16:
+            raise ValueError("the dashboard token must be at least 16 characters long")
+        self._key = token.encode()
+        self.principal = Principal(name, permissions)
+
+    def check_token(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self._key)
+
+    def login_cookie(self, now: float | None = None) -> str:
+        issued = str(int(time.time() if now is None else now))
+        return f"{issued}.{_digest(self._key, 'login:' + issued)}"
+
+    def _valid_cookie(self, value: str) -> bool:
+        issued, _, mac = value.partition(".")
+        if not issued.isdigit() or not hmac.compare_digest(
+            mac, _digest(self._key, "login:" + issued)
+        ):
+            return False
+        return 0 <= time.time() - int(issued) < LOGIN_SECONDS
+
+    def __call__(self, request: Request) -> Principal | None:
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and self.check_token(credentials.strip()):
+            return self.principal
+        cookie = request.cookies.get(LOGIN_COOKIE)
+        if cookie and self._valid_cookie(cookie):
+            return self.principal
+        return None
+
+
+class BasicAuth:
+    """HTTP basic authentication against one user and password."""
+
+    login_form = False
+
+    def __init__(
+        self, user: str, password: str, *, permissions: frozenset[str] = PERMISSIONS
+    ) -> None:
+        if not user or not password:
+            raise ValueError("basic auth needs a user and a password")
+        self._user = user.encode()
+        self._password = password.encode()
+        self.principal = Principal(user, permissions)
+
+    def __call__(self, request: Request) -> Principal | None:
+        scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, _, password = base64.b64decode(encoded.strip()).partition(b":")
+        except (binascii.Error, ValueError):
+            return None
+        # Both compared, always: the time taken says nothing about which was wrong.
+        user_ok = hmac.compare_digest(user, self._user)
+        password_ok = hmac.compare_digest(password, self._password)
+        return self.principal if user_ok and password_ok else None
+
+
+# -- CSRF ---------------------------------------------------------------------------
+
+
+class Csrf:
+    """Session cookies and the form tokens bound to them, under one app's secret."""
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._secret = secret or secrets.token_bytes(32)
+
+    def token(self, session: str) -> str:
+        return _digest(self._secret, "csrf:" + session)
+
+    def valid(self, session: str | None, token: str | None) -> bool:
+        if not session or not token:
+            return False
+        return hmac.compare_digest(token, self.token(session))
+
+    def sign(self, text: str) -> str:
+        """``text`` with a MAC, for the flash cookie (what we set, we show)."""
+        body = base64.urlsafe_b64encode(text.encode()).decode()
+        return f"{body}.{_digest(self._secret, 'flash:' + body)}"
+
+    def unsign(self, value: str) -> str | None:
+        body, _, mac = value.partition(".")
+        if not hmac.compare_digest(mac, _digest(self._secret, "flash:" + body)):
+            return None
+        try:
+            return base64.urlsafe_b64decode(body.encode()).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+
+
+def new_session() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def own_origin(request: HTTPConnection) -> str:
+    """The origin the browser addressed: scheme and Host of this request."""
+    return f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+
+
+def cross_site_reason(request: HTTPConnection) -> str | None:
+    """Why a state-changing request looks cross-site, or None. Browsers send
+    ``Origin`` on every POST and ``Sec-Fetch-Site`` with it; clients that send
+    neither (curl with a token) are left to the CSRF token."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin != own_origin(request):
+        return f"the request came from another origin ({origin})"
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"the browser says the request is {site}"
+    return None
+
+
+def cookie_options(request: HTTPConnection) -> dict[str, Any]:
+    """Our cookies live under the app's root only, out of reach of scripts."""
+    return {
+        "path": request.scope.get("root_path", "") or "/",
+        "httponly": True,
+        "secure": request.url.scheme == "https",
+    }
+
+
+class SecurityHeaders:
+    """ASGI middleware: the CSP and the other security headers on every response
+    (error pages and static files included)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        # Static files may be kept, if checked again (their ETag): pages may not.
+        static = "/static/" in scope.get("path", "")
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [
+                    (
+                        name.encode(),
+                        b"no-cache" if static and name == "cache-control" else value.encode(),
+                    )
+                    for name, value in HEADERS.items()
+                    if name.encode() not in present
+                ]
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,202 @@
+"""Formatting for the templates: ages, durations, bytes, times, the masking of
+secret payload fields, and the geometry of the small throughput chart."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+#: Payload fields whose values are never shown: a field whose name, lowercased and
+#: without separators, contains one of these.
+SECRET_FIELDS: tuple[str, ...] = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "credential",
+    "private_key",
+)
+MASK = "••••••"
+_SEPARATORS = re.compile(r"[^a-z0-9]")
+
+
+def _normal(name: str) -> str:
+    return _SEPARATORS.sub("", name.lower())
+
+
+class SecretMask:
+    """Decides which field names are secret and masks them, at any depth."""
+
+    def __init__(self, fields: Iterable[str] = SECRET_FIELDS) -> None:
+        self._parts = tuple({_normal(f) for f in fields if _normal(f)})
+
+    def secret(self, name: str) -> bool:
+        normal = _normal(name)
+        return any(part in normal for part in self._parts)
+
+    def mask(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                key: MASK if self.secret(str(key)) else self.mask(item)
+                for key, item in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self.mask(item) for item in value]
+        return value
+
+    def pretty(self, value: Any) -> str:
+        """The masked value as indented JSON."""
+        return json.dumps(self.mask(value), indent=2, ensure_ascii=False, default=str)
+
+
+def age(seconds: float | None) -> str:
+    """``42s``, ``3m 20s``, ``2h 5m``, ``3d 4h``; an em dash for None."""
+    if seconds is None:
+        return "—"
+    sign = "-" if seconds < 0 else ""
+    total = int(abs(seconds))
+    if total < 60:
+        return f"{sign}{abs(seconds):.0f}s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{sign}{minutes}m {secs}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{sign}{hours}h {minutes}m"
+    days, hours = divmod(hours, 24)
+    return f"{sign}{days}d {hours}h"
+
+
+def duration(seconds: float | None) -> str:
+    """A handler's run time: ``12 ms``, ``1.5 s``, then as :func:`age`."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return age(seconds)
+
+
+def size(count: int | None) -> str:
+    """Bytes as ``512 B``, ``1.5 KiB``, ``3.2 MiB``."""
+    if count is None:
+        return "—"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"  # pragma: no cover - the loop always returns
+
+
+def when(moment: datetime | str | None) -> str:
+    """A database time in UTC, to the second."""
+    if moment is None:
+        return "—"
+    if isinstance(moment, str):
+        try:
+            parsed = datetime.fromisoformat(moment)
+        except ValueError:
+            return moment
+        moment = parsed
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def number(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def retention(seconds: float | None) -> str:
+    """A retention or other setting in seconds: ``1d``, ``2h``, ``90s``; ``never``."""
+    if seconds is None:
+        return "never"
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length and seconds % length == 0:
+            return f"{seconds / length:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def percent(part: int, whole: int | None) -> int | None:
+    """How full a limit is, 0-100 (capped), or None without a limit."""
+    if not whole:
+        return None
+    return min(100, round(100 * part / whole))
+
+
+# -- the throughput chart -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    x: float
+    width: float
+    done_y: float
+    done_height: float
+    failed_y: float
+    failed_height: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    width: int
+    height: int
+    bars: tuple[Bar, ...]
+    peak: int
+    done: int
+    failed: int
+
+
+def chart(minutes: Sequence[Any], *, width: int = 240, height: int = 44) -> Chart:
+    """Stacked bars, one per minute (oldest left): done below, failed on top.
+
+    ``minutes`` are ``ActivityMinute``s (``start``, ``done``, ``failed``); the
+    template draws the rectangles as SVG, no script involved."""
+    peak = max((m.done + m.failed for m in minutes), default=0)
+    slot = width / max(len(minutes), 1)
+    bars = []
+    for index, minute in enumerate(minutes):
+        scale = (height - 2) / peak if peak else 0.0
+        done_height = minute.done * scale
+        failed_height = minute.failed * scale
+        done_y = height - done_height
+        start = minute.start.astimezone(UTC).strftime("%H:%M") if minute.start else ""
+        bars.append(
+            Bar(
+                x=round(index * slot, 2),
+                width=round(max(slot - 1, 1), 2),
+                done_y=round(done_y, 2),
+                done_height=round(done_height, 2),
+                failed_y=round(done_y - failed_height, 2),
+                failed_height=round(failed_height, 2),
+                label=f"{start} UTC: {minute.done} done, {minute.failed} failed",
+            )
+        )
+    return Chart(
+        width=width,
+        height=height,
+        bars=tuple(bars),
+        peak=peak,
+        done=sum(m.done for m in minutes),
+        failed=sum(m.failed for m in minutes),
+    )
+
+
+FILTERS = {
+    "age": age,
+    "duration": duration,
+    "size": size,
+    "when": when,
+    "number": number,
+    "retention": retention,
+}

@@ -1,0 +1,153 @@
+"""`leaseq dashboard`: loopback without auth, anywhere else only with auth from
+the environment; and a real start serving pages."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from click.testing import CliRunner
+
+import leaseq
+from leaseq._cli import cli
+from leaseq._cli.common import CommandError
+from leaseq._cli.dashboard import auth_from_environment, is_loopback
+from leaseq.web import BasicAuth, TokenAuth
+
+from .conftest import ROOT
+
+TOKEN = "a-long-enough-test-token"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_hosts(host: str) -> None:
+    assert is_loopback(host)
+    assert auth_from_environment(host, {}) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "dashboard.internal"])
+def test_other_hosts_need_auth(host: str) -> None:
+    assert not is_loopback(host)
+    with pytest.raises(CommandError, match=r"refusing to serve the dashboard on .* without auth"):
+        auth_from_environment(host, {})
+    assert isinstance(auth_from_environment(host, {"LEASEQ_DASHBOARD_TOKEN": TOKEN}), TokenAuth)
+    basic = {"LEASEQ_DASHBOARD_USER": "ops", "LEASEQ_DASHBOARD_PASSWORD": "pw"}
+    assert isinstance(auth_from_environment(host, basic), BasicAuth)
+
+
+def test_half_configured_auth_is_an_error() -> None:
+    with pytest.raises(CommandError, match="set both"):
+        auth_from_environment("127.0.0.1", {"LEASEQ_DASHBOARD_USER": "ops"})
+    with pytest.raises(CommandError, match="at least 16 characters"):
+        auth_from_environment("0.0.0.0", {"LEASEQ_DASHBOARD_TOKEN": "short"})
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """uvicorn.run replaced: what the command would serve, without binding."""
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+    for name in ("LEASEQ_DASHBOARD_TOKEN", "LEASEQ_DASHBOARD_USER", "LEASEQ_DASHBOARD_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def test_the_command_refuses_a_public_host_without_auth(
+    served: list[dict[str, Any]], database_url: str
+) -> None:
+    result = CliRunner().invoke(
+        cli, ["dashboard", "--host", "0.0.0.0", "--database-url", database_url]
+    )
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: refusing to serve the dashboard on 0.0.0.0 without auth")
+    assert served == []
+
+
+def test_the_command_starts_with_auth(
+    served: list[dict[str, Any]], database_url: str, schema: str
+) -> None:
+    result = CliRunner().invoke(
+        cli,
+        [
+            "dashboard",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9999",
+            "--read-only",
+            "--database-url",
+            database_url,
+            "--schema",
+            schema,
+        ],
+        env={"LEASEQ_DASHBOARD_TOKEN": TOKEN},
+    )
+    assert result.exit_code == 0, result.output
+    assert "on http://0.0.0.0:9999/" in result.output
+    assert TOKEN not in result.output
+    (call,) = served
+    assert (call["host"], call["port"]) == ("0.0.0.0", 9999)
+    dashboard = call["app"].state.leaseq
+    assert isinstance(dashboard.auth, TokenAuth)
+    assert dashboard.read_only
+    assert dashboard.client.schema == schema
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_the_dashboard_serves_pages(database_url: str, schema: str, queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {"customer": "acme"})
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "leaseq",
+            "dashboard",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            "--schema",
+            schema,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "LEASEQ_DASHBOARD_TOKEN": TOKEN},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.get(
+                    f"http://127.0.0.1:{port}/", headers={"authorization": f"Bearer {TOKEN}"}
+                )
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.communicate()[0]
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.2)
+        assert response.status_code == 200
+        assert "reports" in response.text
+        assert "content-security-policy" in response.headers
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 401
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=30)
+    assert f"leaseq dashboard on http://127.0.0.1:{port}/ (TokenAuth)" in output
+    assert TOKEN not in output

@@ -1,0 +1,186 @@
+"""Every dashboard action, its effect read back through the library, and its
+audit row; a running job is never retried."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+
+from .test_web_fixtures import AppFactory, Browser, Jobs, browser, jobs, make_app, text_of
+
+__all__ = ["browser", "jobs", "make_app"]  # fixtures, used by name
+
+
+def _audit(queue: leaseq.Queue) -> list[leaseq.AuditEntry]:
+    return [e for e in queue.audit_log() if e.actor.startswith("dashboard:")]
+
+
+async def test_replay_a_failed_job(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+    job_id = jobs.failed[0]
+    page = await browser.follow(await browser.post(f"/jobs/{job_id}/replay"))
+    assert f"Job {job_id} replayed" in text_of(page.text)
+    assert queue.get(job_id).status is JobStatus.QUEUED
+    (entry,) = _audit(queue)
+    assert (entry.actor, entry.job_ids) == ("dashboard:local", (job_id,))
+    # The message shows once.
+    assert (
+        "replayed" not in text_of((await browser.get(f"/jobs/{job_id}")).text).split("History")[0]
+    )
+
+
+async def test_a_running_job_is_never_replayed(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    page = await browser.follow(await browser.post(f"/jobs/{jobs.running}/replay"))
+    assert "would start a second run" in text_of(page.text)
+    job = queue.get(jobs.running)
+    assert (job.status, job.lease_version) == (JobStatus.RUNNING, jobs.running_claim.lease_version)
+    queue.complete(jobs.running_claim)  # the one run still owns it
+
+
+async def test_cancel_a_queued_job(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+    page = await browser.follow(await browser.post(f"/jobs/{jobs.queued}/cancel"))
+    assert f"Job {jobs.queued} cancelled" in text_of(page.text)
+    assert queue.get(jobs.queued).status is JobStatus.CANCELLED
+    again = await browser.follow(await browser.post(f"/jobs/{jobs.queued}/cancel"))
+    assert "is cancelled: nothing to cancel" in text_of(again.text)
+
+
+async def test_cancel_a_running_job_through_the_fence(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    plain = await browser.follow(await browser.post(f"/jobs/{jobs.running}/cancel"))
+    assert "is running: use “Cancel running job”" in text_of(plain.text)
+    assert queue.get(jobs.running).status is JobStatus.RUNNING
+
+    response = await browser.post(
+        f"/jobs/{jobs.running}/cancel", {"running": "1", "next": "/running"}
+    )
+    assert response.headers["location"] == "/running"
+    page = await browser.follow(response)
+    assert "Its worker is told to stop" in text_of(page.text)
+    assert queue.get(jobs.running).status is JobStatus.CANCELLED
+    with pytest.raises(leaseq.LeaseLost):
+        queue.complete(jobs.running_claim)  # the old claim's late report is refused
+    assert queue.get(jobs.running).status is JobStatus.CANCELLED
+    assert [e.action for e in _audit(queue)] == ["cancel"]
+
+
+async def test_skip_a_blocked_head(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+    assert queue.claim("emails") == []  # the key is blocked by its failed head
+    page = await browser.follow(await browser.post(f"/jobs/{jobs.blocked_head}/skip"))
+    assert "Skipped job" in text_of(page.text)
+    assert "No blocked keys" in text_of(page.text)  # back on the Blocked keys page
+    assert queue.get(jobs.blocked_head).status is JobStatus.CANCELLED
+    (claim,) = queue.claim("emails")
+    assert claim.job_id == jobs.blocked_waiting[0]
+    not_failed = await browser.follow(await browser.post(f"/jobs/{jobs.queued}/skip"))
+    assert "not a failed head" in text_of(not_failed.text)
+    assert queue.get(jobs.queued).status is JobStatus.QUEUED
+
+
+async def test_bulk_replay_confirms_the_count_then_replays_those(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    confirm = await browser.post("/replay", {"queue": "reports", "error": "template missing"})
+    assert confirm.status_code == 200
+    assert "Replay 2 failed jobs?" in text_of(confirm.text)
+    assert all(queue.get(i).status is JobStatus.FAILED for i in jobs.failed)  # not yet
+    ids = re.search(r'name="ids" value="([^"]+)"', confirm.text)
+    assert ids is not None
+    assert sorted(int(i) for i in ids[1].split(",")) == sorted(jobs.failed[:2])
+    done = await browser.post("/replay/confirm", {"ids": ids[1], "next": "/failed"})
+    page = await browser.follow(done)
+    assert "Replayed 2 of 2 jobs." in text_of(page.text)
+    assert [queue.get(i).status for i in jobs.failed] == [
+        JobStatus.QUEUED,
+        JobStatus.QUEUED,
+        JobStatus.FAILED,
+    ]
+    (entry,) = _audit(queue)
+    assert sorted(entry.job_ids) == sorted(jobs.failed[:2])
+    # Confirming again replays nothing: those jobs changed meanwhile.
+    again = await browser.follow(await browser.post("/replay/confirm", {"ids": ids[1]}))
+    assert "Replayed 0 of 2 jobs (2 had changed meanwhile" in text_of(again.text)
+
+
+async def test_bulk_replay_is_capped(make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue) -> None:
+    client = Browser(make_app(bulk_limit=2))
+    try:
+        confirm = await client.post("/replay", {"queue": "reports"})
+        page = text_of(confirm.text)
+        assert "Replay 2 failed jobs?" in page
+        assert "More failed jobs match" in page
+        too_many = ",".join(str(i) for i in jobs.failed)
+        refused = await client.post("/replay/confirm", {"ids": too_many})
+        assert refused.status_code == 400
+        assert all(queue.get(i).status is JobStatus.FAILED for i in jobs.failed)
+    finally:
+        await client.close()
+
+
+async def test_pause_and_resume(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+    page = await browser.follow(await browser.post("/queues/reports/pause"))
+    assert "Queue reports paused" in text_of(page.text)
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert settings.paused
+    assert queue.claim("reports") == []
+    await browser.follow(await browser.post("/queues/reports/resume", {"next": "/"}))
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert not settings.paused
+    assert [e.action for e in reversed(_audit(queue))] == ["pause", "resume"]
+    missing = await browser.post("/queues/nope/pause")
+    assert missing.status_code == 404
+
+
+async def test_change_settings(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+    response = await browser.post(
+        "/queues/reports/settings",
+        {"lease": "2m", "retain_done": "never", "max_queued_jobs": "500", "max_attempts": "20"},
+    )
+    page = text_of((await browser.follow(response)).text)
+    assert (
+        "Saved reports: lease 1m → 2m, max_queued_jobs no limit → 500, retain_done 1d → never"
+        in page
+    )
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert (settings.lease, settings.retain_done, settings.max_queued_jobs) == (120.0, None, 500)
+    unchanged = await browser.follow(
+        await browser.post("/queues/reports/settings", {"lease": "120"})
+    )
+    assert "Nothing changed." in text_of(unchanged.text)
+    cleared = await browser.post("/queues/reports/settings", {"max_queued_jobs": ""})
+    await browser.follow(cleared)
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert settings.max_queued_jobs is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_attempts", "abc", "max_attempts: 'abc' is not a whole number"),
+        ("max_attempts", "0", "max_attempts must be an integer in [1, 1000]"),
+        ("lease", "soon", "lease: 'soon' is not a duration"),
+        ("backoff_cap", "0.5", "backoff_cap must be >= backoff_base"),
+    ],
+)
+async def test_bad_settings_are_refused_and_nothing_is_written(  # noqa: PLR0917
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue, field: str, value: str, message: str
+) -> None:
+    before = queue.queue_settings("reports")
+    # Another field changed beside it: nothing of the form is saved.
+    response = await browser.post("/queues/reports/settings", {"retain_done": "5m", field: value})
+    assert response.status_code == 400
+    page = text_of(response.text)
+    assert message in page
+    assert f'value="{value}"' in response.text  # the form keeps what was typed
+    assert queue.queue_settings("reports") == before
+    assert _audit(queue) == []

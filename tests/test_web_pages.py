@@ -1,0 +1,300 @@
+"""Every dashboard page renders against a schema with jobs in every state, says
+what is there, masks secrets and keeps to the Content-Security-Policy."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from html import unescape
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+import leaseq
+from leaseq.web.security import CSP
+
+from .test_web_fixtures import (
+    SECRET_VALUE,
+    AppFactory,
+    Browser,
+    Jobs,
+    browser,
+    csp_problems,
+    jobs,
+    make_app,
+    text_of,
+)
+
+__all__ = ["browser", "jobs", "make_app"]  # fixtures, used by name
+
+
+def pages(jobs: Jobs) -> list[str]:
+    return [
+        "/",
+        "/live/overview",
+        "/jobs",
+        "/jobs?queue=reports&state=failed",
+        "/jobs?payload=customer:acme",
+        "/jobs?error=template&state=failed",
+        "/jobs?key=cust-1&queue=emails",
+        "/jobs?state=done",
+        *(f"/jobs/{job_id}" for job_id in (jobs.secret, jobs.running, jobs.done, jobs.failed[0])),
+        f"/jobs/{jobs.running}/live",
+        f"/jobs/{jobs.cancelled}",
+        f"/jobs/{jobs.blocked_head}",
+        f"/jobs/{jobs.blocked_waiting[0]}",
+        "/failed",
+        "/failed?queue=emails",
+        "/blocked",
+        "/running",
+        "/live/running",
+        "/audit",
+        "/queues/reports",
+        "/queues/emails",
+    ]
+
+
+async def test_every_page_renders_with_csp_and_without_secrets(
+    browser: Browser, jobs: Jobs
+) -> None:
+    for path in pages(jobs):
+        response = await browser.get(path)
+        assert response.status_code == 200, (path, response.text[:500])
+        assert response.headers["content-security-policy"] == CSP, path
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["referrer-policy"] == "same-origin"
+        assert csp_problems(response.text) == [], path
+        assert SECRET_VALUE not in response.text, path
+        assert "k-123" not in response.text, path
+    static = await browser.get("/static/leaseq.js")
+    assert static.status_code == 200
+    assert static.headers["content-security-policy"] == CSP
+
+
+async def test_overview_shows_each_queue(browser: Browser, jobs: Jobs) -> None:
+    page = text_of((await browser.get("/")).text)
+    assert "reports" in page
+    assert "emails" in page
+    assert "Last hour: 1 done · 3 failed" in page
+    assert "Admission (jobs)" in page
+    assert "no limit" in page  # reports has none
+    assert "done 1d · cancelled 7d · failed 30d · delete" in page
+    assert "Run time p50 / p95 / p99" in page
+    # An estimate is labelled: exact counts here, so no ≈ mark shows.
+    assert "≈" not in page.split("Counts marked")[0]
+
+
+async def test_job_page_masks_secrets_and_shows_the_job(browser: Browser, jobs: Jobs) -> None:
+    page = (await browser.get(f"/jobs/{jobs.secret}")).text
+    assert "acme" in page
+    assert "password" in page  # the field name shows, its value does not
+    assert SECRET_VALUE not in page
+    assert "k-123" not in page
+    assert "••••••" in unescape(page)
+
+    running = text_of((await browser.get(f"/jobs/{jobs.running}")).text)
+    assert "Lease remaining" in running
+    assert "Cancel running job" in running
+    assert f"Lease version {jobs.running_claim.lease_version}" in running
+    assert "No retry while it runs" in running
+    assert "Replay" not in running.split("History")[0]
+
+    failed = text_of((await browser.get(f"/jobs/{jobs.failed[0]}")).text)
+    assert "template missing" in failed
+    assert "Replay" in failed
+
+    waiting = text_of((await browser.get(f"/jobs/{jobs.blocked_waiting[1]}")).text)
+    assert "cust-1" in waiting
+    assert "1 unfinished ahead of it" in waiting  # the failed head is finished
+    assert "queued behind 1 earlier job(s) of key 'cust-1'" in waiting
+
+
+async def test_jobs_filters_and_keyset_pages(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    page = (await browser.get("/jobs?queue=reports&state=failed")).text
+    for job_id in jobs.failed:
+        assert f"#{job_id}<" in page
+    assert f"#{jobs.done}<" not in page
+    errors = (await browser.get("/jobs?state=failed&error=template")).text
+    assert f"#{jobs.failed[2]}<" not in errors
+    assert f"#{jobs.failed[0]}<" in errors
+    payload = (await browser.get("/jobs?payload=customer:acme+n:2")).text
+    assert f"#{jobs.failed[2]}<" in payload
+    assert f"#{jobs.failed[0]}<" not in payload
+
+    queue.enqueue_many("bulk", [{"n": n} for n in range(60)])
+    first = await browser.get("/jobs?queue=bulk")
+    assert first.text.count('href="/jobs/') == 50
+    older = first.text.split('">older →')[0].rsplit('href="', 1)[1]
+    second = await browser.get(unescape(older))
+    assert second.text.count('href="/jobs/') == 10
+    assert "older →" not in second.text
+
+
+async def test_a_bad_filter_is_a_clear_error(browser: Browser, jobs: Jobs) -> None:
+    response = await browser.get("/jobs?payload=customer")
+    assert response.status_code == 400
+    assert "is not field:value" in unescape(response.text)
+    secret = await browser.get("/jobs?payload=password:hunter2")
+    assert secret.status_code == 400
+    assert "cannot be searched" in unescape(secret.text)
+    assert (await browser.get("/jobs?state=lost")).status_code == 400
+    assert (await browser.get("/jobs/999999999")).status_code == 404
+
+
+async def test_failed_blocked_running_and_audit(browser: Browser, jobs: Jobs) -> None:
+    failed = text_of((await browser.get("/failed")).text)
+    assert "template missing 2" in failed
+    assert "customer not found 1" in failed
+    assert "smtp refused 1" in failed
+
+    blocked = text_of((await browser.get("/blocked")).text)
+    assert "cust-1" in blocked
+    assert f"#{jobs.blocked_head}" in blocked
+    assert "smtp refused" in blocked
+    assert "Skip head" in blocked
+
+    running = (await browser.get("/running")).text
+    assert f"#{jobs.running}<" in running
+    assert 'name="running" value="1"' in running
+
+    audit = text_of((await browser.get("/audit")).text)
+    assert "cancel" in audit  # populate cancelled one job through the library
+
+
+async def test_an_expired_lease_is_highlighted(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    leaseq.testing.set_clock_offset(queue, 400)  # past the 300 s lease
+    page = (await browser.get("/running")).text
+    assert 'class="expired"' in page
+    assert "waiting for recovery" in page
+    overview = text_of((await browser.get("/")).text)
+    assert "1 waiting for recovery" in overview
+
+
+async def test_read_only_pages_hide_the_buttons(make_app: AppFactory, jobs: Jobs) -> None:
+    client = Browser(make_app(read_only=True))
+    try:
+        for path in ("/", f"/jobs/{jobs.failed[0]}", "/blocked", "/running", "/queues/reports"):
+            page = await client.get(path)
+            assert page.status_code == 200, path
+            assert 'method="post"' not in page.text, path
+        assert "read-only" in (await client.get("/")).text
+    finally:
+        await client.close()
+
+
+async def test_many_tabs_cost_one_read_of_the_aggregates(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app(cache_seconds=60)
+    client = app.state.leaseq.client
+    calls = {"stats": 0, "activity": 0, "health": 0}
+    for name in calls:
+        original = getattr(client, name)
+
+        def counted(*args: object, _original: object = original, _name: str = name, **kw: object):  # type: ignore[no-untyped-def]
+            calls[_name] += 1
+            return _original(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(client, name, counted)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash.test") as http:
+        answers = await asyncio.gather(*(http.get("/live/overview") for _ in range(20)))
+    assert {a.status_code for a in answers} == {200}
+    assert calls == {"stats": 1, "activity": 1, "health": 1}
+
+
+async def test_a_statement_timeout_is_a_friendly_page(
+    make_app: AppFactory, jobs: Jobs, schema: str, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    """A real timeout: another session holds the job table locked, the search waits
+    past the dashboard's statement timeout and is cancelled by the server."""
+    http = Browser(make_app(statement_timeout=0.3))
+    locker = connect()
+    try:
+        with locker.transaction():
+            locker.execute(f'LOCK TABLE "{schema}".job IN ACCESS EXCLUSIVE MODE')
+            response = await http.get("/jobs?state=done")
+        assert response.status_code == 503
+        assert "took too long" in response.text
+        assert response.headers["content-security-policy"] == CSP
+        assert (await http.get("/jobs?state=done")).status_code == 200  # and it recovers
+    finally:
+        await http.close()
+
+
+async def test_estimates_are_labelled(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large table's finished counts are estimates: the page marks them ≈."""
+    app = make_app()
+    client = app.state.leaseq.client
+    exact = await client.stats()
+
+    async def estimated(queue: str | None = None) -> list[leaseq.QueueStats]:
+        done = {leaseq.JobStatus.DONE, leaseq.JobStatus.CANCELLED}
+        return [dataclasses.replace(s, estimated=frozenset(done)) for s in exact]
+
+    monkeypatch.setattr(client, "stats", estimated)
+    http = Browser(app)
+    try:
+        page = (await http.get("/")).text
+    finally:
+        await http.close()
+    assert page.count('<abbr title="estimate">≈</abbr>') == 2 * len(exact)
+
+
+async def test_health_warnings_show_on_the_overview(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    client = app.state.leaseq.client
+    real = await client.health()
+
+    async def warned(**_: object) -> leaseq.Health:
+        return dataclasses.replace(real, warnings=("pid 4242 (psql) has had a transaction open",))
+
+    monkeypatch.setattr(client, "health", warned)
+    http = Browser(app)
+    try:
+        page = text_of((await http.get("/")).text)
+    finally:
+        await http.close()
+    assert "Health pid 4242 (psql) has had a transaction open" in page
+
+
+async def test_the_timeline_tells_a_lost_lease_and_a_recovery(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    job_id = queue.enqueue("reports", {"customer": "acme"})
+    queue.claim("reports", lease=10)
+    leaseq.testing.set_clock_offset(queue, 20)
+    (recovered,) = queue.claim("reports", lease=300)
+    assert recovered.recovered
+    queue.retry(recovered, error="upstream timed out", delay=0)
+    page = text_of((await browser.get(f"/jobs/{job_id}")).text)
+    assert "attempt 1 claimed, lease version 1" in page
+    assert "lease expired (worker lost)" in page
+    assert "attempt 2 claimed, lease version 2" in page
+    assert "attempt failed, retried later" in page
+    assert "upstream timed out" in page
+
+
+async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(55)])
+    for job_id in ids:
+        queue.cancel(job_id, actor="script:cleanup")
+    first = await browser.get("/audit")
+    assert first.text.count("<td>script:cleanup</td>") == 50
+    older = first.text.split('">older →')[0].rsplit('href="', 1)[1]
+    second = await browser.get(unescape(older))
+    assert second.text.count("<td>script:cleanup</td>") == 5
+    assert "older →" not in second.text
+    assert "← newest" in second.text

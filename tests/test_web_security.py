@@ -1,0 +1,257 @@
+"""The dashboard's refusals: cross-site requests, missing CSRF tokens, read-only
+mode, missing permissions, missing credentials; and its cookies."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Mount
+
+import leaseq
+from leaseq import JobStatus
+from leaseq.web import BasicAuth, Principal, TokenAuth
+
+from .test_web_fixtures import (
+    BASE,
+    AppFactory,
+    Browser,
+    Jobs,
+    browser,
+    csp_problems,
+    jobs,
+    make_app,
+    text_of,
+)
+
+__all__ = ["browser", "jobs", "make_app"]  # fixtures, used by name
+
+TOKEN = "a-long-enough-test-token"
+
+
+def _still_failed(queue: leaseq.Queue, jobs: Jobs) -> None:
+    """The refused replays wrote nothing: the job is still failed, not replayed."""
+    assert queue.get(jobs.failed[0]).status is JobStatus.FAILED
+    assert all(e.action != "replay" for e in queue.audit_log())
+
+
+async def test_a_post_without_a_valid_csrf_token_is_refused(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    path = f"/jobs/{jobs.failed[0]}/replay"
+    missing = await browser.post(path, csrf=False)
+    assert missing.status_code == 403
+    assert "security token" in text_of(missing.text)
+    wrong = await browser.post(path, {"csrf": "0" * 64})
+    assert wrong.status_code == 403
+    # A token of another session (another browser) is no good here either.
+    other = Browser(browser.app)
+    try:
+        foreign = await other.token()
+    finally:
+        await other.close()
+    assert (await browser.post(path, {"csrf": foreign})).status_code == 403
+    _still_failed(queue, jobs)
+
+
+async def test_cross_site_requests_are_refused(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    path = f"/jobs/{jobs.failed[0]}/replay"
+    origin = await browser.post(path, headers={"origin": "https://evil.example"})
+    assert origin.status_code == 403
+    assert "another origin" in text_of(origin.text)
+    for site in ("cross-site", "same-site"):
+        response = await browser.post(path, headers={"sec-fetch-site": site})
+        assert response.status_code == 403, site
+    # Without either header (curl, scripts) the token alone decides; "none" is a
+    # user typing the URL.
+    ok = await browser.post(path, headers={"sec-fetch-site": "none"})
+    assert ok.status_code == 303
+    assert queue.get(jobs.failed[0]).status is JobStatus.QUEUED
+
+
+async def test_read_only_refuses_every_action(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    client = Browser(make_app(read_only=True))
+    try:
+        for path, data in [
+            (f"/jobs/{jobs.failed[0]}/replay", {}),
+            (f"/jobs/{jobs.queued}/cancel", {}),
+            (f"/jobs/{jobs.running}/cancel", {"running": "1"}),
+            (f"/jobs/{jobs.blocked_head}/skip", {}),
+            ("/replay", {"queue": "reports"}),
+            ("/replay/confirm", {"ids": str(jobs.failed[0])}),
+            ("/queues/reports/pause", {}),
+            ("/queues/reports/settings", {"lease": "10m"}),
+        ]:
+            response = await client.post(path, data)
+            assert response.status_code == 403, path
+            assert "read-only" in response.text
+    finally:
+        await client.close()
+    assert queue.get(jobs.queued).status is JobStatus.QUEUED
+    assert queue.get(jobs.running).status is JobStatus.RUNNING
+    assert queue.get(jobs.blocked_head).status is JobStatus.FAILED
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert (settings.paused, settings.lease) == (False, 60.0)
+    _still_failed(queue, jobs)
+
+
+async def test_permissions_come_from_the_auth_callable(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    async def auth(request: Request) -> Principal | None:  # async callables work too
+        user = request.headers.get("x-user")
+        grants = {"viewer": {"read"}, "oncall": {"read", "cancel"}}
+        return Principal(user, frozenset(grants[user])) if user in grants else None
+
+    app = make_app(auth=auth)
+    nobody = Browser(app)
+    viewer = Browser(app, headers={"x-user": "viewer"})
+    oncall = Browser(app, headers={"x-user": "oncall"})
+    try:
+        assert (await nobody.get("/")).status_code == 401
+        page = await viewer.get(f"/jobs/{jobs.failed[0]}")
+        assert page.status_code == 200
+        assert 'method="post"' not in page.text  # no buttons it may not use
+        refused = await viewer.post(f"/jobs/{jobs.failed[0]}/replay")
+        assert refused.status_code == 403
+        assert "(replay)" in text_of(refused.text)
+        assert (await oncall.post(f"/jobs/{jobs.failed[0]}/replay")).status_code == 403
+        cancelled = await oncall.post(f"/jobs/{jobs.queued}/cancel")
+        assert cancelled.status_code == 303
+    finally:
+        for client in (nobody, viewer, oncall):
+            await client.close()
+    assert queue.get(jobs.queued).status is JobStatus.CANCELLED
+    (entry,) = [e for e in queue.audit_log() if e.actor.startswith("dashboard:")]
+    assert entry.actor == "dashboard:oncall"
+    _still_failed(queue, jobs)
+
+
+async def test_a_principal_without_read_sees_nothing(make_app: AppFactory, jobs: Jobs) -> None:
+    client = Browser(make_app(auth=lambda request: Principal("ghost", frozenset())))
+    try:
+        assert (await client.get("/")).status_code == 403
+        assert (await client.get(f"/jobs/{jobs.secret}")).status_code == 403
+    finally:
+        await client.close()
+
+
+async def test_token_auth_bearer_and_browser_login(make_app: AppFactory, jobs: Jobs) -> None:
+    app = make_app(auth=TokenAuth(TOKEN))
+    anonymous = Browser(app)
+    bearer = Browser(app, headers={"authorization": f"Bearer {TOKEN}"})
+    try:
+        for path in ("/", "/jobs", f"/jobs/{jobs.failed[0]}", "/live/overview"):
+            response = await anonymous.get(path)
+            assert response.status_code == 401, path
+            assert 'name="token"' in response.text  # the login form
+            assert csp_problems(response.text) == []
+            assert "reports" not in response.text
+        assert (await anonymous.post(f"/jobs/{jobs.failed[0]}/replay")).status_code == 401
+        assert (await bearer.get("/")).status_code == 200
+        wrong = await Browser(app, headers={"authorization": "Bearer nope"}).get("/")
+        assert wrong.status_code == 401
+
+        bad = await anonymous.post("/login", {"token": "not it"})
+        assert bad.status_code == 401
+        assert "not the right one" in bad.text
+        login = await anonymous.post("/login", {"token": TOKEN})
+        assert login.status_code == 303
+        assert "leaseq_login" in login.headers["set-cookie"]
+        assert "HttpOnly" in login.headers["set-cookie"]
+        assert (await anonymous.get("/")).status_code == 200
+        assert (await anonymous.post(f"/jobs/{jobs.failed[0]}/replay")).status_code == 303
+        logout = await anonymous.post("/logout")
+        assert logout.status_code == 303
+        assert (await anonymous.get("/")).status_code == 401
+    finally:
+        await anonymous.close()
+        await bearer.close()
+
+
+async def test_basic_auth(make_app: AppFactory, jobs: Jobs) -> None:
+    app = make_app(auth=BasicAuth("ops", "s3cret-pass"))
+
+    def basic(user: str, password: str) -> dict[str, str]:
+        encoded = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"authorization": f"Basic {encoded}"}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+        missing = await http.get("/")
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"].startswith("Basic")
+        assert (await http.get("/", headers=basic("ops", "wrong"))).status_code == 401
+        assert (await http.get("/", headers=basic("ops", "s3cret-pass"))).status_code == 200
+        assert (await http.get("/", headers={"authorization": "Basic !!!"})).status_code == 401
+
+
+async def test_cookies_and_redirects_stay_within_the_app(browser: Browser, jobs: Jobs) -> None:
+    first = await browser.get("/")
+    cookie = first.headers["set-cookie"]
+    assert cookie.startswith("leaseq_session=")
+    for attribute in ("HttpOnly", "SameSite=strict", "Path=/"):
+        assert attribute.lower() in cookie.lower(), attribute
+    response = await browser.post(
+        f"/jobs/{jobs.queued}/cancel", {"next": "https://evil.example/phish"}
+    )
+    assert response.headers["location"] == "/"
+    other = await browser.post(f"/jobs/{jobs.failed[0]}/replay", {"next": "//evil.example/x"})
+    assert other.headers["location"] == "/"
+
+
+async def test_mounted_under_a_path(make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue) -> None:
+    outer = Starlette(routes=[Mount("/ops/queue", app=make_app())])
+    client = Browser(outer)
+    try:
+        page = await client.get("/ops/queue/")
+        assert page.status_code == 200
+        assert 'href="/ops/queue/static/leaseq.css"' in page.text
+        assert 'href="/ops/queue/jobs"' in page.text
+        assert "Path=/ops/queue" in page.headers["set-cookie"]
+        assert (await client.get("/ops/queue/static/leaseq.css")).status_code == 200
+        token = await client.token("/ops/queue/")
+        response = await client.post(f"/ops/queue/jobs/{jobs.failed[0]}/replay", {"csrf": token})
+        assert response.headers["location"] == f"/ops/queue/jobs/{jobs.failed[0]}"
+        assert queue.get(jobs.failed[0]).status is JobStatus.QUEUED
+        confirm = await client.post(
+            "/ops/queue/replay", {"csrf": token, "queue": "reports", "next": "/failed"}
+        )
+        assert 'href="/ops/queue/failed"' in confirm.text
+        ids = re.search(r'name="ids" value="([^"]+)"', confirm.text)
+        assert ids is not None
+        done = await client.post(
+            "/ops/queue/replay/confirm", {"csrf": token, "ids": ids[1], "next": "/failed"}
+        )
+        assert done.headers["location"] == "/ops/queue/failed"
+        assert {queue.get(i).status for i in jobs.failed} == {JobStatus.QUEUED}
+    finally:
+        await client.close()
+
+
+async def test_an_unexpected_error_is_a_page_with_the_headers(
+    make_app: AppFactory, jobs: Jobs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+
+    async def broken(job_id: int) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app.state.leaseq.client, "get", broken)
+    http = Browser(app)
+    try:
+        response = await http.get(f"/jobs/{jobs.done}")
+    finally:
+        await http.close()
+    assert response.status_code == 500
+    assert "a bug" not in response.text
+    assert "content-security-policy" in response.headers

@@ -1,0 +1,150 @@
+"""The dashboard's pure parts: formatting, secret masking, the filter and
+settings parsers, the chart's geometry, the shared cache's single flight."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import leaseq
+from leaseq.web.data import SharedCache
+from leaseq.web.forms import JobFilter, payload_filter, seconds
+from leaseq.web.views import MASK, SecretMask, age, chart, duration, size
+
+from .test_web_fixtures import AppFactory, Browser, Jobs, jobs, make_app
+
+__all__ = ["jobs", "make_app"]  # fixtures, used by name
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "—"),
+        (0.4, "0s"),
+        (42, "42s"),
+        (200, "3m 20s"),
+        (7500, "2h 5m"),
+        (3 * 86400 + 4 * 3600, "3d 4h"),
+        (-12, "-12s"),
+    ],
+)
+def test_age(value: float | None, shown: str) -> None:
+    assert age(value) == shown
+
+
+def test_duration_and_size() -> None:
+    assert duration(0.0123) == "12 ms"
+    assert duration(1.5) == "1.5 s"
+    assert duration(125) == "2m 5s"
+    assert size(512) == "512 B"
+    assert size(1536) == "1.5 KiB"
+    assert size(3 * 1024 * 1024) == "3.0 MiB"
+
+
+def test_secret_fields_are_masked_at_any_depth() -> None:
+    mask = SecretMask()
+    payload = {
+        "customer": "acme",
+        "DB-Password": "x",
+        "nested": [{"apiKey": "y", "ok": 1}, {"client_secret": "z"}],
+        "Authorization": "Bearer q",
+        "accessToken": "t",
+        "private-key": "k",
+        "credentials": {"user": "u"},
+    }
+    assert mask.mask(payload) == {
+        "customer": "acme",
+        "DB-Password": MASK,
+        "nested": [{"apiKey": MASK, "ok": 1}, {"client_secret": MASK}],
+        "Authorization": MASK,
+        "accessToken": MASK,
+        "private-key": MASK,
+        "credentials": MASK,
+    }
+    assert SecretMask(["customer"]).mask({"customer": "acme", "password": "p"}) == {
+        "customer": MASK,
+        "password": "p",
+    }
+
+
+def test_payload_filter() -> None:
+    mask = SecretMask()
+    assert payload_filter("customer:acme n:5 flag:true address.city:'New York'", mask) == {
+        "customer": "acme",
+        "n": 5,
+        "flag": True,
+        "address": {"city": "New York"},
+    }
+    assert payload_filter("", mask) is None
+    for bad in ("customer", ":x", "auth.token:abc", "'unclosed"):
+        with pytest.raises(leaseq.InvalidArgument):
+            payload_filter(bad, mask)
+
+
+def test_job_filter_round_trips_in_a_query() -> None:
+    found = JobFilter.read({"queue": "reports", "state": "failed", "payload": "customer:acme"})
+    again = JobFilter.read(dict(pair.split("=") for pair in found.query().split("&")))
+    assert again.queue == "reports"
+    assert found.query(before=42).endswith("before=42")
+    with pytest.raises(leaseq.InvalidArgument):
+        JobFilter.read({"state": "lost"})
+
+
+def test_durations() -> None:
+    assert seconds("90s", "x") == 90
+    assert seconds("2h", "x") == 7200
+    assert seconds("1.5", "x") == 1.5
+    assert seconds("never", "x", forever=True) is None
+    with pytest.raises(leaseq.InvalidArgument, match="not a duration"):
+        seconds("never", "lease")
+
+
+def test_chart_stacks_failed_on_done() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    minutes = [
+        leaseq.ActivityMinute(start + timedelta(minutes=i), done, failed)
+        for i, (done, failed) in enumerate([(0, 0), (3, 1), (1, 0)])
+    ]
+    drawn = chart(minutes, width=30, height=42)
+    assert (drawn.peak, drawn.done, drawn.failed) == (4, 4, 1)
+    empty, full, small = drawn.bars
+    assert empty.done_height == empty.failed_height == 0
+    assert full.done_height + full.failed_height == 40  # the peak fills the height (less 2)
+    assert full.failed_y + full.failed_height == full.done_y  # failed sits on done
+    assert small.x == 20
+    assert full.label == "00:01 UTC: 3 done, 1 failed"
+
+
+async def test_the_cache_loads_once_for_many_readers_and_forgets_failures() -> None:
+    now = [0.0]
+    cache = SharedCache(2.0, clock=lambda: now[0])
+    loads = 0
+
+    async def load() -> int:
+        nonlocal loads
+        loads += 1
+        await asyncio.sleep(0.01)
+        return loads
+
+    assert await asyncio.gather(*(cache.get("k", load) for _ in range(50))) == [1] * 50
+    assert await cache.get("k", load) == 1  # still fresh
+    now[0] = 2.5
+    assert await cache.get("k", load) == 2  # expired: loaded again
+
+    async def broken() -> int:
+        raise leaseq.TransientError("away")
+
+    with pytest.raises(leaseq.TransientError):
+        await cache.get("b", broken)
+    assert await cache.get("b", load) == 3  # the failure was not kept
+
+
+async def test_secret_fields_option(make_app: AppFactory, jobs: Jobs) -> None:
+    http = Browser(make_app(secret_fields=("customer",)))
+    try:
+        page = (await http.get(f"/jobs/{jobs.secret}")).text
+    finally:
+        await http.close()
+    assert "acme" not in page
