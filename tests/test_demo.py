@@ -68,6 +68,7 @@ def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
     assert _line(output, "worker killed with SIGKILL mid-burst") == "yes"
     failed = _line(output, "failed (broken kind), then replayed after the fix")
     assert failed == "3 failed -> all done"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/dashboard/", _line(output, "dashboard"))
     # And the database agrees, independently of the demo's own summary.
     with leaseq.Queue(database_url, schema=E2E_SCHEMA) as queue:
         (stats,) = queue.stats(QUEUE)
@@ -215,3 +216,42 @@ def test_home_page_form_refuses_bad_input_and_keeps_it(
     assert "&lt;b&gt;acme&lt;/b&gt;" in response.text  # sent back, escaped
     assert "<b>acme" not in response.text
     assert _written(queue) == (0, 0)
+
+
+def test_the_template_can_be_fixed_and_broken_from_the_home_page(
+    client: tuple[TestClient, leaseq.Queue],
+) -> None:
+    http, _ = client
+    assert "<strong>missing</strong>" in http.get("/").text
+    response = http.post("/template", data={"fixed": "1"}, follow_redirects=False)
+    assert (response.status_code, response.headers["location"]) == (303, "/")
+    assert "<strong>fixed</strong>" in http.get("/").text
+    http.post("/template", data={"fixed": "0"})
+    assert "<strong>missing</strong>" in http.get("/").text
+
+
+def test_cross_site_forms_are_refused(client: tuple[TestClient, leaseq.Queue]) -> None:
+    http, queue = client
+    form = {"customer": "acme", "period": "2026-11"}
+    evil = {"origin": "http://evil.example"}
+    assert http.post("/reports", data=form, headers=evil).status_code == 403
+    cross = {"sec-fetch-site": "cross-site"}
+    assert http.post("/reports", data=form, headers=cross).status_code == 403
+    assert http.post("/template", data={"fixed": "1"}, headers=evil).status_code == 403
+    assert _written(queue) == (0, 0)
+    assert "<strong>missing</strong>" in http.get("/").text
+    same = {"origin": "http://testserver", "sec-fetch-site": "same-origin"}
+    assert http.post("/reports", data=form, headers=same, follow_redirects=False).status_code == 303
+
+
+def test_the_dashboard_is_mounted(client: tuple[TestClient, leaseq.Queue]) -> None:
+    http, queue = client
+    http.post("/reports", json={"customer": "acme", "period": "2026-11"})
+    overview = http.get("/dashboard/")
+    assert overview.status_code == 200
+    assert "Overview" in overview.text
+    assert 'href="/dashboard/jobs"' in overview.text  # its links carry the mount's prefix
+    (job,) = queue.list_jobs("queued")
+    page = http.get(f"/dashboard/jobs/{job.job_id}")
+    assert page.status_code == 200
+    assert "acme" in page.text

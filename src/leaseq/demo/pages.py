@@ -62,6 +62,7 @@ def home(
     recent: Iterable[tuple[Any, ...]],
     *,
     kinds: Iterable[str],
+    fixed: bool,
     error: str | None = None,
     values: Mapping[str, str] | None = None,
 ) -> str:
@@ -100,6 +101,10 @@ processes make the report and complete the job in the transaction that writes it
   </form>
 </section>
 <section>
+  <h2 style='margin-top:0'>The <code>broken</code> kind's template</h2>
+  {_template(fixed)}
+</section>
+<section>
   <h2 style='margin-top:0'>Operate the queue</h2>
   <a class='dash' href='{DASHBOARD}/' data-testid='dashboard-link'>Open the leaseq dashboard
   &rarr;</a>
@@ -110,6 +115,23 @@ processes make the report and complete the job in the transaction that writes it
 <section>{listing}</section>
 """
     return _page("leaseq demo", body)
+
+
+def _template(fixed: bool) -> str:
+    if fixed:
+        state = "<strong>fixed</strong>: broken reports succeed."
+        button = "<input type='hidden' name='fixed' value='0'><button>Break it again</button>"
+    else:
+        state = (
+            "<strong>missing</strong>: broken reports fail for good and wait, failed, in the"
+            f" dashboard's <a href='{DASHBOARD}/failed'>Failed</a> page. Fix it, then replay"
+            " them there."
+        )
+        button = "<input type='hidden' name='fixed' value='1'><button>Fix the template</button>"
+    return (
+        f"<form method='post' action='/template' data-testid='template-form'>"
+        f"<span>The template is {state}</span>{button}</form>"
+    )
 
 
 def _request_row(row: tuple[Any, ...]) -> str:

@@ -28,6 +28,7 @@ from rich.table import Table
 import leaseq
 
 from . import QUEUE, SCHEMA, sql
+from .pages import DASHBOARD
 from .processes import Workers, serving
 
 
@@ -142,6 +143,10 @@ def run_demo(
                 workers.start()
             try:
                 workers.wait_ready()
+                console.print(
+                    f"service: {base_url}/  ·  dashboard: {base_url}{DASHBOARD}/"
+                    "  (open them while the burst runs)"
+                )
                 asyncio.run(burst(base_url, plan(requests), outcome))
                 console.print(f"submitted {requests} report requests to {base_url}/reports")
                 _follow(
@@ -167,6 +172,8 @@ def run_demo(
                     outcome.summary = tuple(sql.fetch(conn, "summary")[0])
                 _print_summary(console, outcome, base_url, logs)
                 if not once:
+                    with queue.connection() as conn:  # for whoever tries it by hand
+                        sql.fetch(conn, "set_flag", name="fixed", enabled=False)
                     _serve_until_interrupted(console, base_url)
             finally:
                 workers.stop()
@@ -255,8 +262,8 @@ def _print_summary(console: Console, outcome: Outcome, base_url: str, logs: Path
         ("notification calls / delivered", f"{calls} / {deliveries}"),
         ("duplicate notifications", str(duplicate_keys + duplicate_notifications)),
         ("ordered reports out of order", str(out_of_order)),
-        ("service", f"{base_url}/reports/1  (and /reports/1/html)"),
-        ("dashboard", "not yet: it comes with the operations work"),
+        ("service", f"{base_url}/  (a report: {base_url}/reports/1)"),
+        ("dashboard", f"{base_url}{DASHBOARD}/"),
         ("worker logs", str(logs)),
     ]
     for name, value in rows:
@@ -267,7 +274,14 @@ def _print_summary(console: Console, outcome: Outcome, base_url: str, logs: Path
 
 def _serve_until_interrupted(console: Console, base_url: str) -> None:
     console.print(
-        f"serving {base_url} — try: curl -X POST {base_url}/reports "
+        f"serving {base_url}/ (request a report there) and the dashboard at {base_url}{DASHBOARD}/"
+    )
+    console.print(
+        "the 'broken' template is missing again: request a broken report, find it in the "
+        "dashboard's Failed page, fix the template on the home page, replay it from there"
+    )
+    console.print(
+        f"or: curl -X POST {base_url}/reports "
         "-H 'content-type: application/json' "
         """-d '{"customer": "acme", "period": "2026-11", "kind": "standard"}'"""
     )

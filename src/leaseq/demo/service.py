@@ -11,9 +11,10 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 import leaseq
+from leaseq.web import create_app as create_dashboard
 
 from . import QUEUE, SCHEMA, pages, sql
 
@@ -46,24 +47,30 @@ def parse(body: Any) -> tuple[str, str, str]:
 
 
 def create_app(database_url: str) -> Starlette:
+    """The report service, with the leaseq dashboard mounted at /dashboard."""
     queue = leaseq.AsyncQueue(database_url, schema=SCHEMA, pool_size=10)
+    dashboard = create_dashboard(database_url, schema=SCHEMA, title="leaseq demo")
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        yield
+        # A mounted app's lifespan is its parent's to run: the dashboard's pool closes too.
+        async with dashboard.router.lifespan_context(dashboard):
+            yield
         await queue.close()
 
     async def submit(request: Request) -> Response:
         if _is_form(request):  # the home page's form: answer with pages, not JSON
+            if not _same_origin(request):
+                return HTMLResponse("cross-site form refused", status_code=403)
             values = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
             try:
-                report_id = await save(*parse(values))
+                report_id = await _save(queue, *parse(values))
             except Invalid as exc:
-                page = pages.home(await _recent(queue), kinds=KINDS, error=str(exc), values=values)
+                page = await _home_page(queue, error=str(exc), values=values)
                 return HTMLResponse(page, status_code=422)
             return RedirectResponse(f"/reports/{report_id}", status_code=303)
         try:
-            report_id = await save(*parse(await request.json()))
+            report_id = await _save(queue, *parse(await request.json()))
         except ValueError:
             return JSONResponse({"error": "the body is not valid JSON"}, status_code=422)
         except Invalid as exc:
@@ -75,24 +82,16 @@ def create_app(database_url: str) -> Starlette:
             headers={"Location": status_url},
         )
 
-    async def save(customer: str, period: str, kind: str) -> int:
-        """The request row and its job, in one transaction; the request's id."""
-        async with queue.connection() as conn, conn.transaction():
-            rows = await sql.afetch(
-                conn, "insert_request", customer=customer, period=period, kind=kind
-            )
-            report_id = int(rows[0][0])
-            payload = {"report_id": report_id, "customer": customer, "period": period, "kind": kind}
-            ordering: dict[str, Any] = {}
-            if kind == "ordered":  # one customer's ordered reports run in period order
-                year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
-                ordering = {"key": customer, "seq": int(year) * 12 + int(month)}
-            job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
-            await sql.afetch(conn, "set_request_job", id=report_id, job_id=job_id)
-        return report_id
-
     async def home(_: Request) -> Response:
-        return HTMLResponse(pages.home(await _recent(queue), kinds=KINDS))
+        return HTMLResponse(await _home_page(queue))
+
+    async def template(request: Request) -> Response:
+        """Fix (or break again) the `broken` kind's template: then replay its jobs."""
+        if not _same_origin(request):
+            return HTMLResponse("cross-site form refused", status_code=403)
+        fixed = (await request.form()).get("fixed") == "1"
+        await _fetch(queue, "set_flag", name="fixed", enabled=fixed)
+        return RedirectResponse("/", status_code=303)
 
     async def status(request: Request) -> Response:
         report_id = _report_id(request)
@@ -133,11 +132,36 @@ def create_app(database_url: str) -> Starlette:
             Route("/", home),
             Route("/health", health),
             Route("/reports", submit, methods=["POST"]),
+            Route("/template", template, methods=["POST"]),
             Route("/reports/{report_id}", status),
             Route("/reports/{report_id}/html", report_html),
+            Mount(pages.DASHBOARD, app=dashboard),
         ],
         lifespan=lifespan,
     )
+
+
+async def _save(queue: leaseq.AsyncQueue, customer: str, period: str, kind: str) -> int:
+    """The request row and its job, in one transaction; the request's id."""
+    async with queue.connection() as conn, conn.transaction():
+        rows = await sql.afetch(conn, "insert_request", customer=customer, period=period, kind=kind)
+        report_id = int(rows[0][0])
+        payload = {"report_id": report_id, "customer": customer, "period": period, "kind": kind}
+        ordering: dict[str, Any] = {}
+        if kind == "ordered":  # one customer's ordered reports run in period order
+            year, month = PERIOD.fullmatch(period).groups()  # type: ignore[union-attr]
+            ordering = {"key": customer, "seq": int(year) * 12 + int(month)}
+        job_id = await queue.enqueue(QUEUE, payload, conn=conn, **ordering)
+        await sql.afetch(conn, "set_request_job", id=report_id, job_id=job_id)
+    return report_id
+
+
+async def _home_page(queue: leaseq.AsyncQueue, **options: Any) -> str:
+    """The home page, with the newest requests and the template's state."""
+    async with queue.connection() as conn:
+        recent = await sql.afetch(conn, "recent_requests", limit=20)
+        fixed = bool((await sql.afetch(conn, "get_flag", name="fixed"))[0][0])
+    return pages.home(recent, kinds=KINDS, fixed=fixed, **options)
 
 
 def app_from_environment() -> Starlette:
@@ -155,8 +179,12 @@ def _is_form(request: Request) -> bool:
     return kind in {"application/x-www-form-urlencoded", "multipart/form-data"}
 
 
-async def _recent(queue: leaseq.AsyncQueue, limit: int = 20) -> sql.Rows:
-    return await _fetch(queue, "recent_requests", limit=limit)
+def _same_origin(request: Request) -> bool:
+    """A form post from one of our own pages (a browser names where it posts from)."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in {"same-origin", "none"}:
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
 
 async def _fetch(queue: leaseq.AsyncQueue, file: str, **params: object) -> sql.Rows:
