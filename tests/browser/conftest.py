@@ -42,7 +42,12 @@ def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     errors: list[str] = []
     opened.on("pageerror", lambda exc: errors.append(str(exc)))
     opened.on(
-        "console", lambda message: errors.append(message.text) if message.type == "error" else None
+        "console",
+        lambda message: (
+            errors.append(f"{message.text} ({message.location.get('url')})")
+            if message.type == "error"
+            else None
+        ),
     )
     try:
         yield opened

@@ -161,9 +161,14 @@ def status(report_id: int, fields: Mapping[str, Any], job_id: int | None) -> str
         if job_id is not None
         else ""
     )
+    lead = (
+        "Its job failed for good: find it in the dashboard, fix the cause, replay it there."
+        if fields.get("status") == "failed"
+        else "Not made yet."
+    )
     body = (
         f"<h1>Report {report_id}</h1>"
-        "<p class='lead'>Not made yet: this page reloads every 2 seconds.</p>"
+        f"<p class='lead'>{lead} This page reloads every 2 seconds.</p>"
         f"<section><table>{rows}</table></section>"
         f"<p><a href='/'>&larr; all reports</a>{job}</p>"
     )

@@ -127,10 +127,14 @@ def create_app(database_url: str) -> Starlette:
     async def health(_: Request) -> Response:
         return JSONResponse({"ok": True})
 
+    async def favicon(_: Request) -> Response:  # the dashboard's icon, for every page
+        return RedirectResponse(f"{pages.DASHBOARD}/static/favicon.svg", status_code=301)
+
     return Starlette(
         routes=[
             Route("/", home),
             Route("/health", health),
+            Route("/favicon.ico", favicon),
             Route("/reports", submit, methods=["POST"]),
             Route("/template", template, methods=["POST"]),
             Route("/reports/{report_id}", status),
