@@ -41,11 +41,21 @@ def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     opened = context.new_page()
     errors: list[str] = []
     opened.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Script errors and CSP violations (a refused form's 4xx page is not one).
     opened.on(
         "console",
         lambda message: (
-            errors.append(f"{message.text} ({message.location.get('url')})")
-            if message.type == "error"
+            errors.append(message.text)
+            if message.type == "error" and not message.text.startswith("Failed to load resource")
+            else None
+        ),
+    )
+    # A page's own parts (styles, scripts, icons) must all load.
+    opened.on(
+        "response",
+        lambda response: (
+            errors.append(f"{response.status} {response.url}")
+            if response.status >= 400 and response.request.resource_type != "document"
             else None
         ),
     )

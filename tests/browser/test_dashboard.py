@@ -67,6 +67,15 @@ def _populate_overview(queue: leaseq.Queue) -> None:
     sent = queue.enqueue_many("emails", [{"to": f"u{n}@example.com"} for n in range(8)])
     for claim in queue.claim("emails", limit=len(sent) - 2, lease=60):
         queue.complete(claim)
+    # A key held by its failed head, two jobs waiting behind it.
+    mails = [{"to": "ops@example.com", "n": n} for n in range(3)]
+    head, *_ = queue.enqueue_many("emails", mails, key="cust-7", seqs=[1, 2, 3])
+    claims = queue.claim("emails", limit=10, lease=60)
+    for claim in claims:
+        if claim.job_id == head:
+            queue.fail(claim, "smtp refused: mailbox full")
+        else:
+            queue.release_many([claim])
 
 
 def test_overview(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
@@ -84,18 +93,40 @@ def test_overview(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
     emails = page.locator("section[aria-label='Queue emails']")
     assert emails.locator("meter").count() == 1  # its admission limit, and how full it is
     screenshot(page, "overview")
+    # Pause a queue with a click, then resume it (both audited).
+    reports.get_by_role("button", name="Pause").click()
+    page.wait_for_url(f"{dashboard.url}/")
+    assert reports.locator(".badge.paused").count() == 1
+    assert queue.queue_settings("reports").paused
+    screenshot(page, "overview-paused")
+    reports.get_by_role("button", name="Resume").click()
+    page.wait_for_url(f"{dashboard.url}/")
+    assert reports.locator(".badge.paused").count() == 0
+    assert not queue.queue_settings("reports").paused
     # The navigation reaches every page.
-    for label, heading in [
-        ("Jobs", "Jobs"),
-        ("Running", "Running jobs"),
-        ("Failed", "Failed jobs by error"),
-        ("Blocked keys", None),
-        ("Audit", None),
+    for label, heading, shot in [
+        ("Jobs", "Jobs", "jobs"),
+        ("Running", "Running jobs", None),
+        ("Failed", "Failed jobs by error", None),
+        ("Blocked keys", "Blocked ordering keys", "blocked"),
+        ("Audit", "Audit log", "audit"),
     ]:
         page.get_by_role("navigation").get_by_role("link", name=label, exact=True).click()
-        if heading:
-            assert page.get_by_role("heading", level=1).inner_text().strip() == heading
+        assert page.get_by_role("heading", level=1).inner_text().strip() == heading
         assert page.locator(f"nav a[aria-current='page']:text-is('{label}')").count() == 1
+        if shot:
+            screenshot(page, shot)
+    newest = queue.audit_log(limit=2)
+    assert [(e.action, e.actor.split(":")[0]) for e in newest] == [
+        ("resume", "dashboard"),
+        ("pause", "dashboard"),
+    ]
+    blocked = page.goto(f"{dashboard.url}/blocked")
+    assert blocked is not None
+    row = page.locator("tr", has_text="cust-7")
+    assert row.locator("td.num").inner_text().strip() == "2"  # waiting behind the head
+    page.goto(f"{dashboard.url}/queues/emails")
+    screenshot(page, "queue-settings")
 
 
 def test_replay_a_failed_job_from_the_failed_page(
@@ -245,3 +276,49 @@ def test_cancel_a_running_job_held_by_a_real_worker(
     (entry,) = queue.audit_log()
     assert entry.job_ids == (job_id,)
     assert workers.stop(worker) == 0
+
+
+def test_running_page_shows_expired_leases_first(
+    page: Any, dashboard: Served, tables: leaseq.Queue
+) -> None:
+    queue = tables
+    kept, lapsing = queue.enqueue_many("reports", [{"n": 1}, {"n": 2}])
+    (claim,) = queue.claim("reports", lease=600)
+    assert claim.job_id == kept
+    (claim,) = queue.claim("reports", lease=5)
+    assert claim.job_id == lapsing
+    set_clock_offset(queue, 30)  # its worker is gone: the lease lapsed 25 s ago
+    page.goto(f"{dashboard.url}/running")
+    rows = page.locator("#running-live tbody tr")
+    assert rows.count() == 2
+    first = rows.nth(0)
+    assert first.get_attribute("class") == "expired"
+    assert f"#{lapsing}" in first.inner_text()
+    assert "waiting for recovery" in first.inner_text()
+    assert f"#{kept}" in rows.nth(1).inner_text()
+    screenshot(page, "running-expired")
+
+
+def test_change_a_queues_settings(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
+    queue = tables
+    queue.enqueue("reports", {"customer": "acme"})
+    page.goto(f"{dashboard.url}/")
+    page.locator("section[aria-label='Queue reports']").get_by_role("link", name="Settings").click()
+    page.wait_for_url(re.compile(r"/queues/reports$"))
+    page.locator("input[name=max_attempts]").fill("0")
+    page.get_by_role("button", name="Save settings").click()
+    assert "Not saved" in page.get_by_role("alert").inner_text()
+    assert queue.queue_settings("reports").max_attempts == 20  # nothing written
+    screenshot(page, "queue-settings-refused")
+    page.locator("input[name=max_attempts]").fill("7")
+    page.locator("input[name=lease]").fill("2m")
+    page.locator("input[name=retain_done]").fill("2h")
+    page.get_by_role("button", name="Save settings").click()
+    page.wait_for_url(re.compile(r"/queues/reports$"))
+    assert page.get_by_role("status").count() == 1
+    settings = queue.queue_settings("reports")
+    assert (settings.max_attempts, settings.lease) == (7, 120)
+    assert settings.retain_done == 7200
+    assert page.locator("input[name=max_attempts]").input_value() == "7"
+    (entry,) = [e for e in queue.audit_log() if e.action == "configure"]
+    assert entry.actor.startswith("dashboard:")
