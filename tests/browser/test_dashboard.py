@@ -6,6 +6,7 @@ Screenshots go to test-artifacts/screenshots/ for a reviewer.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -322,3 +323,42 @@ def test_change_a_queues_settings(page: Any, dashboard: Served, tables: leaseq.Q
     assert page.locator("input[name=max_attempts]").input_value() == "7"
     (entry,) = [e for e in queue.audit_log() if e.action == "configure"]
     assert entry.actor.startswith("dashboard:")
+
+
+def _busy_hour(queue: leaseq.Queue) -> None:
+    """An hour of work by the schema's clock: a minute's jobs claimed, most done after
+    0.2-3 s, a few failed; then a backlog and a few jobs running now."""
+    for minute in range(60):
+        start = minute * 60.0
+        for name, scale, errors in (("reports", 1.0, ("template missing",)), ("emails", 0.4, ())):
+            wave = 6 + 5 * math.sin(minute / 9) + (minute % 7) / 2
+            count = max(1, round(wave * scale))
+            set_clock_offset(queue, start)
+            queue.enqueue_many(name, [{"customer": f"c{minute % 9}", "n": n} for n in range(count)])
+            claims = queue.claim(name, limit=count, lease=60)
+            failing = claims[: 1 if errors and minute % 11 in {3, 4} else 0]
+            for claim in failing:
+                queue.fail(claim, errors[0])
+            rest = claims[len(failing) :]
+            for part, seconds in enumerate((0.2, 0.6, 1.4, 3.1)):
+                set_clock_offset(queue, start + seconds)
+                queue.complete_many(rest[part::4])
+    set_clock_offset(queue, 60 * 60.0)
+    queue.enqueue_many("reports", [{"customer": "backlog", "n": n} for n in range(14)])
+    queue.claim("reports", limit=3, lease=60)
+    queue.configure_queue("emails", max_queued_jobs=200)
+    queue.enqueue_many("emails", [{"to": f"u{n}@example.com"} for n in range(37)])
+
+
+def test_overview_of_a_busy_hour(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
+    """The overview as it looks on a working system (the README's screenshot)."""
+    queue = tables
+    _busy_hour(queue)
+    page.goto(f"{dashboard.url}/")
+    reports = page.locator("section[aria-label='Queue reports']")
+    reports.wait_for()
+    bars = reports.locator("svg[role='img'] rect[fill='#2f9e6b']")
+    assert bars.count() >= 55  # the hour's minutes, each with work done
+    assert reports.locator("svg[role='img'] rect[fill='#d9534f']").count() >= 8
+    assert reports.locator(".count-running .n").inner_text().strip() == "3"
+    screenshot(page, "overview-busy-hour", full_page=False)
