@@ -241,11 +241,13 @@ def test_cancel_a_running_job_held_by_a_real_worker(
 ) -> None:
     queue = tables
     job_id = queue.enqueue(task, {"customer": "acme"})
+    page.goto(f"{dashboard.url}/running")
+    assert "Nothing is running" in page.locator("#running-live").inner_text()
     worker = workers.start("--concurrency", "2", "-q", task)
     wait_for(lambda: _markers(queue, job_id), what="the handler starting")
-    page.goto(f"{dashboard.url}/running")
+    # The page refreshes itself (htmx, every few seconds): the job shows up, no reload.
     row = page.locator("tr", has=page.get_by_role("link", name=f"#{job_id}", exact=True))
-    row.wait_for()
+    row.wait_for(timeout=15_000)
     assert row.locator("td").nth(3).inner_text().strip() == "1"  # lease version
     screenshot(page, f"running-{task}")
     row.get_by_role("link", name=f"#{job_id}", exact=True).click()
