@@ -27,8 +27,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 _FAILED = pytest.StashKey[bool]()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def browser() -> Iterator[Any]:
+    """Chromium for one test. Not kept longer: while Playwright's sync API is up, its
+    event loop counts as running in this thread, and the async tests that the same
+    test process runs next could not start theirs."""
     with chromium() as launched:
         yield launched
 
