@@ -320,3 +320,12 @@ def test_failed_groups_read_only_the_newest_failures_of_a_queue(client: Client) 
     (group,) = summary.groups
     assert group.count == 500
     assert group.newest_job_id == max(ids)
+
+
+def test_a_backoff_cap_below_the_stored_base_is_refused_in_plain_words(client: Client) -> None:
+    client.configure_queue("mail", backoff_base=10, backoff_cap=60)
+    with pytest.raises(leaseq.InvalidArgument, match="backoff_cap must be >= backoff_base"):
+        client.configure_queue("mail", backoff_cap=5)
+    settings = client.queue_settings("mail")
+    assert settings is not None
+    assert settings.backoff_cap == 60
