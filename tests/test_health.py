@@ -133,14 +133,20 @@ async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_i
     _until_dead_rows(queue, lambda dead: dead > 3000, "counted")
 
     # The leader vacuums again on every pass while the dead rows are still due (a
-    # transaction elsewhere may keep its first vacuum from removing them).
+    # transaction elsewhere may keep its first vacuum from removing them). Due, as
+    # documented: past 1000 + 1% of the rows (a vacuum that could not remove a last
+    # batch of 1000, held by another test process's snapshot, leaves it for the next
+    # time the threshold is passed, as autovacuum would).
+    def clean_enough(table: leaseq.TableHealth) -> bool:
+        return table.dead_tuples <= 1000 + 0.01 * table.live_tuples
+
     maintenance = leaseq.Maintenance(aqueue, interval=0.1)
     task = asyncio.create_task(maintenance.run())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         await asyncio.sleep(0.2)
         job = (await aqueue.health()).table("job")
-        if maintenance.vacuums and job is not None and job.dead_tuples < 1000:
+        if maintenance.vacuums and job is not None and clean_enough(job):
             break
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -148,7 +154,8 @@ async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_i
     assert maintenance.vacuums >= 1
     job = _job_table(queue)
     assert job.last_vacuum is not None  # a manual vacuum: the leader's, not autovacuum's
-    assert job.dead_tuples < 1000
+    assert clean_enough(job)
+    assert job.dead_tuples < 3000  # it did remove what it could
 
 
 async def test_the_leader_leaves_vacuum_to_autovacuum_when_it_runs(

@@ -320,3 +320,29 @@ def test_failed_groups_read_only_the_newest_failures_of_a_queue(client: Client) 
     (group,) = summary.groups
     assert group.count == 500
     assert group.newest_job_id == max(ids)
+
+
+def test_a_backoff_cap_below_the_stored_base_is_refused_in_plain_words(client: Client) -> None:
+    client.configure_queue("mail", backoff_base=10, backoff_cap=60)
+    with pytest.raises(leaseq.InvalidArgument, match="backoff_cap must be >= backoff_base"):
+        client.configure_queue("mail", backoff_cap=5)
+    settings = client.queue_settings("mail")
+    assert settings is not None
+    assert settings.backoff_cap == 60
+
+
+def test_running_jobs_lists_expired_leases_first_whatever_their_age(
+    client: Client, clock: Clock
+) -> None:
+    first = client.enqueue("mail", {})
+    client.claim("mail", lease=10)
+    client.enqueue_many("mail", [{}] * 30)  # newer jobs: the old running one is past a window
+    second = client.enqueue("reports", {})
+    client.claim("reports", lease=600)
+    clock.advance(11)
+    running = client.running_jobs()
+    assert [j.job_id for j in running] == [first, second]
+    assert running[0].lease_remaining is not None
+    assert running[0].lease_remaining < 0  # expired: waiting for recovery
+    assert [j.job_id for j in client.running_jobs("reports")] == [second]
+    assert [j.job_id for j in client.find_jobs(status="running", window=10).jobs] == [second]

@@ -298,3 +298,20 @@ async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> Non
     assert second.text.count("<td>script:cleanup</td>") == 5
     assert "older →" not in second.text
     assert "← newest" in second.text
+
+
+async def test_the_running_page_shows_running_jobs_older_than_the_search_window(
+    make_app: AppFactory, queue: leaseq.Queue
+) -> None:
+    old = queue.enqueue("reports", {"n": 0})
+    queue.claim("reports", lease=300)
+    queue.enqueue_many("reports", [{"n": n} for n in range(1, 30)])
+    client = Browser(make_app(search_window=10))
+    try:
+        running = (await client.get("/running")).text
+        assert f"#{old}<" in running
+        # The Jobs search is the one bounded by the window (and says so).
+        jobs = text_of((await client.get("/jobs?state=running")).text)
+        assert f"#{old}" not in jobs
+    finally:
+        await client.close()

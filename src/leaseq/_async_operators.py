@@ -160,6 +160,12 @@ class AsyncOperatorCalls:
         )
         return await self._db.run(operation)
 
+    async def running_jobs(self, queue: str | None = None, *, limit: int = 100) -> list[Job]:
+        """Running jobs, the lease that ends first first (expired leases, waiting for
+        recovery, lead), each with its ``lease_remaining``; read through the running
+        jobs' index, whatever the table's size."""
+        return await self._db.run(self._store.running_jobs(queue, limit=limit))
+
     async def failed_groups(self, queue: str | None = None, *, limit: int = 50) -> FailedSummary:
         """Failed jobs grouped by queue and error text, largest group first (the
         newest 500 failed jobs of each queue are read: ``capped`` says when it has more)."""

@@ -78,6 +78,13 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "22008": InvalidArgument,  # datetime_field_overflow
 }
 
+#: Plain words for the check constraints that input validation cannot see coming
+#: (they compare a given setting with a stored one), by constraint name.
+_CONSTRAINT_MESSAGES = {
+    "queue_check": "backoff_cap must be >= backoff_base (the queue's stored value "
+    "counts for the one not given)",
+}
+
 #: How many times an operation is sent when it keeps hitting a SQLSTATE it
 #: declares retryable (a race lost again and again means something is wrong).
 RETRY_ATTEMPTS = 5
@@ -101,7 +108,9 @@ def translated_errors() -> Iterator[None]:
             kind = TransientError
         if kind is None:
             raise
-        message = redact(exc.diag.message_primary or str(exc).strip() or type(exc).__name__)
+        message = _CONSTRAINT_MESSAGES.get(exc.diag.constraint_name or "") or redact(
+            exc.diag.message_primary or str(exc).strip() or type(exc).__name__
+        )
         if kind is NotMigrated:
             message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
         raise kind(message) from exc

@@ -15,6 +15,7 @@ from .._types import (
     BlockedKey,
     FailedGroup,
     FailedSummary,
+    Job,
     JobPage,
     JobStatus,
     QueueActivity,
@@ -86,6 +87,14 @@ class InspectionOperations(StoreBase):
             )
 
         return Operation((Statement(self.sql("find_jobs.sql"), params),), decode)
+
+    def running_jobs(self, queue: str | None = None, *, limit: int = 100) -> Operation[list[Job]]:
+        params = {"queue": _queue(queue), "limit": _page_limit(limit)}
+        schema = self.schema
+        return Operation(
+            (Statement(self.sql("running_jobs.sql"), params),),
+            lambda r: [decoding.job_from_row(schema, row) for row in r[0]],
+        )
 
     def failed_groups(
         self, queue: str | None = None, *, limit: int = 50

@@ -81,13 +81,12 @@ class Aggregates:
 
         return await self.cache.get(("activity",), load)
 
-    async def running(self, queue: str | None, limit: int, window: int) -> leaseq.JobPage:
-        """The running jobs (the Running page refreshes every few seconds)."""
+    async def running(self, queue: str | None, limit: int) -> list[leaseq.Job]:
+        """The running jobs, however old (the Running page refreshes every few
+        seconds), the lease that ends first first."""
         return await self.cache.get(
             ("running", queue, limit),
-            lambda: self.client.find_jobs(
-                queue=queue, status="running", limit=limit, window=window
-            ),
+            lambda: self.client.running_jobs(queue, limit=limit),
         )
 
     async def health(self) -> leaseq.Health:

@@ -206,13 +206,14 @@ async def blocked(request: Request, ctx: Context) -> Response:
 
 
 async def _running(ctx: Context, queue: str | None) -> dict[str, Any]:
-    page = await ctx.dashboard.aggregates.running(queue, RUNNING_LIMIT, ctx.dashboard.search_window)
-    # Expired leases first: they are what needs attention (recovery pending).
-    running = sorted(
-        page.jobs,
-        key=lambda j: (j.lease_remaining is None, j.lease_remaining or 0.0, j.job_id),
-    )
-    return {"running": running, "more": page.next_before is not None, "queue": queue or ""}
+    # One more than shown, to tell that there are more. Expired leases come first
+    # (the library's order): they are what needs attention (recovery pending).
+    running = await ctx.dashboard.aggregates.running(queue, RUNNING_LIMIT + 1)
+    return {
+        "running": running[:RUNNING_LIMIT],
+        "more": len(running) > RUNNING_LIMIT,
+        "queue": queue or "",
+    }
 
 
 @handler()
