@@ -262,7 +262,8 @@ def _print_summary(console: Console, outcome: Outcome, base_url: str, logs: Path
         ("notification calls / delivered", f"{calls} / {deliveries}"),
         ("duplicate notifications", str(duplicate_keys + duplicate_notifications)),
         ("ordered reports out of order", str(out_of_order)),
-        ("service", f"{base_url}/  (a report: {base_url}/reports/1)"),
+        ("service (request a report)", f"{base_url}/"),
+        ("a finished report", f"{base_url}/reports/1"),
         ("dashboard", f"{base_url}{DASHBOARD}/"),
         ("worker logs", str(logs)),
     ]
