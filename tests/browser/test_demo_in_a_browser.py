@@ -56,9 +56,11 @@ def running_demo(database_url: str) -> Iterator[str]:
         url = wait_for(serving, timeout=300, what="the demo serving after its burst")
         assert "all checks hold" in output.read_text(errors="replace")
         yield url
+        demo.send_signal(signal.SIGTERM)  # as Ctrl-C: it stops its workers and its service
+        assert demo.wait(60) == 0, output.read_text(errors="replace")
     finally:
         if demo.poll() is None:
-            demo.send_signal(signal.SIGTERM)  # it stops its workers and its service
+            demo.send_signal(signal.SIGTERM)
         try:
             demo.wait(60)
         except subprocess.TimeoutExpired:
