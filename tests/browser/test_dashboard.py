@@ -126,6 +126,13 @@ def test_overview(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
     assert blocked is not None
     row = page.locator("tr", has_text="cust-7")
     assert row.locator("td.num").inner_text().strip() == "2"  # waiting behind the head
+    head_id = int(row.get_by_role("link", name=re.compile(r"^#\d+$")).inner_text()[1:])
+    row.get_by_role("button", name="Skip head").click()  # the key moves on
+    page.wait_for_url(re.compile(r"/blocked$"))
+    assert "No blocked keys" in page.locator("main").inner_text()
+    assert queue.get(head_id).status is JobStatus.CANCELLED
+    claimed = queue.claim("emails", limit=10, lease=60)
+    assert [c.seq for c in claimed if c.key == "cust-7"] == [2]  # the next of the key
     page.goto(f"{dashboard.url}/queues/emails")
     screenshot(page, "queue-settings")
 
