@@ -260,6 +260,7 @@ def test_cancel_a_running_job_held_by_a_real_worker(
     row.get_by_role("link", name=f"#{job_id}", exact=True).click()
     page.wait_for_url(re.compile(rf"/jobs/{job_id}$"))
     assert _state(page) == "running"
+    assert page.get_by_role("button", name="Replay", exact=True).count() == 0  # never a 2nd run
     screenshot(page, f"job-running-{task}")
     page.get_by_role("button", name="Cancel running job").click()
     page.wait_for_url(re.compile(rf"/jobs/{job_id}$"))
