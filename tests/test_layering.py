@@ -147,15 +147,18 @@ def test_the_demo_imports_only_public_names(name: str) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("leaseq"):
-            assert node.module in {"leaseq", "leaseq.demo"}, node.module
+            assert node.module in {"leaseq", "leaseq.demo", "leaseq.web"}, node.module
             if node.module == "leaseq":
                 assert {a.name for a in node.names} <= set(leaseq.__all__)
         if isinstance(node, ast.Import):
             for alias in node.names:
-                assert not alias.name.startswith("leaseq.") or alias.name == "leaseq.demo"
+                assert not alias.name.startswith("leaseq.") or alias.name in {
+                    "leaseq.demo",
+                    "leaseq.web",
+                }
     text = path.read_text(encoding="utf-8")
     used = set(re.findall(r"\bleaseq\.([A-Za-z_]+)", text))
-    assert used <= set(leaseq.__all__) | {"demo"}, used - set(leaseq.__all__)
+    assert used <= set(leaseq.__all__) | {"demo", "web"}, used - set(leaseq.__all__)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in _modules() if n.startswith("web")))
