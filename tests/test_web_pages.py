@@ -280,11 +280,34 @@ async def test_the_timeline_tells_a_lost_lease_and_a_recovery(
     assert recovered.recovered
     queue.retry(recovered, error="upstream timed out", delay=0)
     page = text_of((await browser.get(f"/jobs/{job_id}")).text)
-    assert "attempt 1 claimed, lease version 1" in page
+    assert "run 1 claimed, lease version 1" in page
     assert "lease expired (worker lost)" in page
-    assert "attempt 2 claimed, lease version 2" in page
-    assert "attempt failed, retried later" in page
+    assert "run 2 claimed, lease version 2" in page
+    assert "run 2: failed, retried later" in page
     assert "upstream timed out" in page
+
+
+async def test_the_timeline_numbers_runs_across_a_replay_and_shows_the_last_claim(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    job_id = queue.enqueue("reports", {"n": 1}, max_attempts=1)
+    (first,) = queue.claim("reports")
+    queue.fail(first, "template missing")
+    assert queue.replay(job_id, actor="dashboard:alice")
+    (second,) = queue.claim("reports")
+    queue.complete(second)
+    page = text_of((await browser.get(f"/jobs/{job_id}")).text)
+    order = [
+        "run 1 claimed, lease version 1",
+        "run 1: failed",
+        "replayed",
+        f"run 2 claimed, lease version {second.lease_version}",
+        "run 2: done",
+    ]
+    positions = [page.index(text) for text in order]
+    assert positions == sorted(positions), page
+    assert "run 3" not in page
+    assert "Last error (of an earlier run)" in page
 
 
 async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:

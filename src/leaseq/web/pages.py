@@ -17,6 +17,7 @@ import leaseq
 
 from .context import Context, handler
 from .forms import STATES, JobFilter, settings_text
+from .timeline import timeline
 from .views import Chart, chart, percent
 
 #: Jobs per page of the Jobs list; running jobs shown at most on the Running page.
@@ -119,74 +120,6 @@ async def job(request: Request, ctx: Context) -> Response:
 @handler()
 async def job_live(request: Request, ctx: Context) -> Response:
     return ctx.render("_job_live.html", **await _job(ctx, request.path_params["job_id"]))
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One line of a job's timeline."""
-
-    at: Any
-    kind: str  # a CSS class: enqueued, claimed, renewed, retry, failed, lost, ...
-    text: str
-    error: str | None = None
-    actor: str | None = None
-
-
-_OUTCOMES = {
-    "retry": "attempt failed, retried later",
-    "failed": "failed",
-    "lease_expired": "lease expired (worker lost), recovered by the next claim",
-    "released": "released at worker shutdown",
-    "replayed": "replayed",
-    "cancelled": "cancelled",
-    "exhausted": "no attempts left: failed",
-}
-
-
-def timeline(job: leaseq.Job) -> list[Event]:
-    """The job's life, oldest first: enqueued, each attempt's claim, renewal and
-    outcome from its history, and where it is now."""
-    events = [Event(job.created_at, "enqueued", "enqueued")]
-    for entry in job.history:
-        attempt = entry.get("attempt")
-        version = entry.get("lease_version")
-        lease = f", lease version {version}" if version is not None else ""
-        if entry.get("claimed_at"):
-            events.append(
-                Event(entry["claimed_at"], "claimed", f"attempt {attempt} claimed{lease}")
-            )
-        if entry.get("renewed_at") and entry.get("renewed_at") != entry.get("claimed_at"):
-            events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
-        outcome = str(entry.get("outcome", ""))
-        events.append(
-            Event(
-                entry.get("at"),
-                outcome or "event",
-                f"attempt {attempt}: {_OUTCOMES.get(outcome, outcome)}"
-                if attempt is not None and outcome not in ("replayed", "cancelled")
-                else _OUTCOMES.get(outcome, outcome),
-                error=entry.get("error"),
-                actor=entry.get("actor"),
-            )
-        )
-    status = job.status
-    if status is leaseq.JobStatus.RUNNING:
-        events.append(
-            Event(
-                job.claimed_at,
-                "running",
-                f"attempt {job.attempts} running, lease version {job.lease_version}",
-            )
-        )
-    elif status is leaseq.JobStatus.DONE:
-        events.append(Event(job.finished_at, "done", f"done after {job.attempts} attempt(s)"))
-    elif status is leaseq.JobStatus.QUEUED:
-        if job.ahead:
-            waiting = f"queued behind {job.ahead} earlier job(s) of key {job.key!r}"
-        else:
-            waiting = "queued: claimable from here on"
-        events.append(Event(job.available_at, "queued", waiting))
-    return events
 
 
 @handler()

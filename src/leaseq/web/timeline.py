@@ -1,0 +1,111 @@
+"""A job's life as the Job page tells it: enqueued, every run (claimed, renewed,
+how it ended, replays and cancels between them), and where it is now.
+
+The history (``Job.history``) holds an entry per ended run and per operator
+action, each with the run's claim and last renewal; the run that is going on,
+or that completed the job, is told by the job's own columns. Runs are numbered
+over the job's whole life: a replay gives the job a fresh attempt budget (its
+``attempts`` restart at 0), not a new past.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import leaseq
+
+#: How each history outcome reads; those that end a run are in ENDS_A_RUN.
+OUTCOMES = {
+    "retry": "failed, retried later",
+    "failed": "failed",
+    "lease_expired": "lease expired (worker lost), recovered by the next claim",
+    "released": "released at worker shutdown (not counted as an attempt)",
+    "replayed": "replayed",
+    "cancelled": "cancelled",
+    "exhausted": "no attempts left: failed",
+}
+ENDS_A_RUN = frozenset({"retry", "failed", "lease_expired", "released"})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of a job's timeline."""
+
+    at: Any
+    kind: str  # a CSS class: enqueued, claimed, renewed, retry, failed, lost, ...
+    text: str
+    error: str | None = None
+    actor: str | None = None
+
+
+def timeline(job: leaseq.Job) -> list[Event]:
+    """The job's life, oldest first."""
+    events = [Event(job.created_at, "enqueued", "enqueued")]
+    runs = 0
+    for entry in job.history:
+        outcome = str(entry.get("outcome", ""))
+        text = OUTCOMES.get(outcome, outcome or "event")
+        ended_run = outcome in ENDS_A_RUN or (
+            outcome == "cancelled" and entry.get("previous_status") == "running"
+        )
+        if ended_run:
+            runs += 1
+            events += _run_start(runs, entry.get("claimed_at"), entry.get("lease_version"))
+            if entry.get("renewed_at") and entry.get("renewed_at") != entry.get("claimed_at"):
+                events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
+            if outcome == "cancelled":
+                text = "cancelled while running: its claim ended through the lease fence"
+            events.append(
+                Event(
+                    entry.get("at"),
+                    outcome,
+                    f"run {runs}: {text}",
+                    error=entry.get("error"),
+                    actor=entry.get("actor"),
+                )
+            )
+        else:
+            events.append(
+                Event(
+                    entry.get("at"),
+                    outcome or "event",
+                    text,
+                    error=entry.get("error"),
+                    actor=entry.get("actor"),
+                )
+            )
+    return events + _now(job, runs)
+
+
+def _run_start(run: int, claimed_at: Any, lease_version: Any) -> list[Event]:
+    if not claimed_at:
+        return []
+    lease = f", lease version {lease_version}" if lease_version is not None else ""
+    return [Event(claimed_at, "claimed", f"run {run} claimed{lease}")]
+
+
+def _now(job: leaseq.Job, runs: int) -> list[Event]:
+    """Where the job is: the run going on or the one that completed it, or waiting."""
+    status = job.status
+    if status is leaseq.JobStatus.RUNNING:
+        return [
+            Event(
+                job.claimed_at,
+                "running",
+                f"run {runs + 1} running (attempt {job.attempts} of {job.max_attempts}), "
+                f"lease version {job.lease_version}",
+            )
+        ]
+    if status is leaseq.JobStatus.DONE:
+        return [
+            *_run_start(runs + 1, job.claimed_at, job.lease_version),
+            Event(job.finished_at, "done", f"run {runs + 1}: done"),
+        ]
+    if status is leaseq.JobStatus.QUEUED:
+        if job.ahead:
+            waiting = f"queued behind {job.ahead} earlier job(s) of key {job.key!r}"
+        else:
+            waiting = "queued: claimable from here on"
+        return [Event(job.available_at, "queued", waiting)]
+    return []
