@@ -159,6 +159,9 @@ async def test_failed_blocked_running_and_audit(browser: Browser, jobs: Jobs) ->
     assert "smtp refused" in blocked
     assert "Skip head" in blocked
 
+    overview = text_of((await browser.get("/")).text)
+    assert "Blocked keys 1 held by a failed head" in overview
+
     running = (await browser.get("/running")).text
     assert f"#{jobs.running}<" in running
     assert 'name="running" value="1"' in running

@@ -18,6 +18,9 @@ import leaseq
 
 T = TypeVar("T")
 
+#: Blocked keys the shared summary lists (the Blocked keys page, the Overview's count).
+BLOCKED_KEYS_READ = 100
+
 
 class SharedCache:
     """Values by key for ``ttl`` seconds; concurrent misses of one key share one load.
@@ -99,5 +102,6 @@ class Aggregates:
 
     async def blocked_keys(self, queue: str | None) -> list[leaseq.BlockedKey]:
         return await self.cache.get(
-            ("blocked_keys", queue), lambda: self.client.blocked_keys(queue)
+            ("blocked_keys", queue),
+            lambda: self.client.blocked_keys(queue, limit=BLOCKED_KEYS_READ),
         )

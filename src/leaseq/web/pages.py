@@ -7,6 +7,7 @@ writes."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from starlette.responses import Response
 import leaseq
 
 from .context import Context, handler
+from .data import BLOCKED_KEYS_READ
 from .forms import STATES, JobFilter, settings_text
 from .timeline import timeline
 from .views import Chart, chart, percent
@@ -36,6 +38,9 @@ class QueueView:
     chart: Chart | None
     jobs_full: int | None
     bytes_full: int | None
+    #: Keys of this queue held by a failed head (among those the summary read).
+    blocked_keys: int = 0
+    blocked_keys_capped: bool = False
 
     @property
     def name(self) -> str:
@@ -49,9 +54,15 @@ class QueueView:
 
 async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
     aggregates = ctx.dashboard.aggregates
-    stats, activity, health = await asyncio.gather(
-        aggregates.stats(), aggregates.activity(), aggregates.health()
+    stats, activity, health, blocked = await asyncio.gather(
+        aggregates.stats(),
+        aggregates.activity(),
+        aggregates.health(),
+        aggregates.blocked_keys(None),
     )
+    blocked_by_queue = Counter(key.queue for key in blocked)
+    # The summary lists a page of keys: a full page means there may be more.
+    blocked_capped = len(blocked) >= BLOCKED_KEYS_READ
     settings = await asyncio.gather(*(aggregates.settings(s.queue) for s in stats))
     views = []
     for queue_stats, queue_settings in zip(stats, settings, strict=True):
@@ -68,6 +79,8 @@ async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
                 bytes_full=percent(queue_settings.backlog_bytes, queue_settings.max_queued_bytes)
                 if queue_settings
                 else None,
+                blocked_keys=blocked_by_queue[queue_stats.queue],
+                blocked_keys_capped=blocked_capped and blocked_by_queue[queue_stats.queue] > 0,
             )
         )
     return sorted(views, key=lambda v: v.name), tuple(health.warnings)
