@@ -92,8 +92,9 @@ def _layer(unit: str) -> int:
 
 
 #: What the dashboard may take from the internals besides the public API: the
-#: logger that scrubs secrets (every leaseq logger must).
-WEB_INTERNALS = {"leaseq._logs"}
+#: logger that scrubs secrets (every leaseq logger must) and the scrubbing of
+#: password shapes in what it renders (as the CLI uses it).
+WEB_INTERNALS = {"leaseq._logs", "leaseq._redact"}
 #: Public subpackages that sit on the public API only (checked by their own tests).
 ON_THE_PUBLIC_API = ("demo", "web")
 LIBRARY = {n: p for n, p in _modules().items() if not n.startswith(ON_THE_PUBLIC_API)}

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 import leaseq
+from leaseq.web import create_app
 from leaseq.web.security import CSP
 
 from .test_web_fixtures import (
@@ -341,3 +342,29 @@ async def test_the_running_page_shows_running_jobs_older_than_the_search_window(
         assert f"#{old}" not in jobs
     finally:
         await client.close()
+
+
+async def test_no_page_shows_a_dsn_password(database_url: str, schema: str) -> None:
+    """The dashboard's own DSN, and DSNs quoted in errors or payloads, keep their
+    passwords out of every page (the server here trusts any password)."""
+    password = "s3cr3t-pw-4217"
+    dsn = database_url.replace("postgresql://postgres@", f"postgresql://postgres:{password}@")
+    if password not in dsn:
+        pytest.skip("the test database's URL has a form this test does not rewrite")
+    with leaseq.Queue(dsn, schema=schema) as queue:
+        queue.migrate()
+        job_id = queue.enqueue(
+            "reports", {"note": f"copied from postgresql://app:{password}@db.internal/app"}
+        )
+        (claim,) = queue.claim("reports")
+        queue.fail(claim, f"could not connect to {dsn}")
+    app = create_app(dsn, schema=schema)
+    client = Browser(app)
+    try:
+        for path in ("/", "/jobs", f"/jobs/{job_id}", "/failed", "/running", "/audit"):
+            page = await client.get(path)
+            assert page.status_code == 200, path
+            assert password not in page.text, path
+    finally:
+        await client.close()
+        await app.state.leaseq.client.close()

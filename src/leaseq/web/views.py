@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .._redact import redact
+
 #: Payload fields whose values are never shown: a field whose name, lowercased and
 #: without separators, contains one of these.
 SECRET_FIELDS: tuple[str, ...] = (
@@ -32,7 +34,8 @@ def _normal(name: str) -> str:
 
 
 class SecretMask:
-    """Decides which field names are secret and masks them, at any depth."""
+    """Decides which field names are secret and masks them, at any depth; scrubs
+    password shapes (``scheme://user:password@``, ``password=...``) from text."""
 
     def __init__(self, fields: Iterable[str] = SECRET_FIELDS) -> None:
         self._parts = tuple({_normal(f) for f in fields if _normal(f)})
@@ -49,6 +52,10 @@ class SecretMask:
             }
         if isinstance(value, list | tuple):
             return [self.mask(item) for item in value]
+        if isinstance(value, str):
+            # A DSN (or another password shape) quoted in a value keeps its
+            # password out of the page, as leaseq keeps it out of logs and errors.
+            return redact(value)
         return value
 
     def pretty(self, value: Any) -> str:
