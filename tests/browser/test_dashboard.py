@@ -372,3 +372,40 @@ def test_overview_of_a_busy_hour(page: Any, dashboard: Served, tables: leaseq.Qu
     assert reports.locator("svg[role='img'] rect[fill='#d9534f']").count() >= 8
     assert reports.locator(".count-running .n").inner_text().strip() == "3"
     screenshot(page, "overview-busy-hour", full_page=False)
+
+
+def test_live_refresh_pauses_while_the_tab_is_hidden(
+    page: Any, dashboard: Served, tables: leaseq.Queue
+) -> None:
+    """The overview polls its live part every few seconds while visible; hidden, it
+    sends nothing (a tab in the background costs the database nothing); shown
+    again, it refreshes at once."""
+    tables.enqueue("reports", {"n": 1})
+    polls: list[float] = []
+    page.on(
+        "request", lambda r: polls.append(time.monotonic()) if "/live/overview" in r.url else None
+    )
+    page.goto(dashboard.url + "/")
+    deadline = time.monotonic() + 15
+    while not polls and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+    assert polls, "the visible overview never refreshed"
+    # Hide the tab as the browser would (visibilityState and its event).
+    page.evaluate(
+        "Object.defineProperty(document, 'visibilityState',"
+        " {configurable: true, get: () => 'hidden'});"
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    hidden_from = time.monotonic()
+    page.wait_for_timeout(12_000)  # more than two refresh periods
+    assert [t for t in polls if t > hidden_from + 0.5] == []
+    shown_at = time.monotonic()
+    page.evaluate(
+        "Object.defineProperty(document, 'visibilityState',"
+        " {configurable: true, get: () => 'visible'});"
+        "document.dispatchEvent(new Event('visibilitychange'))"
+    )
+    deadline = time.monotonic() + 5
+    while not [t for t in polls if t >= shown_at] and time.monotonic() < deadline:
+        page.wait_for_timeout(100)
+    assert [t for t in polls if t >= shown_at], "showing the tab did not refresh it"
