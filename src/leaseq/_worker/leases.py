@@ -21,7 +21,6 @@ The worker starts each loop as a service of its own (``heartbeat`` and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from .._async_client import AsyncQueue
@@ -30,6 +29,7 @@ from .._logs import get_logger
 from .._types import RENEWAL_BUSY
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
+from .waiting import wait_for_event
 
 log = get_logger("leaseq.worker")
 
@@ -73,7 +73,7 @@ class LeaseKeeper:
             ]
             if due:
                 await self._renew(due)
-            await _wait(self._renewal_wakeup, self._tick())
+            await wait_for_event(self._renewal_wakeup, self._tick())
 
     async def _renew(self, due: list[Attempt]) -> None:
         sent = time.monotonic()
@@ -108,7 +108,7 @@ class LeaseKeeper:
                 else:
                     upcoming.append(attempt.deadline)
             # Never longer than a second: a renewal may have moved a deadline later only.
-            await _wait(self._deadline_wakeup, min([*upcoming, now + 1.0]) - now)
+            await wait_for_event(self._deadline_wakeup, min([*upcoming, now + 1.0]) - now)
 
     def _tick(self) -> float:
         shortest = min((a.claim.lease_seconds for a in self._attempts), default=60.0)
@@ -118,9 +118,3 @@ class LeaseKeeper:
 def _kept(attempt: Attempt) -> bool:
     """Whether this attempt still needs its lease: not lost, not completed by its handler."""
     return not attempt.lost and not attempt.context.completed
-
-
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), max(timeout, 0.0))
-    event.clear()

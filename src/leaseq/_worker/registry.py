@@ -12,7 +12,6 @@ notification, a stop request all set it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterator
 
 from .._logs import get_logger, job_fields
@@ -20,6 +19,7 @@ from .._metrics import Metrics
 from .._types import Claim
 from .context import JobContext
 from .state import Attempt, WorkerStats
+from .waiting import wait_for_event
 
 log = get_logger("leaseq.worker")
 
@@ -122,6 +122,4 @@ class AttemptRegistry:
         self._wakeup.set()
 
     async def sleep_until_woken(self, timeout: float | None) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        self._wakeup.clear()
+        await wait_for_event(self._wakeup, timeout)
