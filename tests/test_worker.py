@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 import leaseq
@@ -406,3 +407,35 @@ async def test_an_error_after_the_completing_transaction_changes_nothing(
     assert (job.status, job.attempts) == (JobStatus.DONE, 1)
     assert running.worker.stats.lost_leases == 0
     assert running.worker.stats.completed == 1
+
+
+async def test_a_stalled_acknowledgement_holds_at_most_twice_concurrency_claims(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A returned handler frees its slot before its acknowledgement commits, but a
+    database that does not take acknowledgements never makes the worker hold more
+    than 2 x concurrency claims (here: 1 running or returned, 1 more)."""
+    app = _app(schema)
+    ran: list[int] = []
+    async with await psycopg.AsyncConnection.connect(database_url) as blocker:
+
+        @app.task("work")
+        async def handler(job: leaseq.JobContext) -> None:
+            # The test's open transaction locks the job's row: its completion waits.
+            await blocker.execute(
+                f'SELECT job_id FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job.job_id,)
+            )
+            ran.append(job.job_id)
+
+        ids = await aqueue.enqueue_many("work", [{} for _ in range(5)])
+        running = Running(leaseq.Worker(app, dsn=database_url, concurrency=1, poll_interval=0.05))
+        await _until(lambda: asyncio.sleep(0, len(ran) >= 2))
+        await asyncio.sleep(1.0)  # time enough to claim more, if it would
+        (stats,) = await aqueue.stats("work")
+        assert len(ran) == 2
+        assert stats.running == 2
+        await blocker.rollback()
+        await blocker.set_autocommit(True)  # later handlers lock nothing that stays
+        await _until(lambda: _all_finished(aqueue, "work"))
+        await running.stop()
+    assert sorted(ran) == sorted(ids)

@@ -72,12 +72,14 @@ class AttemptRegistry:
 
     def free_slots(self) -> int:
         # A handler that has returned frees its slot at once: its acknowledgement
-        # is flushed while the next claim runs. Unacknowledged jobs are capped at
-        # `concurrency` too, so a slow database cannot make the worker hoard. An
+        # is flushed while the next claim runs (at concurrency 1 the worker would
+        # otherwise wait a flush per job: half the rate, bench/worker.py). The
+        # claims held, running or awaiting their acknowledgement, are capped at
+        # twice `concurrency`, so a slow database cannot make the worker hoard. An
         # attempt whose sync thread still runs (timed out, or lost) keeps its slot.
         acknowledging = sum(1 for a in self._by_claim.values() if a.acknowledging)
         working = len(self._by_claim) - acknowledging
-        return min(self._concurrency - working, self._concurrency - acknowledging)
+        return min(self._concurrency - working, 2 * self._concurrency - len(self._by_claim))
 
     def lose(self, attempt: Attempt, reason: str) -> None:
         """The lease is gone: tell the handler, and never acknowledge what it returns."""
