@@ -1,4 +1,5 @@
-"""The only module that talks to the driver: pools, execution, error mapping.
+"""The only package that talks to the driver: pools, execution (here), the
+connections' settings (``options``) and the error mapping (``errors``).
 
 ``_store`` builds :class:`~leaseq._statement.Operation` values (and steps of
 them); this module runs them on psycopg 3 connections, sync or async, and turns
@@ -12,140 +13,36 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from ._errors import (
-    BacklogFull,
-    DatabaseUnavailable,
-    InvalidArgument,
-    NotMigrated,
-    PayloadTooLarge,
-    StatementTimeout,
-    TransientError,
-)
-from ._redact import redact
-from ._statement import Operation, Plan, Rows, Statement, Steps
-from ._validate import sanitize
+from .._statement import Operation, Plan, Rows, Statement, Steps
+from .errors import translated_errors, unreachable
+from .options import CONNECTION_OPTIONS, WORKER_OPTIONS, with_statement_timeout
+
+# Re-exported: what the clients need of the connections' settings.
+__all__ = [
+    "WORKER_OPTIONS",
+    "AsyncConnection",
+    "AsyncDatabase",
+    "Connection",
+    "Database",
+    "Session",
+    "translated_errors",
+    "with_statement_timeout",
+]
 
 T = TypeVar("T")
 
 Connection = psycopg.Connection[Any]
 AsyncConnection = psycopg.AsyncConnection[Any]
 
-#: Sent with every connection leaseq opens; keepalives notice a dead peer.
-CONNECTION_OPTIONS: dict[str, Any] = {
-    "autocommit": True,
-    "application_name": "leaseq",
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
-
-#: Added for worker sessions: a dead server is noticed within ~30 s even while a
-#: write is unacknowledged, and no session idles in a transaction for long.
-WORKER_OPTIONS: dict[str, Any] = {
-    **CONNECTION_OPTIONS,
-    "tcp_user_timeout": 30_000,
-    "options": "-c idle_in_transaction_session_timeout=60000",
-}
-
-
-def with_statement_timeout(options: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
-    """Connection settings under which the server cancels any statement running
-    longer than ``seconds`` (SQLSTATE 57014, raised as StatementTimeout)."""
-    settings = dict(options or CONNECTION_OPTIONS)
-    given = settings.get("options", "")
-    milliseconds = max(1, round(seconds * 1000))
-    settings["options"] = f"{given} -c statement_timeout={milliseconds}".strip()
-    return settings
-
-
-_ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
-    "57014": StatementTimeout,  # query_canceled: statement_timeout (or pg_cancel_backend)
-    "LQ001": BacklogFull,
-    "LQ002": PayloadTooLarge,
-    "3F000": NotMigrated,  # invalid_schema_name
-    "42P01": NotMigrated,  # undefined_table
-    "42883": NotMigrated,  # undefined_function
-    "42703": NotMigrated,  # undefined_column (a schema older than the code: 0003's settings)
-    "23514": InvalidArgument,  # check_violation
-    "22003": InvalidArgument,  # numeric_value_out_of_range
-    "22008": InvalidArgument,  # datetime_field_overflow
-}
-
-#: Plain words for the check constraints that input validation cannot see coming
-#: (they compare a given setting with a stored one), by constraint name.
-_CONSTRAINT_MESSAGES = {
-    "queue_check": "backoff_cap must be >= backoff_base (the queue's stored value "
-    "counts for the one not given)",
-}
-
 #: How many times an operation is sent when it keeps hitting a SQLSTATE it
 #: declares retryable (a race lost again and again means something is wrong).
 RETRY_ATTEMPTS = 5
-
-
-@contextmanager
-def translated_errors() -> Iterator[None]:
-    """Driver errors as leaseq's typed errors, every text scrubbed of secrets.
-
-    OperationalError (a lost or refused connection, a deadlock, a serialization
-    failure, a cancelled statement), a pool timeout and a socket error become
-    TransientError; the SQLSTATEs of _ERRORS_BY_SQLSTATE their leaseq types;
-    other driver errors pass through (their SQLSTATE still says what they are).
-    """
-    try:
-        yield
-    except psycopg.Error as exc:
-        _scrub(exc)
-        _raise_if_cancelling(exc)
-        kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
-        if kind is None and isinstance(exc, psycopg.OperationalError):
-            kind = TransientError
-        if kind is None:
-            raise
-        message = _CONSTRAINT_MESSAGES.get(exc.diag.constraint_name or "") or redact(
-            exc.diag.message_primary or str(exc).strip() or type(exc).__name__
-        )
-        if kind is NotMigrated:
-            message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
-        raise kind(message) from exc
-    except PoolTimeout as exc:
-        raise DatabaseUnavailable(redact(f"no database connection in time: {exc}")) from exc
-    except OSError as exc:
-        _raise_if_cancelling(exc)
-        raise TransientError(redact(f"{type(exc).__name__}: {exc}")) from exc
-
-
-def _raise_if_cancelling(error: BaseException) -> None:
-    """A query interrupted by the cancellation of its asyncio task can come out of
-    the driver as a connection error ("query cancellation interrupted: closing
-    connection"). Raised as TransientError it would be taken for "try again", and
-    a loop that retries would never see its own cancellation: so the task's
-    pending cancellation is raised instead."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop: a sync caller
-        return
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError from error
-
-
-def _scrub(error: BaseException) -> None:
-    """Redact the texts of ``error`` and of the errors chained to it, in place:
-    libpq may quote a DSN's password in them."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        with suppress(Exception):  # an odd exception must not hide the one being raised
-            current.args = tuple(redact(a) if isinstance(a, str) else a for a in current.args)
-        current = current.__cause__ or current.__context__
 
 
 def _rows(cursor: psycopg.Cursor[Any]) -> Rows:
@@ -227,19 +124,6 @@ async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
                 return result
 
 
-def _unreachable(dsn: str) -> DatabaseUnavailable:
-    """Why the pool could not open: one direct attempt tells the real reason.
-
-    The reason is scrubbed (sanitize): libpq may quote the DSN's password in it.
-    """
-    try:
-        psycopg.connect(dsn, connect_timeout=5, **CONNECTION_OPTIONS).close()
-    except psycopg.Error as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return DatabaseUnavailable(f"cannot connect to the database: {sanitize(reason)}")
-    return DatabaseUnavailable("cannot connect to the database: timed out")
-
-
 def _pool_settings(
     dsn: str, min_size: int, max_size: int, options: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -280,7 +164,7 @@ class Database:
                     try:
                         self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
-                        raise _unreachable(self.dsn) from None
+                        raise unreachable(self.dsn) from None
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -356,7 +240,7 @@ class AsyncDatabase:
                     try:
                         await self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
-                        raise _unreachable(self.dsn) from None
+                        raise unreachable(self.dsn) from None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:

@@ -1,0 +1,119 @@
+"""Driver errors as leaseq's typed errors: what ``_db`` raises instead of psycopg's.
+
+Errors that say "try again later" become :class:`TransientError`; SQLSTATEs that
+mean something to users their own types; every text scrubbed of secrets; a
+query interrupted by its task's cancellation the task's cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from .._errors import (
+    BacklogFull,
+    DatabaseUnavailable,
+    InvalidArgument,
+    NotMigrated,
+    PayloadTooLarge,
+    StatementTimeout,
+    TransientError,
+)
+from .._redact import redact
+from .._validate import sanitize
+from .options import CONNECTION_OPTIONS
+
+_ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
+    "57014": StatementTimeout,  # query_canceled: statement_timeout (or pg_cancel_backend)
+    "LQ001": BacklogFull,
+    "LQ002": PayloadTooLarge,
+    "3F000": NotMigrated,  # invalid_schema_name
+    "42P01": NotMigrated,  # undefined_table
+    "42883": NotMigrated,  # undefined_function
+    "42703": NotMigrated,  # undefined_column (a schema older than the code: 0003's settings)
+    "23514": InvalidArgument,  # check_violation
+    "22003": InvalidArgument,  # numeric_value_out_of_range
+    "22008": InvalidArgument,  # datetime_field_overflow
+}
+
+#: Plain words for the check constraints that input validation cannot see coming
+#: (they compare a given setting with a stored one), by constraint name.
+_CONSTRAINT_MESSAGES = {
+    "queue_check": "backoff_cap must be >= backoff_base (the queue's stored value "
+    "counts for the one not given)",
+}
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Driver errors as leaseq's typed errors, every text scrubbed of secrets.
+
+    OperationalError (a lost or refused connection, a deadlock, a serialization
+    failure, a cancelled statement), a pool timeout and a socket error become
+    TransientError; the SQLSTATEs of _ERRORS_BY_SQLSTATE their leaseq types;
+    other driver errors pass through (their SQLSTATE still says what they are).
+    """
+    try:
+        yield
+    except psycopg.Error as exc:
+        _scrub(exc)
+        _raise_if_cancelling(exc)
+        kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
+        if kind is None and isinstance(exc, psycopg.OperationalError):
+            kind = TransientError
+        if kind is None:
+            raise
+        message = _CONSTRAINT_MESSAGES.get(exc.diag.constraint_name or "") or redact(
+            exc.diag.message_primary or str(exc).strip() or type(exc).__name__
+        )
+        if kind is NotMigrated:
+            message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
+        raise kind(message) from exc
+    except PoolTimeout as exc:
+        raise DatabaseUnavailable(redact(f"no database connection in time: {exc}")) from exc
+    except OSError as exc:
+        _raise_if_cancelling(exc)
+        raise TransientError(redact(f"{type(exc).__name__}: {exc}")) from exc
+
+
+def _raise_if_cancelling(error: BaseException) -> None:
+    """A query interrupted by the cancellation of its asyncio task can come out of
+    the driver as a connection error ("query cancellation interrupted: closing
+    connection"). Raised as TransientError it would be taken for "try again", and
+    a loop that retries would never see its own cancellation: so the task's
+    pending cancellation is raised instead."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a sync caller
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from error
+
+
+def _scrub(error: BaseException) -> None:
+    """Redact the texts of ``error`` and of the errors chained to it, in place:
+    libpq may quote a DSN's password in them."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        with suppress(Exception):  # an odd exception must not hide the one being raised
+            current.args = tuple(redact(a) if isinstance(a, str) else a for a in current.args)
+        current = current.__cause__ or current.__context__
+
+
+def unreachable(dsn: str) -> DatabaseUnavailable:
+    """Why the pool could not open: one direct attempt tells the real reason.
+
+    The reason is scrubbed (sanitize): libpq may quote the DSN's password in it.
+    """
+    try:
+        psycopg.connect(dsn, connect_timeout=5, **CONNECTION_OPTIONS).close()
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return DatabaseUnavailable(f"cannot connect to the database: {sanitize(reason)}")
+    return DatabaseUnavailable("cannot connect to the database: timed out")

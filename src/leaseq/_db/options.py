@@ -1,0 +1,33 @@
+"""The settings of the connections leaseq opens (libpq keywords and server options)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Sent with every connection leaseq opens; keepalives notice a dead peer.
+CONNECTION_OPTIONS: dict[str, Any] = {
+    "autocommit": True,
+    "application_name": "leaseq",
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+#: Added for worker sessions: a dead server is noticed within ~30 s even while a
+#: write is unacknowledged, and no session idles in a transaction for long.
+WORKER_OPTIONS: dict[str, Any] = {
+    **CONNECTION_OPTIONS,
+    "tcp_user_timeout": 30_000,
+    "options": "-c idle_in_transaction_session_timeout=60000",
+}
+
+
+def with_statement_timeout(options: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """Connection settings under which the server cancels any statement running
+    longer than ``seconds`` (SQLSTATE 57014, raised as StatementTimeout)."""
+    settings = dict(options or CONNECTION_OPTIONS)
+    given = settings.get("options", "")
+    milliseconds = max(1, round(seconds * 1000))
+    settings["options"] = f"{given} -c statement_timeout={milliseconds}".strip()
+    return settings
