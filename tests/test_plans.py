@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
+import psycopg.sql
 import pytest
 
 import leaseq
@@ -37,6 +39,40 @@ def _explain(queue: leaseq.Queue, operation: Any, *, analyze: bool) -> dict[str,
     return plan
 
 
+def _generic_plan(queue: leaseq.Queue, operation: Any) -> dict[str, Any]:
+    """The plan of ``operation`` as the worker's sessions run it: prepared by the
+    driver, under plan_cache_mode = force_generic_plan (one plan whatever the
+    parameters)."""
+    (statement,) = operation.statements
+    # The driver numbers the named placeholders in the order they first appear.
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement.sql)))
+    with queue.connection() as conn, conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(statement.sql, statement.params, prepare=True)
+        (name,) = conn.execute(
+            "SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1"
+        ).fetchone() or (None,)
+        # EXPLAIN EXECUTE takes no bound parameters: the values go in as literals.
+        arguments = psycopg.sql.SQL(", ").join(
+            psycopg.sql.Literal(statement.params[n]) for n in names
+        )
+        explain = psycopg.sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})")
+        row = conn.execute(explain.format(psycopg.sql.Identifier(name), arguments)).fetchone()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+def _job_scans(plan: dict[str, Any]) -> dict[str, str]:
+    """The plan's reads of the job table: index name (the node type for a scan
+    without one) -> node type."""
+    return {
+        node.get("Index Name", node["Node Type"]): node["Node Type"]
+        for node in _nodes(plan)
+        if node.get("Relation Name") == "job" and node["Node Type"] != "ModifyTable"
+    }
+
+
 @pytest.fixture
 def finished_rows(queue: leaseq.Queue) -> leaseq.Queue:
     """100,000 done and failed rows, a few ready jobs and a few running leases."""
@@ -57,11 +93,22 @@ def finished_rows(queue: leaseq.Queue) -> leaseq.Queue:
 
 def test_claim_uses_the_partial_indexes(finished_rows: leaseq.Queue) -> None:
     plan = _explain(finished_rows, finished_rows._store.claim("reports", limit=10), analyze=False)
-    scans = {
-        node.get("Index Name"): node["Node Type"]
-        for node in _nodes(plan)
-        if node.get("Relation Name") == "job"
-    }
+    scans = _job_scans(plan)
+    assert "job_ready_idx" in scans, scans
+    assert "job_lease_idx" in scans, scans
+    assert all(kind != "Seq Scan" for kind in scans.values()), scans
+
+
+@pytest.mark.parametrize("rows", ["never analyzed", "100k finished"])
+def test_the_claims_generic_plan_uses_the_partial_indexes(
+    queue: leaseq.Queue, rows: str, request: pytest.FixtureRequest
+) -> None:
+    """The worker's claim session keeps one generic plan per statement, made
+    whenever the worker starts: on a table never analyzed as on a large one, it
+    must read the heads of the partial indexes, never scan the table."""
+    if rows == "100k finished":
+        queue = request.getfixturevalue("finished_rows")
+    scans = _job_scans(_generic_plan(queue, queue._store.claim("reports", limit=10)))
     assert "job_ready_idx" in scans, scans
     assert "job_lease_idx" in scans, scans
     assert all(kind != "Seq Scan" for kind in scans.values()), scans
@@ -185,3 +232,40 @@ def test_claim_cost_does_not_grow_with_a_keys_waiting_jobs(
     # any queue; reading the 100,000 waiting successors would cost thousands.
     assert keyed <= plain_only * 1.25 + 30, (keyed, plain_only)
     assert {c.job_id for c in queue.claim("events", limit=10)} <= set(plain)
+
+
+@pytest.fixture
+def stale_statistics(queue: leaseq.Queue) -> list[leaseq.Claim]:
+    """5,000 running leases that the table's statistics have never seen: analyzed
+    while every job was still queued (what an autovacuum analyze leaves behind
+    before a burst of claims)."""
+    queue.enqueue_many("reports", [{"n": n} for n in range(5000)])
+    with queue.connection() as conn:
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    return queue.claim("reports", limit=5000, lease=600)
+
+
+def test_fenced_writes_find_each_claim_by_its_key_whatever_the_statistics_say(
+    queue: leaseq.Queue, stale_statistics: list[leaseq.Claim]
+) -> None:
+    """A fenced write of ten claims reads those ten rows, never every running
+    job's lease: its cost must not grow with how many jobs run."""
+    batch = stale_statistics[100:110]
+    store = queue._store
+    operations = {
+        "renew": store.renew(batch),
+        "renew_one": store.renew_one(batch[0]),
+        "complete": store.complete(batch),
+        "complete_one": store.complete_one(batch[0]),
+        "retry": store.retry(batch, delays=[1.0] * 10, errors=["e"] * 10),
+        "fail": store.fail(batch, ["e"] * 10),
+        "release": store.release(batch),
+    }
+    for name, operation in operations.items():
+        plan = _explain(queue, operation, analyze=True)
+        touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        lease_scans = [n for n in _nodes(plan) if n.get("Index Name") == "job_lease_idx"]
+        # Ten rows, their indexes and the triggers' reads: tens of pages. The
+        # lease index of 5,000 running jobs alone spans more than 30 pages.
+        assert not lease_scans, (name, lease_scans)
+        assert touched < 300, (name, touched)

@@ -24,7 +24,14 @@ from . import _metrics, _migrate, _steps, _tracing
 from . import _validate as validate
 from ._async_operators import AsyncOperatorCalls
 from ._client_base import ClientBase
-from ._db import WORKER_OPTIONS, AsyncConnection, AsyncDatabase, Session, with_statement_timeout
+from ._db import (
+    SERVICE_OPTIONS,
+    WORKER_OPTIONS,
+    AsyncConnection,
+    AsyncDatabase,
+    Session,
+    with_statement_timeout,
+)
 from ._metrics import Metrics
 from ._statement import Operation
 from ._types import (
@@ -290,4 +297,6 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
 #: Connection settings for the worker's clients (keepalives, a TCP user timeout, no
 #: long idle transactions), so that the worker needs nothing of the database layer.
 WORKER_CONNECTIONS = WORKER_OPTIONS
+#: The same, for the worker's sessions that send leaseq's statements only.
+SERVICE_CONNECTIONS = SERVICE_OPTIONS
 # async-only: end

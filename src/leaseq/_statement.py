@@ -10,6 +10,7 @@ once. A :data:`Plan` yields bare statements run in one transaction (migrations).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -57,7 +58,63 @@ Plan = Generator[Statement, Rows, list[int]]
 
 @cache
 def sql_text(name: str) -> str:
-    return resources.files("leaseq").joinpath("sql", name).read_text(encoding="utf-8")
+    """A shipped statement, without its comments (see :func:`compact`)."""
+    return compact(resources.files("leaseq").joinpath("sql", name).read_text(encoding="utf-8"))
+
+
+def compact(sql: str) -> str:
+    """``sql`` without ``--`` comments, blank lines and indentation.
+
+    The statements' files explain themselves at length; the driver caches the
+    conversion of a query only up to 4,096 characters (psycopg's
+    MAX_CACHED_STATEMENT_LENGTH), and the claim, 5.5 kB with its comments, was
+    parsed again on every call. Quoted text (strings, identifiers, dollar
+    quotes) is kept as written, a ``--`` inside it included.
+    """
+    kept: list[str] = []
+    i, n = 0, len(sql)
+    plain = 0  # where the unquoted text being read began
+    while i < n:
+        char = sql[i]
+        if sql.startswith("--", i):
+            _keep_plain(kept, sql[plain:i].rstrip(" \t"))
+            end = sql.find("\n", i)
+            i = plain = n if end < 0 else end
+            continue
+        if char in "'\"":
+            end = sql.find(char, i + 1)
+            while end >= 0 and sql.startswith(char, end + 1):  # '' and "" escape
+                end = sql.find(char, end + 2)
+            end = n if end < 0 else end + 1
+        elif char == "$" and (tag := _dollar_tag(sql, i)):
+            close = sql.find(tag, i + len(tag))
+            end = n if close < 0 else close + len(tag)
+        else:
+            i += 1
+            continue
+        _keep_plain(kept, sql[plain:i])
+        kept.append(sql[i:end])  # quoted: as written
+        i = plain = end
+    _keep_plain(kept, sql[plain:])
+    return "".join(kept).strip()
+
+
+def _keep_plain(kept: list[str], text: str) -> None:
+    """Unquoted text, kept without indentation, trailing blanks and empty lines
+    (one left where a comment was cut out included)."""
+    text = re.sub(r"[ \t]*\n\s*", "\n", text)
+    if text.startswith("\n") and kept and kept[-1].endswith("\n"):
+        text = text[1:]
+    kept.append(text)
+
+
+def _dollar_tag(sql: str, at: int) -> str:
+    """The dollar-quote tag opening at ``at`` (``$$``, ``$body$``), else ""."""
+    end = at + 1
+    while end < len(sql) and (sql[end].isalnum() or sql[end] == "_"):
+        end += 1
+    opens = end < len(sql) and sql[end] == "$" and not sql[at + 1 : end][:1].isdigit()
+    return sql[at : end + 1] if opens else ""
 
 
 def migration_files() -> list[tuple[int, str, str]]:

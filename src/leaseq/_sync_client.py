@@ -16,7 +16,11 @@ from typing import Any, Self, TypeVar
 from . import _metrics, _migrate, _steps, _tracing
 from . import _validate as validate
 from ._client_base import ClientBase
-from ._db import Connection, Database, with_statement_timeout
+from ._db import (
+    Connection,
+    Database,
+    with_statement_timeout,
+)
 from ._metrics import Metrics
 from ._statement import Operation
 from ._sync_operators import OperatorCalls

@@ -21,10 +21,16 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._statement import Operation, Plan, Rows, Statement, Steps
 from .errors import translated_errors, unreachable
-from .options import CONNECTION_OPTIONS, WORKER_OPTIONS, with_statement_timeout
+from .options import (
+    CONNECTION_OPTIONS,
+    SERVICE_OPTIONS,
+    WORKER_OPTIONS,
+    with_statement_timeout,
+)
 
 # Re-exported: what the clients need of the connections' settings.
 __all__ = [
+    "SERVICE_OPTIONS",
     "WORKER_OPTIONS",
     "AsyncConnection",
     "AsyncDatabase",

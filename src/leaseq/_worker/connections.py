@@ -4,14 +4,15 @@ A handler's transaction may hold a pooled connection as long as it likes. So the
 claim loop, the heartbeat and the acknowledgements each have a connection of
 their own (they send one statement at a time): none of them ever waits for a
 handler to give one back. Every client carries ``WORKER_CONNECTIONS``
-(keepalives, a TCP user timeout, no long idle transactions).
+(keepalives, a TCP user timeout, no long idle transactions); the services'
+own sessions keep one generic plan per statement (``SERVICE_CONNECTIONS``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._async_client import WORKER_CONNECTIONS, AsyncQueue
+from .._async_client import SERVICE_CONNECTIONS, WORKER_CONNECTIONS, AsyncQueue
 from .._sync_client import Queue
 
 
@@ -31,7 +32,9 @@ class WorkerClients:
         """The clients (their pools open on first use); ``listen_dsn`` None: no listener."""
 
         def own(on: str = dsn) -> AsyncQueue:
-            return AsyncQueue(on, schema=schema, pool_size=1, connection_options=WORKER_CONNECTIONS)
+            return AsyncQueue(
+                on, schema=schema, pool_size=1, connection_options=SERVICE_CONNECTIONS
+            )
 
         return cls(
             # One connection per slot: every sync handler may hold one at once.

@@ -6,6 +6,11 @@
 -- matches), else found in the history (the job has moved on since: the
 -- resend changes nothing). Strict (inside a caller's transaction), only a
 -- live claim matches.
+-- A live lease is tested as `lease_until > clock()` alone: only a running job
+-- has a lease (job_check1), and without `status = 'running'` the partial lease
+-- index is no candidate, so each claim is found by its primary key even when
+-- stale statistics say one job runs while thousands do (a renewal of 10 leases
+-- with 5,000 running read the whole lease index 10 times: 17 ms).
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[], %(errors)s::text[])
@@ -26,7 +31,7 @@ failed AS (
     FROM claimed AS c
     WHERE j.job_id = c.job_id
       AND j.lease_version = c.lease_version
-      AND ((j.status = 'running' AND j.lease_until > {schema}.clock())
+      AND (j.lease_until > {schema}.clock()
            OR (NOT %(strict)s AND j.status = 'failed'
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'fail', 'lease_version', c.lease_version)))

@@ -7,6 +7,11 @@
 -- Per claim: lease_until is the new lease (renewed); or NULL with busy = true
 -- (locked right now while this statement's snapshot still shows the claim's live
 -- lease: try again); or NULL with busy = false (lost).
+-- A live lease is tested as `lease_until > clock()` alone: only a running job
+-- has a lease (job_check1), and without `status = 'running'` the partial lease
+-- index is no candidate, so each claim is found by its primary key even when
+-- stale statistics say one job runs while thousands do (a renewal of 10 leases
+-- with 5,000 running read the whole lease index 10 times: 17 ms).
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[],
@@ -18,7 +23,6 @@ live AS (
     FROM {schema}.job AS j
     JOIN claimed AS c ON c.job_id = j.job_id
     WHERE j.lease_version = c.lease_version
-      AND j.status = 'running'
       AND j.lease_until > {schema}.clock()
 ),
 locked AS (
@@ -26,7 +30,6 @@ locked AS (
     FROM {schema}.job AS j
     JOIN claimed AS c ON c.job_id = j.job_id
     WHERE j.lease_version = c.lease_version
-      AND j.status = 'running'
       AND j.lease_until > {schema}.clock()
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
@@ -39,7 +42,6 @@ renewed AS (
     JOIN locked AS l ON l.job_id = c.job_id
     WHERE j.job_id = c.job_id
       AND j.lease_version = c.lease_version
-      AND j.status = 'running'
       AND j.lease_until > {schema}.clock()
     RETURNING j.job_id, j.lease_until
 )
