@@ -51,12 +51,14 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 RETRY_ATTEMPTS = 5
 
 
+# "Did it return rows?" from rownumber: `description` builds a Column object per
+# column of the result, on every statement.
 def _rows(cursor: psycopg.Cursor[Any]) -> Rows:
-    return cursor.fetchall() if cursor.description is not None else []
+    return cursor.fetchall() if cursor.rownumber is not None else []
 
 
 async def _arows(cursor: psycopg.AsyncCursor[Any]) -> Rows:
-    return await cursor.fetchall() if cursor.description is not None else []
+    return await cursor.fetchall() if cursor.rownumber is not None else []
 
 
 def _args(statement: Statement) -> tuple[str, Any]:

@@ -72,13 +72,14 @@ class AttemptRunner:
         instruments = None if self._metrics is None else self._metrics.queue(claim.queue)
         try:
             with _tracing.process(claim, claim.trace_context) as span:
-                log.debug(
-                    "job %d (%s) attempt %d started",
-                    claim.job_id,
-                    claim.queue,
-                    claim.attempts,
-                    extra=job_fields(claim, task=claim.queue),
-                )
+                if log.isEnabledFor(logging.DEBUG):  # its fields are built per job
+                    log.debug(
+                        "job %d (%s) attempt %d started",
+                        claim.job_id,
+                        claim.queue,
+                        claim.attempts,
+                        extra=job_fields(claim, task=claim.queue),
+                    )
                 started = time.perf_counter()
                 outcome = await self.outcome_of(attempt, task)
                 elapsed = time.perf_counter() - started
@@ -178,11 +179,13 @@ def _log_finished(claim: Claim, label: str, elapsed: float, outcome: Outcome | N
     or failed for good (with its error), nothing for a lost lease (said when lost)."""
     if label == LOST_HERE:
         return
+    level = logging.DEBUG if label in ("done", "released") else logging.INFO
+    if not log.isEnabledFor(level):
+        return
     error = None if outcome is None or outcome.error is None else repr(outcome.error)
     fields = job_fields(
         claim, task=claim.queue, outcome=label, duration_seconds=round(elapsed, 6), error=error
     )
-    level = logging.DEBUG if label in ("done", "released") else logging.INFO
     log.log(
         level,
         "job %d (%s) attempt %d %s in %.3fs%s",

@@ -24,6 +24,16 @@ from .waiting import wait_for_event
 log = get_logger("leaseq.worker")
 
 
+def acknowledgement_backlog(concurrency: int) -> int:
+    """How many returned attempts may await their acknowledgement at once.
+
+    At least a few even at concurrency 1: each acknowledgement takes a round
+    trip, and the next handler often returns before the last one's commit is
+    back; with room for one only, the claim loop waited for it on every job.
+    """
+    return max(concurrency, 8)
+
+
 class AttemptRegistry:
     def __init__(self, concurrency: int, stats: WorkerStats, metrics: Metrics | None) -> None:
         self._concurrency = concurrency
@@ -74,12 +84,13 @@ class AttemptRegistry:
         # A handler that has returned frees its slot at once: its acknowledgement
         # is flushed while the next claim runs (at concurrency 1 the worker would
         # otherwise wait a flush per job: half the rate, bench/worker.py). The
-        # claims held, running or awaiting their acknowledgement, are capped at
-        # twice `concurrency`, so a slow database cannot make the worker hoard. An
+        # attempts awaiting their acknowledgement are capped (acknowledgement_backlog),
+        # so a database that stops taking them cannot make the worker hoard. An
         # attempt whose sync thread still runs (timed out, or lost) keeps its slot.
         acknowledging = sum(1 for a in self._by_claim.values() if a.acknowledging)
         working = len(self._by_claim) - acknowledging
-        return min(self._concurrency - working, 2 * self._concurrency - len(self._by_claim))
+        held_at_most = self._concurrency + acknowledgement_backlog(self._concurrency)
+        return min(self._concurrency - working, held_at_most - len(self._by_claim))
 
     def lose(self, attempt: Attempt, reason: str) -> None:
         """The lease is gone: tell the handler, and never acknowledge what it returns."""

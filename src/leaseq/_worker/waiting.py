@@ -4,15 +4,21 @@
 its timeout fires into a TimeoutError; a loop that takes a TimeoutError for "no
 event, go on" would then never see its own cancellation and never end (the
 worker's stop waited forever on its heartbeat, tests/test_worker_robustness.py).
-``asyncio.wait`` never swallows the caller's cancellation. And a cancellation
-that something below swallowed all the same (a driver that turns an interrupted
-query into a result) still ends the loop: a task whose cancellation is pending
-raises it at its next wait.
+``asyncio.timeout`` counts cancellations (``Task.uncancel``): it raises
+TimeoutError only for its own, and the caller's always propagates. And a
+cancellation that something below swallowed all the same (a driver that turns
+an interrupted query into a result) still ends the loop: a task whose
+cancellation is pending raises it at its next wait.
+
+The event is awaited in the caller's own task, not in a task of its own: a set
+event resumes the waiter at the loop's next turn (the claim loop is then the
+first to run after a handler returns, ahead of the acknowledgement's flush).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
@@ -21,9 +27,11 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=None if timeout is None else max(timeout, 0.0))
-    finally:
-        waiter.cancel()
+    if not event.is_set():
+        if timeout is None:
+            await event.wait()
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await event.wait()
     event.clear()
