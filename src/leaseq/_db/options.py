@@ -24,13 +24,17 @@ WORKER_OPTIONS: dict[str, Any] = {
 
 #: For the worker's own sessions, which send nothing but leaseq's statements
 #: (claims, renewals, acknowledgements): every prepared statement keeps one
-#: generic plan. Left to choose, the server re-planned the claim on every call
-#: (its custom plans looked cheaper than a generic one), which took ~0.5 ms of
-#: an empty claim's ~0.8 ms; the generic plan reads the same partial indexes
-#: (tests/test_plans.py). Never for sessions that run an application's queries.
+#: generic plan, and nothing is compiled. Left to choose, the server re-planned
+#: the claim on every call (its custom plans looked cheaper than a generic one),
+#: which took ~0.5 ms of an empty claim's ~0.8 ms. A generic plan cannot see
+#: the LIMIT, so over a large backlog its estimated cost passes jit_above_cost
+#: and JIT compiled the claim on every call (~30 ms with 100,000 queued); these
+#: statements touch a handful of rows and never gain from JIT. The generic plan
+#: reads the same partial indexes (tests/test_plans.py). Never for sessions
+#: that run an application's queries.
 SERVICE_OPTIONS: dict[str, Any] = {
     **WORKER_OPTIONS,
-    "options": f"{WORKER_OPTIONS['options']} -c plan_cache_mode=force_generic_plan",
+    "options": f"{WORKER_OPTIONS['options']} -c plan_cache_mode=force_generic_plan -c jit=off",
 }
 
 

@@ -16,9 +16,10 @@
 -- index is no candidate, so each claim is found by its primary key even when
 -- stale statistics say one job runs while thousands do (a renewal of 10 leases
 -- with 5,000 running read the whole lease index 10 times: 17 ms).
+-- The id arrays go in binary (%(...)b): the driver's text form quotes each element.
 WITH claimed AS (
     SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[])
+    FROM unnest(%(job_ids)b::bigint[], %(lease_versions)b::bigint[])
         AS c (job_id, lease_version)
 ),
 completed AS (

@@ -11,7 +11,7 @@
 -- with 5,000 running read the whole lease index 10 times: 17 ms).
 WITH claimed AS (
     SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[])
+    FROM unnest(%(job_ids)b::bigint[], %(lease_versions)b::bigint[])
         AS c (job_id, lease_version)
 ),
 released AS (

@@ -13,7 +13,7 @@
 -- with 5,000 running read the whole lease index 10 times: 17 ms).
 WITH claimed AS (
     SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[],
+    FROM unnest(%(job_ids)b::bigint[], %(lease_versions)b::bigint[],
                 %(delays)s::double precision[], %(errors)s::text[])
         AS c (job_id, lease_version, delay, error)
 ),
