@@ -8,9 +8,11 @@ WITH admitted AS (
 notified AS (
     SELECT pg_notify(%(channel)s, %(queue)s) WHERE %(channel)s::text IS NOT NULL
 ),
+-- The arrays go in binary (%(...)b): the driver's text form quotes every
+-- element with a regular expression, most of a batch's client time.
 input AS (
     SELECT *
-    FROM unnest(%(payloads)s::text[], %(payload_bytes)s::integer[], %(seqs)s::bigint[])
+    FROM unnest(%(payloads)b::text[], %(payload_bytes)b::integer[], %(seqs)b::bigint[])
         WITH ORDINALITY AS i (payload, payload_bytes, seq, position)
 ),
 -- With an ordering key, only the batch's earliest job can be its key's head:

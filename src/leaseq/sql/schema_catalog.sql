@@ -32,6 +32,7 @@ WHERE n.nspname = %(schema_name)s AND c.reloptions IS NOT NULL
 UNION ALL
 SELECT 'function', p.proname || '(' || pg_get_function_arguments(p.oid) || ') '
            || pg_get_function_result(p.oid) || ' volatility=' || p.provolatile::text
+           || CASE WHEN p.proretset THEN ' rows=' || p.prorows::text ELSE '' END
            || ' language=' || l.lanname || ' body:' || p.prosrc
 FROM pg_proc AS p
 JOIN pg_namespace AS n ON n.oid = p.pronamespace
