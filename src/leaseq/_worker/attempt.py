@@ -25,6 +25,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 from .. import _tracing
 from .._errors import LeaseLost
@@ -53,8 +54,10 @@ class AttemptRunner:
         metrics: Metrics | None,
         *,
         slots: int,
+        made_work: Callable[[str], None],
     ) -> None:
         self._attempts = attempts
+        self._made_work = made_work
         self._outcomes = outcomes
         self._stats = stats
         self._metrics = metrics
@@ -70,6 +73,7 @@ class AttemptRunner:
     async def _run(self, attempt: Attempt, task: Task) -> None:
         claim = attempt.claim
         instruments = None if self._metrics is None else self._metrics.queue(claim.queue)
+        label = LOST_HERE
         try:
             with _tracing.process(claim, claim.trace_context) as span:
                 if log.isEnabledFor(logging.DEBUG):  # its fields are built per job
@@ -96,6 +100,10 @@ class AttemptRunner:
             )
         finally:
             self._attempts.finish(attempt)
+            # What may have made a job of this queue claimable: a keyed job's
+            # end (its successor), a retry, a release, a lost lease (.hints).
+            if claim.key is not None or label not in ("done", "failed"):
+                self._made_work(claim.queue)
 
     async def _acknowledge(self, attempt: Attempt, outcome: Outcome | None) -> str:
         """Report the outcome; say what the database did with it (a metrics label)."""

@@ -26,23 +26,26 @@ async def listen_for_work(
     listener: AsyncQueue,
     queues: set[str],
     *,
-    wake: Callable[[], None],
+    work: Callable[[str | None], None],
     lost: Callable[[int], None],
     stats: WorkerStats,
 ) -> None:
-    """Call ``wake`` for every notification about one of ``queues``; never returns.
+    """Call ``work(queue)`` for every notification about one of ``queues``; never
+    returns.
 
     Polling runs behind this regardless, so a lost connection delays nothing by
-    more than a poll interval; after each reconnect ``wake`` is called once to
-    pick up what was enqueued meanwhile.
+    more than a poll interval; after each reconnect ``work(None)`` says that any
+    queue may have work (what was enqueued meanwhile is unknown).
     """
     delay = 0.1
     while True:
         try:
             async for payload in listener._listen():
                 delay = 0.1
-                if payload == "" or payload in queues:  # "": (re)connected
-                    wake()
+                if payload == "":  # (re)connected
+                    work(None)
+                elif payload in queues:
+                    work(payload)
                 elif payload.startswith(LOST_PREFIX) and payload[len(LOST_PREFIX) :].isdigit():
                     lost(int(payload[len(LOST_PREFIX) :]))
         except TransientError as exc:

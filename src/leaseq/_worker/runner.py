@@ -2,7 +2,8 @@
 
 One asyncio loop per process. The claim loop claims at most as many jobs as
 there are free slots (:mod:`.registry`), in one statement per queue, round
-robin, and sleeps until a NOTIFY, a freed slot or a jittered poll. Each claim
+robin, from the queues that may have work (:mod:`.hints`), and sleeps until a
+NOTIFY, a freed slot or a jittered poll. Each claim
 becomes an attempt (:mod:`.attempt`): async handlers run on the loop, sync ones
 in daemon threads (:mod:`.threads`), so CPU-bound work cannot stop the loop from
 renewing leases and a handler that never returns cannot keep a stopped process
@@ -41,6 +42,7 @@ from .app import App
 from .attempt import AttemptRunner
 from .connections import WorkerClients
 from .context import JobContext
+from .hints import WorkHints
 from .leases import LeaseKeeper
 from .listener import listen_for_work
 from .outcomes import Outcomes
@@ -102,6 +104,7 @@ class Worker:
         #: Where this worker counts (the Prometheus view of its stats); None: nowhere.
         self.metrics = metrics
         self._attempts = AttemptRegistry(concurrency, self.stats, metrics)
+        self._hints = WorkHints(self.queues, poll_interval)
         self._stopping = asyncio.Event()
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
@@ -139,7 +142,12 @@ class Worker:
         )
         outcomes = Outcomes(self._clients.acknowledgements)
         self._runner = AttemptRunner(
-            self._attempts, outcomes, self.stats, self.metrics, slots=self.concurrency
+            self._attempts,
+            outcomes,
+            self.stats,
+            self.metrics,
+            slots=self.concurrency,
+            made_work=self._work_hint,
         )
         self._leases = LeaseKeeper(
             self._clients.renewals,
@@ -194,7 +202,7 @@ class Worker:
             services["listen"] = listen_for_work(
                 self._clients.listener,
                 set(self.queues),
-                wake=self._attempts.wake,
+                work=self._work_hint,
                 lost=self._leases.check_now,
                 stats=self.stats,
             )
@@ -234,23 +242,31 @@ class Worker:
             if free <= 0:
                 await self._attempts.sleep_until_woken(None)
                 continue
-            claimed = 0
             order = self.queues[start:] + self.queues[:start]
             start = (start + 1) % len(self.queues)
+            asking = self._hints.to_ask(order)
+            if not asking:  # nothing to claim until a hint or the poll (.hints)
+                await self._attempts.sleep_until_woken(self._hints.until_poll())
+                continue
             try:
-                for name in order:
+                for name, generation in asking:
                     claims = await self._claim(name, free)
-                    claimed += len(claims)
+                    if len(claims) < free:
+                        self._hints.came_back_short(name, generation)
                     free -= len(claims)
                     if free <= 0 or self._stopping.is_set():
                         break
             except TransientError as exc:
                 self.stats.database_errors += 1
                 log.warning("claim failed (%s); retrying", exc)
-            if claimed == 0:
                 await self._attempts.sleep_until_woken(
                     self.poll_interval * random.uniform(0.5, 1.5)
                 )
+
+    def _work_hint(self, queue: str | None) -> None:
+        """Something may have made ``queue`` (None: any queue) claimable: claim again."""
+        self._hints.may_have_work(queue)
+        self._attempts.wake()
 
     async def _claim(self, name: str, limit: int) -> list[Claim]:
         """Claim up to ``limit`` jobs of one queue and start an attempt for each."""
