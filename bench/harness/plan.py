@@ -170,7 +170,7 @@ def soak_plan(seconds: float) -> list[Step]:
             "seconds": seconds,
             "warmup": min(60.0, seconds / 4),
             "sample_every": 5.0,
-            "retain_done": 60.0,
+            "retain_done": 30.0,
             "concurrency": 10,
             "rate_fraction": 0.5,
         },

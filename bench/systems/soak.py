@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from cases import System, anything_pending, paced_producer, pending
+from cases import System, anything_pending, paced_producer, pending, start_latencies
 from common import Workers, rss_kib, write_ledger
 
 SIZE_SQL = (
@@ -71,13 +71,14 @@ async def case_soak(p: dict[str, Any], system: Any, script: str) -> dict[str, An
     try:
         await system.enqueue_one(0)  # the warm-up job: the worker is up once it ran
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            while await anything_pending(conn, system):
+            while workers.alive() and await anything_pending(conn, system):
                 await asyncio.sleep(0.05)
             sampler = asyncio.create_task(
                 sample(dsn, system, workers.procs[0].pid, p["sample_every"], done)
             )
             started = time.perf_counter()
-            committed = await paced_producer(system, rate, jobs, first=1)
+            # Four producers: one connection's commits top out below the soak's rate.
+            committed = await paced_producer(system, rate, jobs, first=1, producers=4)
             produced_for = time.perf_counter() - started
             done.set()
             samples = await sampler
@@ -88,16 +89,13 @@ async def case_soak(p: dict[str, Any], system: Any, script: str) -> dict[str, An
         await system.close()
         workers.stop()
     (record,) = workers.records()
-    start_of = dict(zip(record["seqs"], record["starts"], strict=True))
-    latencies = sorted(1000 * (start_of[seq + 1] - t) for seq, t in enumerate(committed))
     write_ledger(workdir, produced=range(jobs + 1), pending_after=await pending(dsn, system))
     return {
         "jobs": jobs,
         "offered_rate": rate,
         "achieved_rate": jobs / produced_for,
         "cpu_us_per_job": 1e6 * record["cpu_s"] / max(len(record["seqs"]), 1),
-        "p50_ms": latencies[len(latencies) // 2],
-        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+        **start_latencies(record, committed, first=1),
         "warmup_s": p["warmup"],
         **growth(samples, p["warmup"]),
         "samples": samples,
