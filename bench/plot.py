@@ -51,13 +51,38 @@ def bars(
             ys.append(c["median"])
             lo.append(c["median"] - c["min"])
             hi.append(c["max"] - c["median"])
-        ax.bar(xs, ys, width, yerr=[lo, hi], label=system, color=COLOURS[system], capsize=2)
+        if xs:
+            ax.bar(xs, ys, width, yerr=[lo, hi], label=system, color=COLOURS[system], capsize=2)
     ax.set_xticks(range(len(rows)), [title for _, title, _ in rows], rotation=20)
+
+
+def soak(doc: dict[str, Any], path: Path) -> None:
+    """W5: the worker's RSS and the tables' size over the soak."""
+    (run,) = [r for r in doc["runs"] if r["workload"] == "w5"]
+    samples, warmup = run["result"]["samples"], run["result"]["warmup_s"]
+    fig, (rss, size) = plt.subplots(1, 2, figsize=(12, 4))
+    t = [s["t"] for s in samples]
+    rss.plot(t, [s["rss_kib"] / 1024 for s in samples], color=COLOURS["leaseq"])
+    rss.set_ylabel("worker VmRSS (MiB)")
+    size.plot(t, [s["bytes"] / 2**20 for s in samples], color=COLOURS["leaseq"])
+    size.set_ylabel("tables + indexes (MiB)")
+    for ax in (rss, size):
+        ax.axvline(warmup, color="grey", linestyle=":", label="end of warm-up")
+        ax.set_xlabel("s")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.suptitle(f"leaseq soak at {run['result']['offered_rate']:,.0f} jobs/s, {doc['started']}")
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=110)
+    print(f"bench: chart written to {path.with_suffix('.png')}")
 
 
 def main() -> None:
     path = Path(sys.argv[1])
     doc = json.loads(path.read_text())
+    if any(r["workload"] == "w5" for r in doc["runs"]):
+        soak(doc, path)
+        return
     summary = doc["summary"]
     rows = [r for r in ROWS if r[0] in summary]
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=(3, 1))
