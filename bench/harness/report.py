@@ -168,7 +168,7 @@ def soak_table(runs: list[dict[str, Any]]) -> list[str]:
     return [
         f"W5 soak, leaseq: {s['jobs']:,} jobs offered at {s['offered_rate']:,.0f} jobs/s "
         f"(half the W2 c=10 rate measured just before; achieved {s['achieved_rate']:,.0f}) for "
-        f"{s['jobs'] / s['offered_rate']:,.0f} s, retain_done=30 s, the maintenance leader on; "
+        f"{s['seconds']:,.0f} s, retain_done=30 s, the maintenance leader on; "
         f"growth after a {s['warmup_s']:.0f} s warm-up:",
         "",
         "| metric | at warm-up end | at the end | growth per minute |",

@@ -87,8 +87,10 @@ def as_url(conninfo: str, dbname: str) -> str:
     netloc = (
         f"[{host}]" if ":" in host else (quote(host, safe="") if host.startswith("/") else host)
     )
-    if host.startswith("/"):  # a socket directory goes in the query, as libpq reads it
+    if host.startswith("/"):  # a socket directory (and its port) go in the query
         params["host"], netloc = host, ""
+        if port:
+            params["port"], port = port, None
     path = quote(str(params.pop("dbname")), safe="")
     query = urlencode({k: str(v) for k, v in params.items()})
     return f"postgresql://{auth}{netloc}{':' + str(port) if port else ''}/{path}" + (

@@ -157,20 +157,30 @@ async def case_backlog_window(p: dict[str, Any], system: System, script: str) ->
 
 
 async def paced_producer(
-    system: System, rate: float, jobs: int, first: int, producers: int = 1
+    system: System,
+    rate: float,
+    jobs: int,
+    first: int,
+    *,
+    producers: int = 1,
+    seconds: float | None = None,
 ) -> list[float]:
     """One job per transaction at a fixed rate (job i due at i / rate), from
     `producers` concurrent producers when one connection's commits cannot keep up;
     returns, per job, the wall time right after its enqueue returned (its commit
-    acknowledged)."""
+    acknowledged). With `seconds`, producing stops then even if the producers fell
+    behind: a job never enqueued keeps 0.0."""
     committed = [0.0] * jobs
     origin = time.monotonic()
+    end = origin + seconds if seconds is not None else float("inf")
 
     async def produce(offset: int) -> None:
         for index in range(offset, jobs, producers):
             delay = origin + index / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if time.monotonic() > end:
+                return
             await system.enqueue_one(first + index)
             committed[index] = time.time()
 
@@ -181,7 +191,7 @@ async def paced_producer(
 def start_latencies(record: dict[str, Any], committed: list[float], first: int) -> dict[str, float]:
     """Handler start minus commit, per job, in ms: p50, p95, p99 and max."""
     start_of = dict(zip(record["seqs"], record["starts"], strict=True))
-    ms = sorted(1000 * (start_of[first + i] - t) for i, t in enumerate(committed))
+    ms = sorted(1000 * (start_of[first + i] - t) for i, t in enumerate(committed) if t)
     at = {q: ms[min(len(ms) - 1, int(q / 100 * len(ms)))] for q in (50, 95, 99)}
     return {"p50_ms": at[50], "p95_ms": at[95], "p99_ms": at[99], "max_ms": ms[-1]}
 

@@ -65,7 +65,14 @@ async def case_soak(p: dict[str, Any], system: Any, script: str) -> dict[str, An
     await system.configure_retention(dsn, p["retain_done"])
     workdir = Path(p["workdir"])
     workers = Workers(script, workdir)
-    workers.start(1, dsn=dsn, schema=system.schema, concurrency=p["concurrency"], maintenance=True)
+    workers.start(
+        1,
+        dsn=dsn,
+        schema=system.schema,
+        concurrency=p["concurrency"],
+        maintenance=True,
+        capacity=jobs + 1,  # a preallocated record: the RSS measured is the worker's own
+    )
     await system.open(dsn)
     done = asyncio.Event()
     try:
@@ -78,7 +85,10 @@ async def case_soak(p: dict[str, Any], system: Any, script: str) -> dict[str, An
             )
             started = time.perf_counter()
             # Four producers: one connection's commits top out below the soak's rate.
-            committed = await paced_producer(system, rate, jobs, first=1, producers=4)
+            # Time-bound: a soak lasts its seconds even if the producers fall behind.
+            committed = await paced_producer(
+                system, rate, jobs, first=1, producers=4, seconds=seconds
+            )
             produced_for = time.perf_counter() - started
             done.set()
             samples = await sampler
@@ -89,11 +99,13 @@ async def case_soak(p: dict[str, Any], system: Any, script: str) -> dict[str, An
         await system.close()
         workers.stop()
     (record,) = workers.records()
-    write_ledger(workdir, produced=range(jobs + 1), pending_after=await pending(dsn, system))
+    produced = [0] + [1 + i for i, t in enumerate(committed) if t]
+    write_ledger(workdir, produced=produced, pending_after=await pending(dsn, system))
     return {
-        "jobs": jobs,
+        "jobs": len(produced) - 1,
+        "seconds": produced_for,
         "offered_rate": rate,
-        "achieved_rate": jobs / produced_for,
+        "achieved_rate": (len(produced) - 1) / produced_for,
         "cpu_us_per_job": 1e6 * record["cpu_s"] / max(len(record["seqs"]), 1),
         **start_latencies(record, committed, first=1),
         "warmup_s": p["warmup"],
