@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types pytest install clean
+.PHONY: demo test lint types pytest install clean bench bench-quick bench-soak
 
 test: install lint types pytest
 
@@ -31,6 +31,20 @@ types: install
 
 pytest: install
 	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+# The side-by-side bench (bench/README.md): leaseq, procrastinate and pgqueuer on
+# the PostgreSQL of DATABASE_URL (leaseq's embedded server if unset), in a
+# database of its own (leaseq_bench); the peers' venvs are built under bench/.venvs.
+SOAK_SECONDS ?= 600
+
+bench: install
+	$(BIN)/python bench/run.py --mode full
+
+bench-quick: install
+	$(BIN)/python bench/run.py --mode quick
+
+bench-soak: install
+	$(BIN)/python bench/run.py --mode soak --soak-seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

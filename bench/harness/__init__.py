@@ -1,0 +1,1 @@
+"""The side-by-side harness's driver: plans, runs, checks and reports (bench/run.py)."""

@@ -1,0 +1,107 @@
+"""leaseq under the shared workloads, through its public API only.
+
+Knobs (why in bench/README.md): Worker(concurrency=N, maintenance=False) with the
+defaults otherwise (LISTEN on, poll 1 s, metrics on, as a user gets them);
+AsyncQueue(pool_size=10, notify=True) for producers. The soak turns retention
+and the maintenance leader on.
+
+    .venv/bin/python bench/systems/leaseq_sys.py case '<json>'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import psycopg
+from cases import case_main
+from common import Recorder, worker_main
+from soak import case_soak
+
+import leaseq
+
+SCHEMA = "bench_leaseq"
+QUEUE = "bench"
+
+
+class Leaseq:
+    name = "leaseq"
+
+    def __init__(self, schema: str = SCHEMA, notify: bool = True, pool_size: int = 10) -> None:
+        self.schema = schema
+        self.pending_sql = (
+            f"SELECT (payload->>'n')::bigint FROM {schema}.job"
+            " WHERE status IN ('queued', 'running')"
+        )
+        self.notify = notify
+        self.pool_size = pool_size
+        self.queue: leaseq.AsyncQueue | None = None
+
+    async def reset(self, dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+        async with leaseq.AsyncQueue(dsn, schema=self.schema) as queue:
+            await queue.migrate()
+
+    async def open(self, dsn: str) -> None:
+        self.queue = leaseq.AsyncQueue(
+            dsn, schema=self.schema, notify=self.notify, pool_size=self.pool_size
+        )
+
+    async def close(self) -> None:
+        if self.queue is not None:
+            await self.queue.close()
+
+    async def enqueue_one(self, seq: int) -> None:
+        assert self.queue is not None
+        await self.queue.enqueue(QUEUE, {"n": seq})
+
+    async def enqueue_bulk(self, seqs: list[int]) -> None:
+        assert self.queue is not None
+        await self.queue.enqueue_many(QUEUE, [{"n": seq} for seq in seqs])
+
+    async def configure_retention(self, dsn: str, retain_done: float) -> None:
+        async with leaseq.AsyncQueue(dsn, schema=self.schema) as queue:
+            await queue.configure_queue(QUEUE, retain_done=retain_done)
+
+
+async def work(options: dict[str, Any], recorder: Recorder) -> None:
+    app = leaseq.App(schema=options["schema"])
+
+    @app.task(QUEUE)
+    async def handle(job: leaseq.JobContext) -> None:
+        await recorder.admit()
+        recorder.started(job.payload["n"])
+        recorder.finished()
+
+    worker = leaseq.Worker(
+        app,
+        dsn=options["dsn"],
+        concurrency=options["concurrency"],
+        maintenance=options.get("maintenance", False),
+    )
+    task = asyncio.create_task(worker.run())
+    await recorder.stop.wait()
+    worker.request_stop()
+    await task
+
+
+def main() -> None:
+    if sys.argv[1] == "worker":
+        worker_main(work)
+        return
+    p = json.loads(sys.argv[2])
+    # The notify cases compare AsyncQueue(notify=True) with notify=False; a pool as
+    # large as the producers, so that none waits for a connection.
+    system = Leaseq(
+        p.get("schema", SCHEMA),
+        notify=p.get("notify", True),
+        pool_size=max(10, p.get("producers", 1)),
+    )
+    case_main(p, system, __file__, extra={"soak": case_soak})
+
+
+if __name__ == "__main__":
+    main()
