@@ -1,0 +1,192 @@
+"""The limits behind the targets leaseq misses: what PostgreSQL does with leaseq's
+own job table, measured beside leaseq in the same run.
+
+* Bulk enqueue: enqueue_many of 1,000 jobs against COPY of the same 1,000 rows
+  (the columns an enqueue writes) into leaseq's job table, and COPY into the
+  minimal table of `make bench`'s raw ceiling.
+* Lifecycle: the batched claim/complete loop, 100 jobs per statement, on
+  leaseq's table with leaseq's own claim statement and a bare completion (no
+  fence, no worker), against the same loop on the minimal table.
+* Start latency: a durable commit of a one-row UPDATE, p50/p95/p99; no claim
+  starts a job sooner than its own commit comes back.
+
+Alternating rounds, medians: the machine is shared and noisy.
+
+    .venv/bin/python bench/ceilings.py [--database-url URL] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import psycopg
+
+import leaseq
+
+SCHEMA = "bench_ceilings"
+MINIMAL = f"""
+CREATE TABLE {SCHEMA}.minimal (
+    id bigserial PRIMARY KEY,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    status text NOT NULL DEFAULT 'queued',
+    run_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX minimal_ready ON {SCHEMA}.minimal (queue, run_at, id) WHERE status = 'queued';
+"""
+MINIMAL_CLAIM = f"""
+UPDATE {SCHEMA}.minimal SET status = 'running'
+ WHERE id IN (SELECT id FROM {SCHEMA}.minimal
+               WHERE queue = 'bench' AND status = 'queued' AND run_at <= now()
+               ORDER BY run_at, id FOR UPDATE SKIP LOCKED LIMIT %s)
+RETURNING id, payload
+"""
+PAYLOADS = [{"n": n} for n in range(1000)]
+BATCHES = 20  # bulk calls per measurement
+LIFECYCLE_JOBS = 50_000
+BATCH = 100
+
+
+def timed(action: Callable[..., int], *args: object) -> float:
+    """Rows per second of one call of ``action(*args)`` (which returns its row count)."""
+    started = time.perf_counter()
+    rows = action(*args)
+    return rows / (time.perf_counter() - started)
+
+
+def bulk_enqueue(queue: leaseq.Queue) -> int:
+    for _ in range(BATCHES):
+        queue.enqueue_many("bench", PAYLOADS)
+    return BATCHES * len(PAYLOADS)
+
+
+def copy_rows(conn: psycopg.Connection[object], sql: str, row: Callable[[str], tuple]) -> int:
+    texts = [json.dumps(p, separators=(",", ":")) for p in PAYLOADS]
+    for _ in range(BATCHES):
+        with conn.transaction(), conn.cursor().copy(sql) as copy:
+            for text in texts:
+                copy.write_row(row(text))
+    return BATCHES * len(PAYLOADS)
+
+
+def copy_into_job_table(conn: psycopg.Connection[object]) -> int:
+    sql = (
+        f"COPY {SCHEMA}.job (queue, payload, payload_bytes, available_at, max_attempts) FROM STDIN"
+    )
+    now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    return copy_rows(conn, sql, lambda text: ("bench", text, len(text), now, 20))
+
+
+def copy_into_minimal(conn: psycopg.Connection[object]) -> int:
+    sql = f"COPY {SCHEMA}.minimal (queue, payload) FROM STDIN"
+    return copy_rows(conn, sql, lambda text: ("bench", text))
+
+
+def lifecycle_on_job_table(queue: leaseq.Queue, conn: psycopg.Connection[object]) -> int:
+    claim = queue._store.claim("bench", limit=BATCH).statements[0]
+    done = 0
+    while rows := conn.execute(claim.sql, claim.params).fetchall():
+        conn.execute(
+            f"UPDATE {SCHEMA}.job SET status = 'done', lease_until = NULL,"
+            " finished_at = now() WHERE job_id = ANY(%s)",
+            ([r[0] for r in rows],),
+        )
+        done += len(rows)
+    return done
+
+
+def lifecycle_on_minimal(conn: psycopg.Connection[object]) -> int:
+    done = 0
+    while rows := conn.execute(MINIMAL_CLAIM, (BATCH,)).fetchall():
+        conn.execute(
+            f"UPDATE {SCHEMA}.minimal SET status = 'done' WHERE id = ANY(%s)",
+            ([r[0] for r in rows],),
+        )
+        done += len(rows)
+    return done
+
+
+def commit_latencies(conn: psycopg.Connection[object], count: int = 3000) -> list[float]:
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA}.one (id int PRIMARY KEY, v int)")
+    conn.execute(f"INSERT INTO {SCHEMA}.one VALUES (1, 0) ON CONFLICT DO NOTHING")
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        conn.execute(f"UPDATE {SCHEMA}.one SET v = v + 1 WHERE id = 1")
+        latencies.append((time.perf_counter() - started) * 1000)
+    return sorted(latencies)
+
+
+def reset(url: str) -> leaseq.Queue:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    queue = leaseq.Queue(url, schema=SCHEMA)
+    queue.migrate()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(MINIMAL)
+    return queue
+
+
+def vacuum(conn: psycopg.Connection[object]) -> None:
+    conn.execute(f"VACUUM ANALYZE {SCHEMA}.job")
+    conn.execute(f"VACUUM ANALYZE {SCHEMA}.minimal")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    url = leaseq.database_url(args.database_url)
+    results: dict[str, list[float]] = {}
+
+    def record(name: str, value: float) -> None:
+        results.setdefault(name, []).append(value)
+
+    for _ in range(args.rounds):
+        queue = reset(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            record("enqueue_many, 1,000 per call", timed(bulk_enqueue, queue))
+            record("COPY into leaseq's job table", timed(copy_into_job_table, conn))
+            record("COPY into the minimal table", timed(copy_into_minimal, conn))
+        queue.close()
+        queue = reset(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for start in range(0, LIFECYCLE_JOBS, 10_000):
+                queue.enqueue_many("bench", [{"n": n} for n in range(start, start + 10_000)])
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.minimal (queue, payload) SELECT 'bench',"
+                f" jsonb_build_object('n', n) FROM generate_series(1, {LIFECYCLE_JOBS}) AS n"
+            )
+            vacuum(conn)
+            record(
+                "lifecycle, 100 per statement, leaseq's table and claim",
+                timed(lifecycle_on_job_table, queue, conn),
+            )
+            record(
+                "lifecycle, 100 per statement, minimal table",
+                timed(lifecycle_on_minimal, conn),
+            )
+            latencies = commit_latencies(conn)
+            for share in (0.5, 0.95, 0.99):
+                record(
+                    f"durable one-row commit, p{share * 100:g} (ms)",
+                    latencies[int(share * len(latencies))],
+                )
+        queue.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    width = max(len(name) for name in results)
+    print(f"{'measurement':<{width}}  median (min-max) over {args.rounds} rounds")
+    for name, values in results.items():
+        digits = 2 if "(ms)" in name else 0
+        low, mid, high = min(values), statistics.median(values), max(values)
+        print(f"{name:<{width}}  {mid:,.{digits}f} ({low:,.{digits}f}-{high:,.{digits}f})")
+
+
+if __name__ == "__main__":
+    main()
