@@ -164,25 +164,34 @@ async def paced_producer(
     *,
     producers: int = 1,
     seconds: float | None = None,
+    batch: int = 1,
 ) -> list[float]:
-    """One job per transaction at a fixed rate (job i due at i / rate), from
-    `producers` concurrent producers when one connection's commits cannot keep up;
-    returns, per job, the wall time right after its enqueue returned (its commit
-    acknowledged). With `seconds`, producing stops then even if the producers fell
-    behind: a job never enqueued keeps 0.0."""
+    """Jobs at a fixed rate (job i due at i / rate), one per transaction, or
+    `batch` per enqueue call; from `producers` concurrent producers when one
+    connection's commits cannot keep up; returns, per job, the wall time right
+    after its enqueue returned (its commit acknowledged). With `seconds`,
+    producing stops then even if the producers fell behind: a job never
+    enqueued keeps 0.0."""
     committed = [0.0] * jobs
     origin = time.monotonic()
     end = origin + seconds if seconds is not None else float("inf")
+    calls = range(0, jobs, batch)  # the first job of each call
 
     async def produce(offset: int) -> None:
-        for index in range(offset, jobs, producers):
-            delay = origin + index / rate - time.monotonic()
+        for start in calls[offset::producers]:
+            delay = origin + start / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             if time.monotonic() > end:
                 return
-            await system.enqueue_one(first + index)
-            committed[index] = time.time()
+            seqs = list(range(first + start, first + min(jobs, start + batch)))
+            if batch == 1:
+                await system.enqueue_one(seqs[0])
+            else:
+                await system.enqueue_bulk(seqs)
+            now = time.time()
+            for index in range(start, start + len(seqs)):
+                committed[index] = now
 
     await asyncio.gather(*(produce(k) for k in range(producers)))
     return committed
