@@ -20,31 +20,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 
 import leaseq
 
+sys.path.insert(0, str(Path(__file__).parent / "systems"))
+# bench/systems is not a package (its scripts run on their own): its raw ceiling
+import raw_sys
+
 SCHEMA = "bench_ceilings"
-MINIMAL = f"""
-CREATE TABLE {SCHEMA}.minimal (
-    id bigserial PRIMARY KEY,
-    queue text NOT NULL,
-    payload jsonb NOT NULL,
-    status text NOT NULL DEFAULT 'queued',
-    run_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX minimal_ready ON {SCHEMA}.minimal (queue, run_at, id) WHERE status = 'queued';
-"""
-MINIMAL_CLAIM = f"""
-UPDATE {SCHEMA}.minimal SET status = 'running'
- WHERE id IN (SELECT id FROM {SCHEMA}.minimal
-               WHERE queue = 'bench' AND status = 'queued' AND run_at <= now()
-               ORDER BY run_at, id FOR UPDATE SKIP LOCKED LIMIT %s)
-RETURNING id, payload
-"""
+# The minimal table, its claim and its completion: `make bench`'s raw ceiling's own.
+MINIMAL_SCHEMA = "bench_ceilings_raw"
+MINIMAL_DDL = raw_sys.DDL.format(schema=MINIMAL_SCHEMA)
+MINIMAL_CLAIM = raw_sys.CLAIM.format(schema=MINIMAL_SCHEMA)
+MINIMAL_COMPLETE = raw_sys.COMPLETE.format(schema=MINIMAL_SCHEMA)
 PAYLOADS = [{"n": n} for n in range(1000)]
 BATCHES = 20  # bulk calls per measurement
 LIFECYCLE_JOBS = 50_000
@@ -82,7 +76,7 @@ def copy_into_job_table(conn: psycopg.Connection[object]) -> int:
 
 
 def copy_into_minimal(conn: psycopg.Connection[object]) -> int:
-    sql = f"COPY {SCHEMA}.minimal (queue, payload) FROM STDIN"
+    sql = f"COPY {MINIMAL_SCHEMA}.job (queue, payload) FROM STDIN"
     return copy_rows(conn, sql, lambda text: ("bench", text))
 
 
@@ -101,11 +95,8 @@ def lifecycle_on_job_table(queue: leaseq.Queue, conn: psycopg.Connection[object]
 
 def lifecycle_on_minimal(conn: psycopg.Connection[object]) -> int:
     done = 0
-    while rows := conn.execute(MINIMAL_CLAIM, (BATCH,)).fetchall():
-        conn.execute(
-            f"UPDATE {SCHEMA}.minimal SET status = 'done' WHERE id = ANY(%s)",
-            ([r[0] for r in rows],),
-        )
+    while rows := conn.execute(MINIMAL_CLAIM, ("bench", BATCH)).fetchall():
+        conn.execute(MINIMAL_COMPLETE, ([r[0] for r in rows],))
         done += len(rows)
     return done
 
@@ -124,16 +115,17 @@ def commit_latencies(conn: psycopg.Connection[object], count: int = 3000) -> lis
 def reset(url: str) -> leaseq.Queue:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"DROP SCHEMA IF EXISTS {MINIMAL_SCHEMA} CASCADE")
     queue = leaseq.Queue(url, schema=SCHEMA)
     queue.migrate()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(MINIMAL)
+        conn.execute(MINIMAL_DDL)
     return queue
 
 
 def vacuum(conn: psycopg.Connection[object]) -> None:
     conn.execute(f"VACUUM ANALYZE {SCHEMA}.job")
-    conn.execute(f"VACUUM ANALYZE {SCHEMA}.minimal")
+    conn.execute(f"VACUUM ANALYZE {MINIMAL_SCHEMA}.job")
 
 
 def main() -> None:
@@ -159,7 +151,7 @@ def main() -> None:
             for start in range(0, LIFECYCLE_JOBS, 10_000):
                 queue.enqueue_many("bench", [{"n": n} for n in range(start, start + 10_000)])
             conn.execute(
-                f"INSERT INTO {SCHEMA}.minimal (queue, payload) SELECT 'bench',"
+                f"INSERT INTO {MINIMAL_SCHEMA}.job (queue, payload) SELECT 'bench',"
                 f" jsonb_build_object('n', n) FROM generate_series(1, {LIFECYCLE_JOBS}) AS n"
             )
             vacuum(conn)
@@ -180,6 +172,7 @@ def main() -> None:
         queue.close()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"DROP SCHEMA IF EXISTS {MINIMAL_SCHEMA} CASCADE")
     width = max(len(name) for name in results)
     print(f"{'measurement':<{width}}  median (min-max) over {args.rounds} rounds")
     for name, values in results.items():
