@@ -36,6 +36,8 @@ from ._metrics import Metrics
 from ._statement import Operation
 from ._types import (
     Claim,
+    JobId,
+    JobIds,
     JobStatus,
     RenewalBusy,
 )
@@ -125,11 +127,17 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         key: str | None = None,
         seq: int | None = None,
         idempotency_key: str | None = None,
-    ) -> int:
+        timeout: float | None = None,
+        unique_key: str | None = None,
+        unique_for: float | None = None,
+    ) -> JobId:
         """Enqueue one job; returns its id. With ``conn``, in your transaction.
 
         ``key``/``seq`` order it within its ordering key; ``idempotency_key`` is
-        the business key handlers see (default: the job's identity).
+        the business key handlers see (default: the job's identity); ``timeout``
+        overrides its task's. With ``unique_key``, while a job of the queue with
+        that key is unfinished (or done less than ``unique_for`` seconds ago),
+        nothing is inserted and that job's id comes back (``.existing`` is True).
         """
         return await self._send(
             queue,
@@ -144,9 +152,12 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
                 key=key,
                 seq=seq,
                 idempotency_key=idempotency_key,
+                timeout=timeout,
+                unique_key=unique_key,
+                unique_for=unique_for,
                 trace_context=trace_context,
             ),
-            lambda job_id: [job_id],
+            lambda job_id: [] if job_id.existing else [job_id],
         )
 
     async def enqueue_many(
@@ -161,9 +172,15 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         max_attempts: int | None = None,
         key: str | None = None,
         seqs: Sequence[int] | None = None,
-    ) -> list[int]:
+        timeout: float | None = None,
+        unique_keys: Sequence[str] | None = None,
+        unique_for: float | None = None,
+    ) -> JobIds:
         """Enqueue many jobs of one queue in one statement; returns their ids in
-        input order. All or nothing. With ``conn``, in your transaction."""
+        input order. All or nothing. With ``conn``, in your transaction. With
+        ``unique_keys`` (one per payload), a payload whose key a job of the queue
+        holds (an earlier one of the batch included) inserts nothing: its
+        position carries that job's id, and ``.existing`` says which did."""
         return await self._send(
             queue,
             conn,
@@ -176,9 +193,12 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
                 max_attempts=max_attempts,
                 key=key,
                 seqs=seqs,
+                timeout=timeout,
+                unique_keys=unique_keys,
+                unique_for=unique_for,
                 trace_context=trace_context,
             ),
-            lambda job_ids: job_ids,
+            lambda job_ids: job_ids.inserted,
         )
 
     async def _send(
@@ -206,21 +226,33 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         steps = _steps.claim(self._store, queue, limit=limit, lease=lease)
         return await self._db.run_steps(steps)
 
-    async def complete(self, claim: Claim, *, conn: AsyncConnection | None = None) -> None:
-        """Complete a claim, or raise LeaseLost.
+    async def complete(
+        self, claim: Claim, *, result: Any = None, conn: AsyncConnection | None = None
+    ) -> None:
+        """Complete a claim, or raise LeaseLost. ``result`` (JSON, at most 64 KiB) is
+        stored with the completion, for ``result()`` and ``wait_result()``.
 
         With ``conn`` (your transaction, where an effect commits with the
         completion) a job this claim already completed raises AlreadyCompleted,
         so a re-run of the transaction rolls its effect back. Without it a
         resend after an ambiguous commit is accepted.
         """
-        await self._db.run(self._store.complete_one(claim, strict=conn is not None), conn)
+        await self._db.run(
+            self._store.complete_one(claim, result=result, strict=conn is not None), conn
+        )
 
     async def complete_many(
-        self, claims: Sequence[Claim], *, conn: AsyncConnection | None = None
+        self,
+        claims: Sequence[Claim],
+        *,
+        results: Sequence[Any] | None = None,
+        conn: AsyncConnection | None = None,
     ) -> list[tuple[Claim, bool]]:
-        """Per claim, True if completed; with ``conn``, an earlier completion is False."""
-        return await self._db.run(self._store.complete(claims, strict=conn is not None), conn)
+        """Per claim, True if completed; with ``conn``, an earlier completion is False.
+        ``results``: one per claim (None for none), stored with the completions."""
+        return await self._db.run(
+            self._store.complete(claims, results=results, strict=conn is not None), conn
+        )
 
     async def renew(self, claim: Claim, *, lease: float | None = None) -> datetime:
         """Extend the lease: its new end, or LeaseLost. Waits while another transaction

@@ -20,7 +20,7 @@ def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
     (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row[
         :11
     ]
-    recovered, ready_at, claimed_at, trace_context = row[11:15]
+    recovered, ready_at, claimed_at, trace_context, timeout = row[11:16]
     return Claim(
         job_id=job_id,
         queue=queue,
@@ -37,6 +37,7 @@ def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
         ready_at=ready_at,
         claimed_at=claimed_at,
         trace_context=trace_context,
+        timeout=timeout,
     )
 
 

@@ -79,3 +79,29 @@ class StatementTimeout(TransientError):
     """The server cancelled the statement: it ran past the client's
     ``statement_timeout`` (or an operator cancelled it). Nothing it would have
     written was committed."""
+
+
+class UniqueKeyHeld(LeaseqError):
+    """Another job of the queue holds this unique key (it is unfinished, or done
+    within its ``unique_for``): a replay of this job would make it a second one."""
+
+
+class ResultNotReady(LeaseqError):
+    """The job has not finished yet: it has no result to read."""
+
+
+class JobFailed(LeaseqError):
+    """The job ended without a result: failed or cancelled. ``status`` says which,
+    ``error`` is its last error."""
+
+    def __init__(self, message: str, *, job_id: int, status: str, error: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+
+
+class InvalidResult(LeaseqError):
+    """A handler returned a value that cannot be stored as its job's result: not
+    JSON, or larger than its task's ``max_result_bytes``. The job fails with this
+    error instead of completing (a retry would return the same value)."""

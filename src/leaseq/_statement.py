@@ -128,10 +128,12 @@ def migration_files() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-def notify_channel(schema: str) -> str:
-    """A channel name unique per schema within PostgreSQL's 63-byte identifier limit."""
-    name = f"leaseq_{schema}"
+def notify_channel(schema: str, topic: str = "") -> str:
+    """A channel name unique per schema (and topic: "" for enqueues, "results" for
+    finished jobs) within PostgreSQL's 63-byte identifier limit."""
+    prefix = f"leaseq_{topic}_" if topic else "leaseq_"
+    name = f"{prefix}{schema}"
     if len(name) <= 63:
         return name
     digest = hashlib.sha256(schema.encode()).hexdigest()[:16]
-    return f"leaseq_{schema[:38]}_{digest}"
+    return f"{prefix}{schema[: 62 - len(prefix) - 17]}_{digest}"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from time import monotonic
 from typing import Any
 
 from . import _steps
 from . import _validate as validate
 from ._db import Database
+from ._errors import ResultNotReady
 from ._store import Store
 from ._types import (
     AuditEntry,
@@ -116,6 +118,36 @@ class OperatorCalls:
             if not result.more or batches == max_batches:
                 return result
             time.sleep(pause)
+
+    def result(self, job_id: int) -> Any:
+        """What a done job's handler returned (None for nothing). Raises JobNotFound
+        (no such job, or removed by retention), ResultNotReady (queued or running)
+        or JobFailed (failed or cancelled: its ``status`` and last ``error``)."""
+        return self._db.run(self._store.result(job_id))
+
+    def wait_result(
+        self, job_id: int, *, timeout: float | None = None, poll_interval: float = 1.0
+    ) -> Any:
+        """Wait until the job finishes; then as :meth:`result`. TimeoutError after
+        ``timeout`` seconds (None: no limit).
+
+        Woken by the notification its completion (or failure) sends, on a
+        connection of its own; a look every ``poll_interval`` seconds finds what
+        no notification told (a cancel, a lost connection, ``notify=False``).
+        """
+        limit = None if timeout is None else validate.seconds(timeout, "timeout", 7 * 86400.0)
+        interval = validate.seconds(poll_interval, "poll_interval", 3600.0, allow_zero=False)
+        deadline = None if limit is None else monotonic() + limit
+        with self._db.notified(self._store.listen_results()) as wait:
+            while True:
+                try:
+                    return self.result(job_id)
+                except ResultNotReady:
+                    pass
+                left = interval if deadline is None else deadline - monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"job {job_id} did not finish within {limit:g}s")
+                wait(min(interval, left))
 
     def get(self, job_id: int) -> Job:
         """The job as stored, or JobNotFound."""

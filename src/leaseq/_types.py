@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -47,6 +47,36 @@ class RenewalBusy(enum.Enum):
 RENEWAL_BUSY = RenewalBusy.BUSY
 
 
+class JobId(int):
+    """The id ``enqueue`` returns: an ``int``, which also says whether a unique
+    enqueue found the job already there (``existing``: nothing was inserted)."""
+
+    existing: bool
+
+    def __new__(cls, job_id: int, *, existing: bool = False) -> JobId:
+        self = super().__new__(cls, job_id)
+        self.existing = existing
+        return self
+
+
+class JobIds(list[int]):
+    """The ids ``enqueue_many`` returns, in input order: a ``list``, which also
+    says, per position, whether a unique enqueue found its job already there
+    (``existing[i]``: nothing was inserted for payload i; its id is the holder's,
+    which may be an earlier payload's of the same batch)."""
+
+    existing: tuple[bool, ...]
+
+    def __init__(self, job_ids: Iterable[int] = (), *, existing: Iterable[bool] | None = None):
+        super().__init__(job_ids)
+        self.existing = (False,) * len(self) if existing is None else tuple(existing)
+
+    @property
+    def inserted(self) -> list[int]:
+        """The ids of the jobs this call inserted."""
+        return [job_id for job_id, found in zip(self, self.existing, strict=True) if not found]
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One claimed job: the proof of ownership every later write must show."""
@@ -72,6 +102,9 @@ class Claim:
     #: The producer's trace context (the ``otel`` extra), which the worker's
     #: ``process`` span continues; None when the enqueue was not traced.
     trace_context: dict[str, str] | None = field(default=None, compare=False, repr=False)
+    #: The job's own time limit (``enqueue(timeout=...)``), which overrides its
+    #: task's; None: the task's.
+    timeout: float | None = None
 
     @property
     def wait_seconds(self) -> float | None:

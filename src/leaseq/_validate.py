@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ._errors import InvalidArgument, InvalidJob, PayloadTooLarge
+from ._errors import InvalidArgument, InvalidJob, InvalidResult, PayloadTooLarge
 from ._redact import redact
 from ._types import JobStatus, OrderingPolicy, RetentionMode
 
@@ -114,6 +114,33 @@ def delay(value: object) -> float | None:
         raise InvalidJob(str(exc)) from None
 
 
+MAX_JOB_TIMEOUT_SECONDS = 7 * 86400.0
+
+
+def job_timeout(value: object) -> float | None:
+    """A job's own handler time limit (enqueue's ``timeout``)."""
+    if value is None:
+        return None
+    try:
+        return seconds(value, "timeout", MAX_JOB_TIMEOUT_SECONDS, allow_zero=False)
+    except InvalidArgument as exc:
+        raise InvalidJob(str(exc)) from None
+
+
+def unique(key: object, window: object) -> tuple[str | None, float | None]:
+    """A unique job's key, and how long a done job keeps holding it (``unique_for``)."""
+    if key is None:
+        if window is not None:
+            raise InvalidJob("unique_for needs a unique_key")
+        return None, None
+    try:
+        text = text_key(key, "unique key")
+        held_for = None if window is None else seconds(window, "unique_for", MAX_DELAY_SECONDS)
+    except InvalidArgument as exc:
+        raise InvalidJob(str(exc)) from None
+    return text, held_for
+
+
 def run_at(value: object) -> datetime | None:
     if value is None:
         return None
@@ -145,6 +172,37 @@ def payload(value: object, limit: int) -> EncodedPayload:
     if size > limit:
         raise PayloadTooLarge(f"payload is {size} bytes; the limit is {limit}")
     return EncodedPayload(text, size)
+
+
+#: A job result's cap unless its task says otherwise (``max_result_bytes``).
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024
+
+
+def result(value: object, limit: int = DEFAULT_MAX_RESULT_BYTES) -> EncodedPayload | None:
+    """A handler's return value as its job's result (None: no result): compact
+    JSON, at most ``limit`` bytes; one already encoded passes as it is."""
+    if value is None or isinstance(value, EncodedPayload):
+        return value
+    try:
+        encoded = payload(value, limit)
+    except PayloadTooLarge as exc:
+        raise InvalidResult(f"result too large: {exc}") from None
+    except InvalidJob as exc:
+        reason = str(exc).replace("payload", "result")
+        raise InvalidResult(f"result cannot be stored: {reason}") from None
+    return encoded
+
+
+def results(values: Sequence[object] | None, count: int) -> list[str | None] | None:
+    """A batch's results as JSON texts, None for the whole batch when it has none."""
+    if values is None:
+        return None
+    if len(values) != count:
+        raise InvalidArgument(f"results must have one entry per claim ({count}), got {len(values)}")
+    encoded = [result(v) for v in values]
+    if all(e is None for e in encoded):
+        return None
+    return [None if e is None else e.text for e in encoded]
 
 
 def claim_limit(value: object) -> int:

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+)
 from typing import Any, TypeVar
 
 import psycopg
@@ -21,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._statement import Operation, Plan, Rows, Statement, Steps
 from .errors import translated_errors, unreachable
+from .listening import anotified, notified
 from .options import (
     CONNECTION_OPTIONS,
     SERVICE_OPTIONS,
@@ -159,6 +165,7 @@ class Database:
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
+        self._options = options or CONNECTION_OPTIONS
         self._pool = ConnectionPool(**_pool_settings(dsn, min_size, max_size, options))
         self._opened = False
         self._lock = threading.Lock()
@@ -212,6 +219,11 @@ class Database:
         """Run a statement plan (migrations) in one transaction."""
         with self.connection() as conn:
             return drive(conn, plan)
+
+    def notified(self, statement: Statement) -> AbstractContextManager[Callable[[float], None]]:
+        """``wait(seconds)``, cut short by a notification on what ``statement``
+        LISTENs to (:mod:`.listening`)."""
+        return notified(self.dsn, self._options, statement)
 
     def close(self) -> None:
         """Close the pool (it opens again on the next use)."""
@@ -289,6 +301,13 @@ class AsyncDatabase:
         """Run a statement plan (migrations) in one transaction."""
         async with self.connection() as conn:
             return await adrive(conn, plan)
+
+    def notified(
+        self, statement: Statement
+    ) -> AbstractAsyncContextManager[Callable[[float], Awaitable[None]]]:
+        """``wait(seconds)``, cut short by a notification on what ``statement``
+        LISTENs to (:mod:`.listening`)."""
+        return anotified(self.dsn, self._options, statement)
 
     async def close(self) -> None:
         """Close the pool (it opens again on the next use)."""

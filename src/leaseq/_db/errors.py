@@ -22,6 +22,7 @@ from .._errors import (
     PayloadTooLarge,
     StatementTimeout,
     TransientError,
+    UniqueKeyHeld,
 )
 from .._redact import redact
 from .._validate import sanitize
@@ -31,6 +32,7 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "57014": StatementTimeout,  # query_canceled: statement_timeout (or pg_cancel_backend)
     "LQ001": BacklogFull,
     "LQ002": PayloadTooLarge,
+    "LQ003": UniqueKeyHeld,
     "3F000": NotMigrated,  # invalid_schema_name
     "42P01": NotMigrated,  # undefined_table
     "42883": NotMigrated,  # undefined_function

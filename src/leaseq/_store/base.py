@@ -21,6 +21,8 @@ class StoreBase:
         #: LISTEN/NOTIFY channel of this schema; enqueues send the queue's name on it.
         self.channel = notify_channel(self.schema)
         self._notify_channel = self.channel if notify else None
+        #: Where completions and failures name their queues, for wait_result.
+        self.results_channel = notify_channel(self.schema, "results")
         self.max_payload_bytes = max_payload_bytes or validate.DEFAULT_MAX_PAYLOAD_BYTES
         self._quoted = f'"{self.schema}"'
         self._texts: dict[str, str] = {}

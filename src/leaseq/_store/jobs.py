@@ -12,7 +12,7 @@ from .. import _decoding as decoding
 from .. import _validate as validate
 from .._errors import AlreadyCompleted, InvalidArgument, InvalidJob, LeaseLost
 from .._statement import Operation, Rows, Statement, T
-from .._types import RENEWAL_BUSY, Claim, JobStatus, RenewalBusy
+from .._types import RENEWAL_BUSY, Claim, JobId, JobIds, JobStatus, RenewalBusy
 from .base import StoreBase
 
 #: Raised by job_running_key_idx when a claim lost a race for an ordering key.
@@ -45,10 +45,14 @@ class JobOperations(StoreBase):
         key: str | None = None,
         seq: int | None = None,
         idempotency_key: str | None = None,
+        timeout: float | None = None,
+        unique_key: str | None = None,
+        unique_for: float | None = None,
         trace_context: Mapping[str, str] | None = None,
-    ) -> Operation[int]:
+    ) -> Operation[JobId]:
         encoded = validate.payload(payload, self.max_payload_bytes)
         ordering_key, ordering_seq = validate.ordering(key, seq)
+        unique, held_for = validate.unique(unique_key, unique_for)
         params = {
             "queue": validate.queue_name(queue),
             "channel": self._notify_channel,
@@ -61,8 +65,17 @@ class JobOperations(StoreBase):
             if idempotency_key is None
             else validate.text_key(idempotency_key, "idempotency key"),
             "trace_context": _trace_context(trace_context),
+            "timeout": validate.job_timeout(timeout),
         }
-        return Operation((Statement(self.sql("enqueue.sql"), params),), lambda r: r[0][0][0])
+        if unique is None:
+            return Operation(
+                (Statement(self.sql("enqueue.sql"), params),), lambda r: JobId(r[0][0][0])
+            )
+        params |= {"unique_key": unique, "unique_for": held_for}
+        return Operation(
+            (Statement(self.sql("enqueue_unique.sql"), params),),
+            lambda r: JobId(r[0][0][0], existing=r[0][0][1]),
+        )
 
     def enqueue_many(
         self,
@@ -75,8 +88,11 @@ class JobOperations(StoreBase):
         max_attempts: int | None = None,
         key: str | None = None,
         seqs: Sequence[int] | None = None,
+        timeout: float | None = None,
+        unique_keys: Sequence[str] | None = None,
+        unique_for: float | None = None,
         trace_context: Mapping[str, str] | None = None,
-    ) -> Operation[list[int]]:
+    ) -> Operation[JobIds]:
         encoded = [validate.payload(p, self.max_payload_bytes) for p in payloads]
         if seqs is not None and len(seqs) != len(encoded):
             raise InvalidJob("seqs must have one entry per payload")
@@ -88,18 +104,38 @@ class JobOperations(StoreBase):
             "channel": self._notify_channel,
             "payloads": [e.text for e in encoded],
             "payload_bytes": [e.size for e in encoded],
-            "count": len(encoded),
-            "total_bytes": sum(e.size for e in encoded),
-            "largest_bytes": max((e.size for e in encoded), default=0),
             **self._schedule(delay, run_at, priority, max_attempts),
             "key": ordering[0][0] if ordering else None,
             "seqs": [seq for _, seq in ordering],
             "trace_context": _trace_context(trace_context),
+            "timeout": validate.job_timeout(timeout),
         }
-        return Operation(
-            (Statement(self.sql("enqueue_many.sql"), params),),
-            lambda r: sorted(row[0] for row in r[0]),
-        )
+        if unique_keys is None:
+            if unique_for is not None:
+                raise InvalidJob("unique_for needs unique_keys")
+            params |= {
+                "count": len(encoded),
+                "total_bytes": sum(e.size for e in encoded),
+                "largest_bytes": max((e.size for e in encoded), default=0),
+            }
+            return Operation(
+                (Statement(self.sql("enqueue_many.sql"), params),),
+                lambda r: JobIds(sorted(row[0] for row in r[0])),
+            )
+        if isinstance(unique_keys, str) or len(unique_keys) != len(encoded):
+            raise InvalidJob("unique_keys must have one key per payload")
+        keys = [validate.unique(k, unique_for)[0] for k in unique_keys]
+        params |= {"unique_keys": keys, "unique_for": validate.unique(keys[0], unique_for)[1]}
+
+        def decode(r: list[Rows]) -> JobIds:
+            rows = sorted(r[0])  # (position, job_id, existing), by input position
+            return JobIds(
+                [job_id for _, job_id, _ in rows], existing=[found for _, _, found in rows]
+            )
+
+        if not keys:
+            return Operation((), lambda _: JobIds([]))
+        return Operation((Statement(self.sql("enqueue_many_unique.sql"), params),), decode)
 
     @staticmethod
     def _schedule(
@@ -147,15 +183,34 @@ class JobOperations(StoreBase):
         )
 
     def complete(
-        self, claims: Sequence[Claim], *, strict: bool = False
+        self,
+        claims: Sequence[Claim],
+        *,
+        results: Sequence[Any] | None = None,
+        strict: bool = False,
     ) -> Operation[list[tuple[Claim, bool]]]:
-        """Per claim: True if completed, False if lost.
+        """Per claim: True if completed, False if lost; ``results`` (one per claim,
+        None for none) are stored with the completions.
 
         Not strict, a completion this claim already committed counts as done (a
         resend). Strict (inside a caller's transaction, where an effect commits
         with it), it is refused: a re-run of that transaction must not commit twice.
         """
-        return self._fenced("complete.sql", claims, {"strict": strict}, lambda row: bool(row[1]))
+        return self._fenced(
+            "complete.sql",
+            claims,
+            self._completion(results, claims, strict),
+            lambda row: bool(row[1]),
+        )
+
+    def _completion(
+        self, results: Sequence[Any] | None, claims: Sequence[Claim], strict: bool
+    ) -> dict[str, Any]:
+        return {
+            "strict": strict,
+            "results": validate.results(results, len(claims)),
+            "results_channel": self.results_channel if self._notify_channel else None,
+        }
 
     def renew(
         self, claims: Sequence[Claim], lease: float | None = None
@@ -208,6 +263,7 @@ class JobOperations(StoreBase):
         extra = {
             "strict": strict,
             "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
+            "results_channel": self.results_channel if self._notify_channel else None,
         }
         return self._fenced("fail.sql", claims, extra, lambda row: bool(row[1]))
 
@@ -240,11 +296,16 @@ class JobOperations(StoreBase):
 
     # The single-claim forms raise LeaseLost instead of reporting it.
 
-    def complete_one(self, claim: Claim, *, strict: bool = False) -> Operation[None]:
+    def complete_one(
+        self, claim: Claim, *, result: Any = None, strict: bool = False
+    ) -> Operation[None]:
         """Complete one claim, or raise LeaseLost (AlreadyCompleted, when strict and
         this claim's completion already committed)."""
         batch = self._fenced(
-            "complete.sql", [claim], {"strict": strict}, lambda row: (bool(row[1]), bool(row[2]))
+            "complete.sql",
+            [claim],
+            self._completion([result], [claim], strict),
+            lambda row: (bool(row[1]), bool(row[2])),
         )
 
         def decode(rows: list[Rows]) -> None:

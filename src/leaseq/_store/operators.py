@@ -9,7 +9,14 @@ from typing import Any
 
 from .. import _decoding as decoding
 from .. import _validate as validate
-from .._errors import BacklogFull, InvalidArgument, JobNotFound
+from .._errors import (
+    BacklogFull,
+    InvalidArgument,
+    JobFailed,
+    JobNotFound,
+    ResultNotReady,
+    UniqueKeyHeld,
+)
 from .._statement import Operation, Rows, Statement
 from .._types import Job, JobStatus, QueueSettings, ReapResult
 from .base import StoreBase, ignore
@@ -41,15 +48,20 @@ class OperatorOperations(StoreBase):
 
     def replay(self, job_id: int, *, actor: str | None = None) -> Operation[bool]:
         """True if replayed, False if the job was not failed or cancelled;
-        BacklogFull (nothing written) if its queue has no room for it."""
+        BacklogFull (nothing written) if its queue has no room for it;
+        UniqueKeyHeld if another job of its queue holds its unique key."""
         params = self._replay_params([validate.job_id(job_id)], None, 1, actor)
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
                 raise JobNotFound(f"no job {job_id}")
-            ((_, status, changed, refused),) = rows[0]
+            ((_, status, changed, refused, held),) = rows[0]
             if refused:
                 raise BacklogFull(f"queue of job {job_id} is full: {status} job not replayed")
+            if held:
+                raise UniqueKeyHeld(
+                    f"job {job_id} not replayed: another job of its queue holds its unique key"
+                )
             return bool(changed)
 
         return Operation((Statement(self.sql("replay.sql"), params),), decode)
@@ -58,7 +70,8 @@ class OperatorOperations(StoreBase):
         self, job_ids: Sequence[int], *, actor: str | None = None
     ) -> Operation[list[int]]:
         """Replay those of the jobs that are failed or cancelled, in one statement;
-        their ids. BacklogFull (carrying them) if a queue had no room for some."""
+        their ids. BacklogFull (carrying them) if a queue had no room for some.
+        A unique job whose key another job holds is left as it is."""
         ids = validate.job_ids(job_ids)
         params = self._replay_params(ids, None, max(len(ids), 1), actor)
 
@@ -133,6 +146,28 @@ class OperatorOperations(StoreBase):
         return Operation(
             (Statement(self.sql("get_job.sql"), {"job_id": validate.job_id(job_id)}),), decode
         )
+
+    def result(self, job_id: int) -> Operation[Any]:
+        """A done job's result (None if its handler returned none); JobNotFound,
+        ResultNotReady (queued or running) or JobFailed (failed or cancelled)."""
+        checked = validate.job_id(job_id)
+
+        def decode(rows: list[Rows]) -> Any:
+            if not rows[0]:
+                raise JobNotFound(f"no job {checked}")
+            ((status, value, error),) = rows[0]
+            if status == JobStatus.DONE:
+                return value
+            if status in (JobStatus.QUEUED, JobStatus.RUNNING):
+                raise ResultNotReady(f"job {checked} is {status}: it has no result yet")
+            raise JobFailed(
+                f"job {checked} is {status}" + (f": {error}" if error else ""),
+                job_id=checked,
+                status=status,
+                error=error,
+            )
+
+        return Operation((Statement(self.sql("job_result.sql"), {"job_id": checked}),), decode)
 
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100

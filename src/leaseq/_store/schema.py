@@ -16,6 +16,10 @@ class SchemaOperations(StoreBase):
     def listen(self) -> Statement:
         return Statement(self.sql("listen.sql").replace("{channel}", f'"{self.channel}"'))
 
+    def listen_results(self) -> Statement:
+        """Completions and failures name their queue on this channel (wait_result)."""
+        return Statement(self.sql("listen.sql").replace("{channel}", f'"{self.results_channel}"'))
+
     def maintenance_lock(self) -> Operation[bool]:
         params = {"schema_name": self.schema}
         return Operation(

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from .. import _validate as validate
 from .._errors import InvalidArgument
 from .._retry import Backoff, ErrorPolicy
+from .._types import Claim
 
 Handler = Callable[..., Any]
 H = TypeVar("H", bound=Handler)
@@ -28,6 +29,12 @@ class Task:
     lease: float | None
     timeout: float | None
     errors: ErrorPolicy
+    #: The cap on the JSON of a handler's return value (the job's result).
+    max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES
+
+    def timeout_of(self, claim: Claim) -> float | None:
+        """The job's own timeout (``enqueue(timeout=...)``), else the task's."""
+        return self.timeout if claim.timeout is None else claim.timeout
 
     def retry_delay(self, attempt: int) -> float | None:
         """The task's own backoff, or None for the queue's (computed by the database)."""
@@ -61,11 +68,13 @@ class App:
         timeout: float | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
         fail_on: tuple[type[BaseException], ...] = (),
+        max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES,
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of ``queue``.
 
         It receives a :class:`~leaseq._worker.JobContext`; ``async def`` handlers run
-        on the event loop, plain ones in a thread pool.
+        on the event loop, plain ones in a thread pool. What it returns (JSON, at
+        most ``max_result_bytes``) is stored with the job's completion, its result.
         """
         validate.queue_name(queue)
         if queue in self.tasks:
@@ -74,6 +83,7 @@ class App:
             validate.integer(max_attempts, "max_attempts", range(1, 1001))
         if isinstance(backoff, tuple):
             backoff = Backoff(*backoff)
+        validate.integer(max_result_bytes, "max_result_bytes", range(1, 2**30))
         settings = (
             validate.lease(lease),
             None if timeout is None else validate.seconds(timeout, "timeout", 7 * 86400.0),
@@ -89,6 +99,7 @@ class App:
                 lease=settings[0],
                 timeout=settings[1],
                 errors=ErrorPolicy(retry_on=retry_on, fail_on=fail_on),
+                max_result_bytes=max_result_bytes,
             )
             return handler
 

@@ -3,10 +3,13 @@
 :meth:`AttemptRunner.outcome_of` runs the handler under its task's timeout
 (:mod:`.handlers`) and says how the attempt ended:
 
-* it returned: COMPLETE, unless its ``job.transaction()`` already completed the job;
+* it returned: COMPLETE with what it returned as the job's result (FAIL with
+  InvalidResult if that is not JSON or over its task's ``max_result_bytes``),
+  unless its ``job.transaction()`` already completed the job;
 * it asked for a retry (:class:`~leaseq.Retry`), raised an error its task's
   ErrorPolicy retries (a ``TimeoutError`` of its own included), or ran past its
-  task's timeout: RETRY, or FAIL when its task allows no more attempts;
+  timeout (the job's own, else its task's): RETRY, or FAIL when its task allows
+  no more attempts;
 * it raised an error the policy fails (``PermanentError``, ``fail_on``, not in
   ``retry_on``): FAIL;
 * it was cancelled at shutdown: RELEASE;
@@ -28,7 +31,8 @@ import time
 from collections.abc import Callable
 
 from .. import _tracing
-from .._errors import LeaseLost
+from .. import _validate as validate
+from .._errors import InvalidResult, LeaseLost
 from .._logs import get_logger, job_fields
 from .._metrics import Metrics
 from .._retry import Retry, Verdict
@@ -126,16 +130,17 @@ class AttemptRunner:
     async def outcome_of(self, attempt: Attempt, task: Task) -> Outcome | None:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
         context, claim = attempt.context, attempt.claim
+        timeout = task.timeout_of(claim)
         try:
             timed_out = functools.partial(self._timed_out, attempt)
             if task.is_async:
-                await run_on_loop(task, context, timed_out)
+                returned = await run_on_loop(task, context, timeout, timed_out)
             else:
-                await run_in_thread(self._threads, task, context, timed_out)
+                returned = await run_in_thread(self._threads, task, context, timeout, timed_out)
         except TimedOut:
             if context.completed:  # its transaction committed before the timeout
                 return None
-            return _retry_or_fail(task, claim, None, f"timed out after {task.timeout:g}s")
+            return _retry_or_fail(task, claim, None, f"timed out after {timeout:g}s")
         except Retry as request:
             return _retry_or_fail(task, claim, request.delay, request.reason)
         except LeaseLost:
@@ -158,7 +163,20 @@ class AttemptRunner:
             if task.errors.classify(exc) is Verdict.FAIL:
                 return Outcome(Kind.FAIL, claim, error=exc)
             return _retry_or_fail(task, claim, None, exc)
-        return None if context.completed else Outcome(Kind.COMPLETE, claim)
+        if context.completed:
+            if returned is not None:  # its transaction's completion committed without it
+                log.warning(
+                    "job %d: a handler that completes through job.transaction() returned "
+                    "a value; it is not stored (set job.result inside the block instead)",
+                    claim.job_id,
+                    extra=job_fields(claim),
+                )
+            return None
+        try:
+            result = validate.result(returned, task.max_result_bytes)
+        except InvalidResult as exc:
+            return Outcome(Kind.FAIL, claim, error=exc)
+        return Outcome(Kind.COMPLETE, claim, result=result)
 
     def _timed_out(self, attempt: Attempt) -> None:
         self._stats.timeouts += 1

@@ -29,6 +29,10 @@ class JobContext:
         self.lost = threading.Event()
         self.lost_reason: str | None = None
         self.completed = False
+        #: The job's result when :meth:`transaction` completes it (a handler that
+        #: completes through it sets this inside the block; its return value
+        #: comes too late for that completion).
+        self.result: Any = None
         self._sync = sync_queue
         self._async = async_queue
 
@@ -96,13 +100,14 @@ class JobContext:
         Write your business rows on the yielded connection; on leaving the block
         the fenced completion runs in the same transaction, then it commits. If
         this attempt lost its lease, the completion raises LeaseLost and the
-        effect rolls back with it: effects in this database happen once.
+        effect rolls back with it: effects in this database happen once. Set
+        ``job.result`` inside the block to store a result with that completion.
         """
         self._check_owned()
         with self._sync.connection() as conn:
             with conn.transaction():
                 yield conn
-                self._sync.complete(self.claim, conn=conn)
+                self._sync.complete(self.claim, result=self.result, conn=conn)
             self.completed = True
 
     @asynccontextmanager
@@ -112,5 +117,5 @@ class JobContext:
         async with self._async.connection() as conn:
             async with conn.transaction():
                 yield conn
-                await self._async.complete(self.claim, conn=conn)
+                await self._async.complete(self.claim, result=self.result, conn=conn)
             self.completed = True

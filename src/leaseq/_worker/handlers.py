@@ -1,4 +1,5 @@
-"""Running one handler under its task's timeout: on the event loop, or in a daemon thread.
+"""Running one handler under its timeout (the job's own, else its task's): on the
+event loop, or in a daemon thread. Both return what the handler returned.
 
 Only the worker's own deadline is a timeout: a ``TimeoutError`` the handler
 raises itself (``socket.timeout`` from a read, an ``asyncio.timeout`` of its own)
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from .app import Task
 from .context import JobContext
@@ -16,17 +18,18 @@ from .threads import DaemonThreads
 
 
 class TimedOut(Exception):
-    """The task's own timeout passed (never a TimeoutError the handler raised itself)."""
+    """The job's timeout passed (never a TimeoutError the handler raised itself)."""
 
 
-async def run_on_loop(task: Task, context: JobContext, timed_out: Callable[[], None]) -> None:
-    if task.timeout is None:
-        await task.handler(context)
-        return
-    deadline = asyncio.timeout(task.timeout)
+async def run_on_loop(
+    task: Task, context: JobContext, timeout: float | None, timed_out: Callable[[], None]
+) -> Any:
+    if timeout is None:
+        return await task.handler(context)
+    deadline = asyncio.timeout(timeout)
     try:
         async with deadline:
-            await task.handler(context)
+            return await task.handler(context)
     except TimeoutError:
         if not deadline.expired():
             raise  # the handler's own
@@ -35,8 +38,12 @@ async def run_on_loop(task: Task, context: JobContext, timed_out: Callable[[], N
 
 
 async def run_in_thread(
-    threads: DaemonThreads, task: Task, context: JobContext, timed_out: Callable[[], None]
-) -> None:
+    threads: DaemonThreads,
+    task: Task,
+    context: JobContext,
+    timeout: float | None,
+    timed_out: Callable[[], None],
+) -> Any:
     """Wait for the thread; past the timeout, tell it (``timed_out``) and keep waiting.
 
     The thread cannot be stopped, so the attempt (its slot, its lease) lasts until
@@ -44,7 +51,7 @@ async def run_in_thread(
     """
     thread = threads.submit(task.handler, context)
     try:
-        done, _ = await asyncio.wait((thread,), timeout=task.timeout)
+        done, _ = await asyncio.wait((thread,), timeout=timeout)
         if not done:
             timed_out()
             await asyncio.wait((thread,))
@@ -54,7 +61,7 @@ async def run_in_thread(
         # it is no longer this worker's to report.
         thread.add_done_callback(_ignore_result)
         raise
-    thread.result()  # the handler's own outcome, its own TimeoutError included
+    return thread.result()  # the handler's own outcome, its own TimeoutError included
 
 
 def _ignore_result(future: asyncio.Future[object]) -> None:

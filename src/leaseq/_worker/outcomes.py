@@ -24,6 +24,7 @@ from .._async_client import AsyncQueue
 from .._errors import TransientError
 from .._logs import get_logger
 from .._types import Claim, JobStatus
+from .._validate import EncodedPayload
 
 log = get_logger("leaseq.worker")
 
@@ -55,6 +56,7 @@ class Outcome:
     claim: Claim
     delay: float | None = None  # RETRY: None for the queue's backoff
     error: object = None  # RETRY and FAIL: recorded as the job's last error
+    result: EncodedPayload | None = None  # COMPLETE: the handler's return value, encoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ def _claims(group: Sequence[Outcome]) -> list[Claim]:
 #: Every kind's write, in the order a flush sends them.
 WRITES: dict[Kind, Write] = {
     Kind.COMPLETE: Write(
-        lambda queue, group: queue.complete_many(_claims(group)),
+        lambda queue, group: queue.complete_many(_claims(group), results=[o.result for o in group]),
         _accepted_as(Answer.COMPLETED),
     ),
     Kind.RETRY: Write(

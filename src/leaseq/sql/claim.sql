@@ -14,7 +14,8 @@
 -- Each claim also says whether it recovered an expired lease and when the job
 -- became claimable (its available_at, or the expired lease's end): the wait
 -- until claimed_at, both database times, is what the metrics report. And it
--- carries the producer's trace context, which the worker's span continues.
+-- carries the producer's trace context, which the worker's span continues,
+-- and the job's own timeout (NULL: its task's).
 -- The queue is compared with the parameter, not with settings.name: only a
 -- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
@@ -91,17 +92,17 @@ claimed AS (
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
         j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
         picked.branch, j.priority, j.available_at, picked.ready_at, j.claimed_at,
-        j.trace_context
+        j.trace_context, j.timeout_seconds
 )
 -- In claim order: recovered leases first, then by priority, age and id.
 SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
        r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key,
-       r.branch = 0, r.ready_at, r.claimed_at, r.trace_context
+       r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds
 FROM (
     SELECT * FROM claimed
     UNION ALL
     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 2, NULL, NULL,
-        NULL, NULL, NULL::jsonb
+        NULL, NULL, NULL::jsonb, NULL::double precision
     WHERE EXISTS (
         SELECT 1 FROM {schema}.key_repair AS k
         WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())

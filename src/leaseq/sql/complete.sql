@@ -17,23 +17,33 @@
 -- stale statistics say one job runs while thousands do (a renewal of 10 leases
 -- with 5,000 running read the whole lease index 10 times: 17 ms).
 -- The id arrays go in binary (%(...)b): the driver's text form quotes each element.
+-- Each job's result (the handler's return value as JSON text, NULL for None;
+-- the whole array NULL when every one is) is written by the same fenced
+-- UPDATE, so a result is stored only with its own claim's completion. Waiters
+-- (wait_result) are told on the results channel, one notification per queue.
 WITH claimed AS (
     SELECT *
-    FROM unnest(%(job_ids)b::bigint[], %(lease_versions)b::bigint[])
-        AS c (job_id, lease_version)
+    FROM unnest(%(job_ids)b::bigint[], %(lease_versions)b::bigint[], %(results)b::text[])
+        AS c (job_id, lease_version, result)
 ),
 completed AS (
     UPDATE {schema}.job AS j
     SET status = 'done',
         lease_until = NULL,
-        finished_at = CASE WHEN j.status = 'done' THEN j.finished_at ELSE {schema}.clock() END
+        finished_at = CASE WHEN j.status = 'done' THEN j.finished_at ELSE {schema}.clock() END,
+        result = CASE WHEN j.status = 'done' THEN j.result ELSE c.result::jsonb END
     FROM claimed AS c
     WHERE j.job_id = c.job_id
       AND j.lease_version = c.lease_version
       AND (j.lease_until > {schema}.clock()
            -- Only a completion sets 'done', and only this claim had this version.
            OR (j.status = 'done' AND NOT %(strict)s))
-    RETURNING j.job_id
+    RETURNING j.job_id, j.queue
+),
+notified AS (
+    SELECT count(pg_notify(%(results_channel)s::text, q.queue)) AS sent
+    FROM (SELECT DISTINCT completed.queue FROM completed) AS q
+    WHERE %(results_channel)s::text IS NOT NULL
 )
 SELECT c.job_id,
        completed.job_id IS NOT NULL AS accepted,
@@ -42,3 +52,4 @@ SELECT c.job_id,
 FROM claimed AS c
 LEFT JOIN completed ON completed.job_id = c.job_id
 LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id
+CROSS JOIN notified

@@ -10,7 +10,7 @@ notified AS (
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, idempotency_key, counted, trace_context
+    ordering_key, ordering_seq, idempotency_key, counted, trace_context, timeout_seconds
 )
 SELECT
     %(queue)s,
@@ -24,6 +24,7 @@ SELECT
     %(seq)s::bigint,
     %(idempotency_key)s::text,
     admitted.counted,
-    %(trace_context)s::jsonb
+    %(trace_context)s::jsonb,
+    %(timeout)s::double precision
 FROM admitted LEFT JOIN notified ON true
 RETURNING job_id

@@ -25,7 +25,7 @@ ordered AS (
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, blocked, counted, trace_context
+    ordering_key, ordering_seq, blocked, counted, trace_context, timeout_seconds
 )
 SELECT
     %(queue)s,
@@ -39,7 +39,8 @@ SELECT
     input.seq,
     input.blocked,
     admitted.counted,
-    %(trace_context)s::jsonb
+    %(trace_context)s::jsonb,
+    %(timeout)s::double precision
 FROM admitted LEFT JOIN notified ON true, ordered AS input
 ORDER BY input.position
 RETURNING job_id

@@ -35,7 +35,13 @@ failed AS (
            OR (NOT %(strict)s AND j.status = 'failed'
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'fail', 'lease_version', c.lease_version)))
-    RETURNING j.job_id
+    RETURNING j.job_id, j.queue
+),
+-- Waiters (wait_result) are told on the results channel, one notification per queue.
+notified AS (
+    SELECT count(pg_notify(%(results_channel)s::text, q.queue)) AS sent
+    FROM (SELECT DISTINCT failed.queue FROM failed) AS q
+    WHERE %(results_channel)s::text IS NOT NULL
 )
 SELECT c.job_id,
        failed.job_id IS NOT NULL
@@ -45,3 +51,4 @@ SELECT c.job_id,
 FROM claimed AS c
 LEFT JOIN failed ON failed.job_id = c.job_id
 LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id
+CROSS JOIN notified

@@ -13,13 +13,33 @@
 -- by then its old handler has been told, so the replay never starts a second
 -- run beside a first one that has not noticed yet.
 -- One audit row per queue holds the replayed ids (none if nothing changed).
+-- A unique job is `held` (left as it is) while another job of its queue holds
+-- its key (unfinished, or done within its unique_for) or an earlier job of
+-- this batch takes it: a replay never makes a second unfinished job of a key.
+-- The batch of a queue leaves held jobs out, so it reaches the end. The
+-- trigger job_unique_follow_status re-checks under the key's lock (LQ003).
 WITH candidates AS (
-    SELECT j.job_id, j.queue, j.status, j.payload_bytes, j.finished_at
+    SELECT j.job_id, j.queue, j.status, j.payload_bytes, j.finished_at, j.unique_key, h.held
     FROM {schema}.job AS j
+    CROSS JOIN LATERAL (
+        SELECT j.unique_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM {schema}.job AS o
+            WHERE o.queue = j.queue AND o.unique_key = j.unique_key AND o.unique_held
+              AND o.job_id <> j.job_id
+              AND NOT (o.status = 'done'
+                       AND o.finished_at + make_interval(secs => o.unique_for) <= {schema}.clock()))
+    ) AS h (held)
     WHERE j.job_id = ANY(%(job_ids)s::bigint[])
-       OR (j.queue = %(queue)s::text AND j.status = 'failed')
+       OR (j.queue = %(queue)s::text AND j.status = 'failed' AND NOT h.held)
     ORDER BY j.finished_at, j.job_id
     LIMIT %(limit)s
+),
+eligible AS (
+    SELECT c.*,
+           c.unique_key IS NOT NULL AND row_number() OVER (
+               PARTITION BY c.queue, c.unique_key ORDER BY c.finished_at, c.job_id) > 1 AS twin
+    FROM candidates AS c
+    WHERE c.status IN ('failed', 'cancelled') AND NOT c.held
 ),
 room AS (
     SELECT q.name,
@@ -36,8 +56,8 @@ ranked AS (
     SELECT c.job_id, c.queue,
            row_number() OVER w AS position,
            sum(c.payload_bytes) OVER w AS bytes
-    FROM candidates AS c
-    WHERE c.status IN ('failed', 'cancelled')
+    FROM eligible AS c
+    WHERE NOT c.twin
     WINDOW w AS (PARTITION BY c.queue ORDER BY c.finished_at, c.job_id)
 ),
 admitted AS (
@@ -74,8 +94,11 @@ audit AS (
 )
 SELECT c.job_id, c.status,
        replayed.job_id IS NOT NULL AS changed,
-       c.status IN ('failed', 'cancelled') AND admitted.job_id IS NULL AS refused
+       c.status IN ('failed', 'cancelled') AND admitted.job_id IS NULL
+           AND NOT (c.held OR coalesce(e.twin, false)) AS refused,
+       c.held OR coalesce(e.twin, false) AS held
 FROM candidates AS c
+LEFT JOIN eligible AS e ON e.job_id = c.job_id
 LEFT JOIN replayed ON replayed.job_id = c.job_id
 LEFT JOIN admitted ON admitted.job_id = c.job_id
 ORDER BY c.job_id

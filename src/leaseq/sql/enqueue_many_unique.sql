@@ -1,0 +1,24 @@
+-- Enqueue many unique jobs of one queue: per input position, the job's id and
+-- whether it already existed (a job of the queue held its key, an earlier row
+-- of this batch included). One enqueue_unique() per row, taken in key order,
+-- so two batches that share keys take their locks in the same order and never
+-- deadlock on each other.
+WITH input AS (
+    SELECT *
+    FROM unnest(%(payloads)b::text[], %(payload_bytes)b::integer[], %(seqs)b::bigint[],
+                %(unique_keys)s::text[])
+        WITH ORDINALITY AS i (payload, payload_bytes, seq, unique_key, position)
+),
+ordered AS MATERIALIZED (
+    SELECT * FROM input ORDER BY unique_key, position
+)
+SELECT i.position, u.job_id, u.existing
+FROM ordered AS i
+CROSS JOIN LATERAL {schema}.enqueue_unique(
+    %(queue)s, %(channel)s::text, i.payload::jsonb, i.payload_bytes,
+    %(priority)s::smallint,
+    coalesce(%(run_at)s::timestamptz,
+             {schema}.clock() + make_interval(secs => coalesce(%(delay)s::double precision, 0))),
+    %(max_attempts)s::integer, %(key)s::text, i.seq, NULL::text,
+    %(trace_context)s::jsonb, %(timeout)s::double precision,
+    i.unique_key, %(unique_for)s::double precision) AS u
