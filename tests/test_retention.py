@@ -222,6 +222,33 @@ def test_the_archive_has_every_column_of_the_job_table(client: Client) -> None:
     assert sorted(archive) == sorted([*job, ("archived_at", "timestamp with time zone")])
 
 
+def test_the_move_to_the_archive_keeps_every_column(client: Client, clock: Clock) -> None:
+    """Each archived row is its job row, column for column (a column left out of
+    sql/prune.sql's move would come out NULL or default)."""
+    client.configure_queue("q", retention_mode="archive", retain_done=60)
+    job_id = client.enqueue(
+        "q",
+        {"n": 1},
+        key="k",
+        seq=1,
+        idempotency_key="i-1",
+        timeout=5,
+        unique_key="u-1",
+        unique_for=3600,
+        priority=3,
+    )
+    (claim,) = client.claim("q")
+    client.complete(claim, result={"pages": 2})
+    whole = "SELECT to_jsonb(j) - 'archived_at' FROM {schema}.%s AS j WHERE j.job_id = %%s"
+    (before,) = rows(client, whole % "job", (job_id,))
+    clock.advance(120)
+    assert client.prune().archived == {("q", DONE): 1}
+    assert rows(client, whole % "job_archive", (job_id,)) == [before]
+    # Every column had a value to lose (but those a done job has none of).
+    nothing = {"lease_until", "trace_context", "last_error"}
+    assert {k for k, v in before[0].items() if v is None} <= nothing
+
+
 def test_batches_are_bounded(client: Client, clock: Clock) -> None:
     client.configure_queue("q", retain_done=0)
     finish(client, "q", DONE, 25)

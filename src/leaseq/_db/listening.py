@@ -27,7 +27,7 @@ def notified(
 ) -> Iterator[Callable[[float], None]]:
     conn: psycopg.Connection[Any] | None = None
     with contextlib.suppress(psycopg.Error, OSError):
-        conn = psycopg.Connection.connect(dsn, autocommit=True, **options)
+        conn = psycopg.Connection.connect(dsn, **{**options, "autocommit": True})
         conn.execute(statement.sql)
 
     def wait(seconds: float) -> None:
@@ -59,7 +59,7 @@ async def anotified(
 
     async def listen() -> None:
         with contextlib.suppress(psycopg.Error, OSError):
-            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, **options)
+            conn = await psycopg.AsyncConnection.connect(dsn, **{**options, "autocommit": True})
             async with conn:
                 await conn.execute(statement.sql)
                 woken.set()  # listening now: what finished before it, a look finds

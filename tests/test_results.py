@@ -1,0 +1,283 @@
+"""Job results: a handler's return value, stored by its own fenced completion and
+read back with ``result()`` / ``wait_result()``, for as long as the job is kept."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+
+from .clients import Client
+from .conftest import Clock
+from .test_worker import Running, _all_finished, _until
+
+
+def _claim(client: Client, queue: str = "reports") -> leaseq.Claim:
+    (claim,) = client.claim(queue)
+    return claim
+
+
+def test_a_completion_stores_its_result(client: Client) -> None:
+    job_id = client.enqueue("reports", {"n": 1})
+    with pytest.raises(leaseq.ResultNotReady):
+        client.result(job_id)  # queued
+    claim = _claim(client)
+    with pytest.raises(leaseq.ResultNotReady):
+        client.result(job_id)  # running
+    client.complete(claim, result={"pages": 3, "title": "Q3 ✓"})
+    assert client.result(job_id) == {"pages": 3, "title": "Q3 ✓"}
+
+
+def test_a_job_completed_without_a_result_reads_none(client: Client) -> None:
+    job_id = client.enqueue("reports", {})
+    client.complete(_claim(client))
+    assert client.result(job_id) is None
+
+
+def test_a_batch_stores_each_claims_own_result(client: Client) -> None:
+    ids = client.enqueue_many("reports", [{"n": n} for n in range(3)])
+    claims = client.claim("reports", limit=3)
+    by_id = {c.job_id: c for c in claims}
+    answers = client.complete_many(
+        [by_id[ids[0]], by_id[ids[1]], by_id[ids[2]]], results=[[1], None, "three"]
+    )
+    assert all(accepted for _, accepted in answers)
+    assert [client.result(i) for i in ids] == [[1], None, "three"]
+
+
+def test_a_stale_claims_result_is_refused_and_the_new_claims_stands(
+    client: Client, clock: Clock
+) -> None:
+    """The lease expired, another worker took the job and completed it with its
+    result: the first worker's late completion (with its own result) is refused
+    and changes nothing."""
+    job_id = client.enqueue("reports", {})
+    stale = _claim(client)
+    clock.advance(stale.lease_seconds + 1)
+    fresh = _claim(client)
+    client.complete(fresh, result="fresh")
+    with pytest.raises(leaseq.LeaseLost):
+        client.complete(stale, result="stale")
+    assert client.result(job_id) == "fresh"
+
+
+def test_a_resent_completion_keeps_the_first_result(client: Client) -> None:
+    """A resend after an ambiguous commit is accepted and writes nothing new."""
+    job_id = client.enqueue("reports", {})
+    claim = _claim(client)
+    client.complete(claim, result="first")
+    client.complete(claim, result="second")
+    assert client.result(job_id) == "first"
+
+
+def test_a_failed_or_cancelled_job_has_no_result(client: Client) -> None:
+    failed = client.enqueue("reports", {})
+    client.fail(_claim(client), error="upstream broke")
+    with pytest.raises(leaseq.JobFailed) as info:
+        client.result(failed)
+    assert (info.value.status, info.value.error, info.value.job_id) == (
+        "failed",
+        "upstream broke",
+        failed,
+    )
+    cancelled = client.enqueue("reports", {})
+    assert client.cancel(cancelled)
+    with pytest.raises(leaseq.JobFailed) as info:
+        client.result(cancelled)
+    assert info.value.status == "cancelled"
+    with pytest.raises(leaseq.JobNotFound):
+        client.result(10**12)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"blob": "x" * 70_000}, "too large"),
+        ({1, 2}, "cannot be stored"),
+        ("nul \x00 byte", "NUL"),
+    ],
+)
+def test_a_result_that_cannot_be_stored_is_refused_and_writes_nothing(
+    client: Client, value: Any, message: str
+) -> None:
+    job_id = client.enqueue("reports", {})
+    claim = _claim(client)
+    with pytest.raises(leaseq.InvalidResult, match=message):
+        client.complete(claim, result=value)
+    assert client.get(job_id).status is JobStatus.RUNNING
+    client.complete(claim, result="fine")
+    assert client.result(job_id) == "fine"
+
+
+def test_results_follow_the_jobs_retention(client: Client, clock: Clock) -> None:
+    """Archived, the result is still read; deleted, the job is gone."""
+    client.configure_queue("kept", retention_mode="archive", retain_done=60)
+    client.configure_queue("dropped", retain_done=60)
+    kept = client.enqueue("kept", {})
+    client.complete(_claim(client, "kept"), result={"kept": True})
+    dropped = client.enqueue("dropped", {})
+    client.complete(_claim(client, "dropped"), result={"kept": False})
+    clock.advance(61)
+    client.prune()
+    assert client.result(kept) == {"kept": True}
+    with pytest.raises(leaseq.JobNotFound):
+        client.result(dropped)
+
+
+def test_wait_result_returns_once_the_job_finishes(client: Client) -> None:
+    job_id = client.enqueue("reports", {})
+    claim = _claim(client)
+    finisher = threading.Timer(0.3, lambda: client.complete(claim, result=42))
+    finisher.start()
+    try:
+        # A poll interval far longer than the test: only the notification wakes it.
+        assert client.wait_result(job_id, timeout=30, poll_interval=3600) == 42
+    finally:
+        finisher.join()
+
+
+def test_wait_result_raises_the_jobs_failure(client: Client) -> None:
+    job_id = client.enqueue("reports", {})
+    claim = _claim(client)
+    finisher = threading.Timer(0.3, lambda: client.fail(claim, error="no data"))
+    finisher.start()
+    try:
+        with pytest.raises(leaseq.JobFailed, match="no data"):
+            client.wait_result(job_id, timeout=30, poll_interval=3600)
+    finally:
+        finisher.join()
+
+
+def test_wait_result_times_out(client: Client) -> None:
+    job_id = client.enqueue("reports", {})
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        client.wait_result(job_id, timeout=0.5, poll_interval=0.1)
+    assert time.monotonic() - started >= 0.5
+
+
+def test_wait_result_polls_when_nothing_notifies(client: Client) -> None:
+    """A cancel sends no result notification: the poll finds it."""
+    job_id = client.enqueue("reports", {})
+    canceller = threading.Timer(0.2, lambda: client.cancel(job_id))
+    canceller.start()
+    try:
+        with pytest.raises(leaseq.JobFailed, match="cancelled"):
+            client.wait_result(job_id, timeout=30, poll_interval=0.2)
+    finally:
+        canceller.join()
+
+
+def test_bad_wait_arguments_are_refused(client: Client) -> None:
+    job_id = client.enqueue("reports", {})
+    with pytest.raises(leaseq.InvalidArgument):
+        client.wait_result(job_id, timeout=-1)
+    with pytest.raises(leaseq.InvalidArgument):
+        client.wait_result(job_id, poll_interval=0)
+
+
+# -- through a worker ------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_handlers_return_value_is_its_jobs_result(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> dict[str, Any]:
+        return {"pages": job.payload["n"] * 2}
+
+    @app.task("sums")
+    def add(job: leaseq.JobContext) -> int:
+        return int(sum(job.payload))
+
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False))
+    try:
+        report_id = await aqueue.enqueue("reports", {"n": 21})
+        sum_id = await aqueue.enqueue("sums", [1, 2, 3])
+        assert await aqueue.wait_result(report_id, timeout=30) == {"pages": 42}
+        assert await aqueue.wait_result(sum_id, timeout=30) == 6
+    finally:
+        await running.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_result_over_its_tasks_cap_fails_the_job(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("reports", max_result_bytes=100)
+    async def report(job: leaseq.JobContext) -> str:
+        return "x" * 200
+
+    @app.task("objects")
+    async def unstorable(job: leaseq.JobContext) -> object:
+        return object()
+
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False))
+    try:
+        big = await aqueue.enqueue("reports", {})
+        odd = await aqueue.enqueue("objects", {})
+        await _until(lambda: _all_finished(aqueue, "reports"))
+        await _until(lambda: _all_finished(aqueue, "objects"))
+    finally:
+        await running.stop()
+    for job_id, text in ((big, "too large"), (odd, "cannot be stored")):
+        job = await aqueue.get(job_id)
+        # Failed at once: the same handler would return the same value again.
+        assert (job.status, job.attempts) == (JobStatus.FAILED, 1)
+        assert job.last_error is not None
+        assert text in job.last_error
+
+
+@pytest.mark.asyncio
+async def test_a_transactional_handler_stores_the_result_it_sets(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> None:
+        async with job.atransaction() as conn:
+            await conn.execute("SELECT 1")
+            job.result = {"written": True}
+
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False))
+    try:
+        job_id = await aqueue.enqueue("reports", {})
+        assert await aqueue.wait_result(job_id, timeout=30) == {"written": True}
+    finally:
+        await running.stop()
+
+
+@pytest.mark.asyncio
+async def test_many_waiters_are_woken_by_their_own_jobs(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> int:
+        await asyncio.sleep(0.01 * job.payload["n"])
+        return int(job.payload["n"])
+
+    ids = await aqueue.enqueue_many("reports", [{"n": n} for n in range(20)])
+    running = Running(
+        leaseq.Worker(app, dsn=database_url, concurrency=5, poll_interval=0.1, maintenance=False)
+    )
+    try:
+        results = await asyncio.gather(
+            *(aqueue.wait_result(i, timeout=30, poll_interval=3600) for i in ids)
+        )
+    finally:
+        await running.stop()
+    assert results == list(range(20))
