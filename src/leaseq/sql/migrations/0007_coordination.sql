@@ -66,12 +66,14 @@ END
 $$;
 
 -- Enqueue one unique job: the holder's id (existing) if a job of the queue
--- holds the key, else the new job's id. Admission (admit()) counts only a job
--- that is inserted. plpgsql, so that under READ COMMITTED the look for the
--- holder, taken after the key's lock, sees the previous producer's commit.
--- Under REPEATABLE READ a holder committed after the caller's snapshot is not
--- seen; the insert then meets it in the unique index and the server raises a
--- serialization failure (the caller retries its transaction), never a duplicate.
+-- holds the key, else the new job's id. plpgsql, so that under READ COMMITTED
+-- the look for the holder, taken after the key's lock, sees the previous
+-- producer's commit. The insert's ON CONFLICT is the arbiter all the same:
+-- should it meet a holder (a replay that took the key meanwhile), the job is
+-- not inserted, its admission is counted back, and the holder is returned.
+-- Under REPEATABLE READ a holder committed after the caller's snapshot is
+-- invisible to it: the server then raises a serialization failure (retry the
+-- transaction), never a second job of the key.
 CREATE FUNCTION {schema}.enqueue_unique(
     p_queue text, p_channel text, p_payload jsonb, p_payload_bytes integer,
     p_priority smallint, p_available_at timestamptz, p_max_attempts integer,
@@ -104,7 +106,18 @@ BEGIN
         coalesce(p_max_attempts, admitted.max_attempts),
         p_ordering_key, p_ordering_seq, p_idempotency_key, admitted.counted, p_trace_context,
         p_timeout, p_unique_key, p_unique_for, true)
+    ON CONFLICT (queue, unique_key) WHERE unique_held DO NOTHING
     RETURNING j.job_id INTO inserted;
+    IF inserted IS NULL THEN
+        IF admitted.counted THEN
+            UPDATE {schema}.backlog AS b
+                SET jobs = b.jobs - 1, bytes = b.bytes - p_payload_bytes
+                WHERE b.queue = p_queue AND b.shard = pg_backend_pid() % 16;
+        END IF;
+        RETURN QUERY SELECT j.job_id, true FROM {schema}.job AS j
+            WHERE j.queue = p_queue AND j.unique_key = p_unique_key AND j.unique_held;
+        RETURN;
+    END IF;
     IF p_channel IS NOT NULL THEN
         PERFORM pg_notify(p_channel, p_queue);
     END IF;
