@@ -1,0 +1,71 @@
+"""A job's own timeout (``enqueue(timeout=...)``) overrides its task's."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+
+from .test_worker import Running, _all_finished, _until
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_jobs_own_timeout_overrides_its_tasks(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, kind: str
+) -> None:
+    """The task allows 0.1 s; one job may take 5 s and finishes in 0.4 s, another
+    allows itself 0.2 s of a task that has no timeout and is stopped."""
+    app = leaseq.App(schema=schema)
+    if kind == "async":
+
+        @app.task("short", timeout=0.1, max_attempts=1)
+        async def short(job: leaseq.JobContext) -> None:
+            await asyncio.sleep(0.4)
+
+        @app.task("unbounded", max_attempts=1)
+        async def unbounded(job: leaseq.JobContext) -> None:
+            await asyncio.sleep(30)
+
+    else:
+
+        @app.task("short", timeout=0.1, max_attempts=1)
+        def short_sync(job: leaseq.JobContext) -> None:
+            time.sleep(0.4)
+
+        @app.task("unbounded", max_attempts=1)
+        def unbounded_sync(job: leaseq.JobContext) -> None:
+            job.lost.wait(30)  # a sync handler is told through job.lost
+
+    generous = await aqueue.enqueue("short", {}, timeout=5)
+    default = await aqueue.enqueue("short", {})
+    bounded = await aqueue.enqueue("unbounded", {}, timeout=0.2)
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False))
+    started = time.monotonic()
+    try:
+        await _until(lambda: _all_finished(aqueue, "short"))
+        await _until(lambda: _all_finished(aqueue, "unbounded"))
+    finally:
+        await running.stop()
+    assert time.monotonic() - started < 25  # the 30 s handler did not run its course
+    assert (await aqueue.get(generous)).status is JobStatus.DONE
+    for job_id, limit in ((default, "0.1s"), (bounded, "0.2s")):
+        job = await aqueue.get(job_id)
+        assert job.status is JobStatus.FAILED
+        assert job.last_error == f"timed out after {limit}"
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), "5", 8 * 86400])
+async def test_a_bad_timeout_is_refused_and_writes_nothing(
+    aqueue: leaseq.AsyncQueue, value: object
+) -> None:
+    with pytest.raises(leaseq.InvalidJob, match="timeout"):
+        await aqueue.enqueue("short", {}, timeout=value)  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidJob, match="timeout"):
+        await aqueue.enqueue_many("short", [{}], timeout=value)  # type: ignore[arg-type]
+    assert await aqueue.stats("short") == []
