@@ -63,6 +63,7 @@ def test_public_names_are_pinned() -> None:
         "ResultNotReady",
         "RetentionMode",
         "Retry",
+        "ScheduleInfo",
         "StatementTimeout",
         "TableHealth",
         "TransientError",

@@ -20,6 +20,7 @@ from ._errors import (
     TransientError,
     UniqueKeyHeld,
 )
+from ._job_ids import JobId, JobIds
 from ._maintenance import Maintenance
 from ._metrics import DEFAULT as metrics
 from ._metrics import Metrics
@@ -38,8 +39,6 @@ from ._types import (
     Health,
     IndexHealth,
     Job,
-    JobId,
-    JobIds,
     JobPage,
     JobStatus,
     OrderingPolicy,
@@ -50,6 +49,7 @@ from ._types import (
     ReapResult,
     RenewalBusy,
     RetentionMode,
+    ScheduleInfo,
     TableHealth,
 )
 from ._worker import App, JobContext, Worker
@@ -103,6 +103,7 @@ __all__ = [
     "ResultNotReady",
     "RetentionMode",
     "Retry",
+    "ScheduleInfo",
     "StatementTimeout",
     "TableHealth",
     "TransientError",

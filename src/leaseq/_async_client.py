@@ -32,12 +32,11 @@ from ._db import (
     Session,
     with_statement_timeout,
 )
+from ._job_ids import JobId, JobIds
 from ._metrics import Metrics
 from ._statement import Operation
 from ._types import (
     Claim,
-    JobId,
-    JobIds,
     JobStatus,
     RenewalBusy,
 )
@@ -316,6 +315,10 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         """A connection of its own, outside the pool: session state (an advisory lock)
         lives as long as it does. Operations run on it with ``session.run()``."""
         return self._db.session()
+
+    async def _run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
+        """One of the store's operations (the scheduler's), on ``conn`` if given."""
+        return await self._db.run(operation, conn)
 
     def _listen(self) -> AsyncIterator[str]:
         """Enqueue notifications of this schema (queue names), on a session of their

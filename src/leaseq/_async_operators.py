@@ -34,6 +34,7 @@ from ._types import (
     QueueSettings,
     QueueStats,
     ReapResult,
+    ScheduleInfo,
 )
 
 
@@ -151,6 +152,10 @@ class AsyncOperatorCalls:
                 if left <= 0:
                     raise TimeoutError(f"job {job_id} did not finish within {limit:g}s")
                 await wait(min(interval, left))
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every periodic job the app's workers declared, with its bookkeeping."""
+        return await self._db.run(self._store.schedules())
 
     async def get(self, job_id: int) -> Job:
         """The job as stored, or JobNotFound."""

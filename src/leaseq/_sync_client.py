@@ -21,13 +21,12 @@ from ._db import (
     Database,
     with_statement_timeout,
 )
+from ._job_ids import JobId, JobIds
 from ._metrics import Metrics
 from ._statement import Operation
 from ._sync_operators import OperatorCalls
 from ._types import (
     Claim,
-    JobId,
-    JobIds,
     JobStatus,
     RenewalBusy,
 )

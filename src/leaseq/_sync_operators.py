@@ -31,6 +31,7 @@ from ._types import (
     QueueSettings,
     QueueStats,
     ReapResult,
+    ScheduleInfo,
 )
 
 
@@ -148,6 +149,10 @@ class OperatorCalls:
                 if left <= 0:
                     raise TimeoutError(f"job {job_id} did not finish within {limit:g}s")
                 wait(min(interval, left))
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every periodic job the app's workers declared, with its bookkeeping."""
+        return self._db.run(self._store.schedules())
 
     def get(self, job_id: int) -> Job:
         """The job as stored, or JobNotFound."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -45,36 +45,6 @@ class RenewalBusy(enum.Enum):
 #: Per claim of a batch renewal: the job's row is locked by another transaction right
 #: now and the lease is still live; nothing changed. Renew again shortly.
 RENEWAL_BUSY = RenewalBusy.BUSY
-
-
-class JobId(int):
-    """The id ``enqueue`` returns: an ``int``, which also says whether a unique
-    enqueue found the job already there (``existing``: nothing was inserted)."""
-
-    existing: bool
-
-    def __new__(cls, job_id: int, *, existing: bool = False) -> JobId:
-        self = super().__new__(cls, job_id)
-        self.existing = existing
-        return self
-
-
-class JobIds(list[int]):
-    """The ids ``enqueue_many`` returns, in input order: a ``list``, which also
-    says, per position, whether a unique enqueue found its job already there
-    (``existing[i]``: nothing was inserted for payload i; its id is the holder's,
-    which may be an earlier payload's of the same batch)."""
-
-    existing: tuple[bool, ...]
-
-    def __init__(self, job_ids: Iterable[int] = (), *, existing: Iterable[bool] | None = None):
-        super().__init__(job_ids)
-        self.existing = (False,) * len(self) if existing is None else tuple(existing)
-
-    @property
-    def inserted(self) -> list[int]:
-        """The ids of the jobs this call inserted."""
-        return [job_id for job_id, found in zip(self, self.existing, strict=True) if not found]
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,3 +373,20 @@ class PruneResult:
             dry_run=self.dry_run or later.dry_run,
             more=later.more,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A periodic job's bookkeeping (``schedules()``, ``leaseq schedules``)."""
+
+    name: str
+    queue: str
+    spec: str  # "cron <expression>" or "every <seconds>"
+    tz: str
+    last_tick: datetime | None  # the latest tick handled (enqueued, skipped or paused)
+    next_tick: datetime
+    enqueued: int
+    skipped: int  # missed ticks older than the catch-up window
+    paused_ticks: int  # ticks that came while the queue was paused: no job
+    last_job_id: int | None
+    queue_paused: bool

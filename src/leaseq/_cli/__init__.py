@@ -8,7 +8,7 @@ replay, cancel, reap, queue configure), ``retention`` (prune), ``health``
 
 from __future__ import annotations
 
-from . import audit, dashboard, health, jobs, retention, running  # noqa: F401 - registers their commands on the group
+from . import audit, dashboard, health, jobs, retention, running, schedules  # noqa: F401 - registers their commands on the group
 from .common import cli, scrubbed_crash
 
 __all__ = ["cli", "main"]

@@ -6,7 +6,7 @@ that turns the rows into the result. The database layer executes it on a sync
 or an async connection; neither side builds SQL of its own. The SQL itself
 lives in ``sql/*.sql``. The store is split by who needs the operation: jobs
 (producers and workers), operators, inspection (searches, summaries),
-retention, health, monitoring, the schema.
+retention, health, monitoring, periodic jobs, the schema.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .jobs import UNIQUE_VIOLATION, Claimed, JobOperations
 from .monitoring import MonitoringOperations
 from .operators import OperatorOperations, ReplayBatch
 from .retention import RetentionOperations
+from .schedules import ScheduleOperations
 from .schema import SchemaOperations
 
 
@@ -27,6 +28,7 @@ class Store(
     RetentionOperations,
     HealthOperations,
     MonitoringOperations,
+    ScheduleOperations,
     SchemaOperations,
 ):
     """Builds the operations of one leaseq schema."""

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 from .. import _decoding as decoding
 from .. import _validate as validate
 from .._errors import AlreadyCompleted, InvalidArgument, InvalidJob, LeaseLost
+from .._job_ids import JobId, JobIds
 from .._statement import Operation, Rows, Statement, T
-from .._types import RENEWAL_BUSY, Claim, JobId, JobIds, JobStatus, RenewalBusy
+from .._types import RENEWAL_BUSY, Claim, JobStatus, RenewalBusy
 from .base import StoreBase
 
 #: Raised by job_running_key_idx when a claim lost a race for an ordering key.

@@ -12,6 +12,7 @@ from .. import _validate as validate
 from .._errors import InvalidArgument
 from .._retry import Backoff, ErrorPolicy
 from .._types import Claim
+from .schedules import Schedule, schedule
 
 Handler = Callable[..., Any]
 H = TypeVar("H", bound=Handler)
@@ -52,6 +53,7 @@ class App:
         self.dsn = dsn
         self.schema = validate.schema_name(schema)
         self.tasks: dict[str, Task] = {}
+        self.schedules: dict[str, Schedule] = {}
 
     @staticmethod
     def load(reference: str) -> App:
@@ -104,6 +106,40 @@ class App:
             return handler
 
         return register
+
+    def periodic(
+        self,
+        name: str,
+        *,
+        queue: str,
+        cron: str | None = None,
+        every: float | None = None,
+        payload: Any = None,
+        tz: str = "UTC",
+        catch_up: float = 0.0,
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> Schedule:
+        """Enqueue a job of ``queue`` with ``payload`` at every tick of ``cron`` (in
+        time zone ``tz``) or ``every`` seconds, exactly once per tick across all of
+        the app's workers. After a downtime the latest missed tick is enqueued, and
+        the earlier ones no older than ``catch_up`` seconds; the rest are skipped
+        and counted. Each job's idempotency key names its tick."""
+        if name in self.schedules:
+            raise InvalidArgument(f"schedule {name!r} is already declared")
+        declared = schedule(
+            name,
+            queue=queue,
+            cron=cron,
+            every=every,
+            payload=payload,
+            tz=tz,
+            catch_up=catch_up,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        self.schedules[name] = declared
+        return declared
 
 
 def load_app(reference: str) -> App:

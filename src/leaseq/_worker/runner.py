@@ -47,6 +47,7 @@ from .leases import LeaseKeeper
 from .listener import listen_for_work
 from .outcomes import Outcomes
 from .registry import AttemptRegistry
+from .scheduler import Scheduler
 from .signals import StopSignals
 from .state import WorkerStats
 
@@ -206,6 +207,9 @@ class Worker:
                 lost=self._leases.check_now,
                 stats=self.stats,
             )
+        if self.app.schedules:
+            scheduler = Scheduler(self._clients.handlers_async, self.app.schedules)
+            services["schedules"] = scheduler.run()
         if self.maintenance:
             reaper = Maintenance(self._clients.handlers_async, interval=self.maintenance_interval)
             services["maintenance"] = reaper.run()

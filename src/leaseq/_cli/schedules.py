@@ -1,0 +1,59 @@
+"""``leaseq schedules``: every periodic job with its last and next tick."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from .common import cli, console, database_options, open_queue
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@database_options
+def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
+    """Periodic jobs: when they tick, the last and next tick, what was enqueued or skipped."""
+    with open_queue(database_url, schema) as queue:
+        found = queue.schedules()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": s.name,
+                        "queue": s.queue,
+                        "spec": s.spec,
+                        "tz": s.tz,
+                        "last_tick": None if s.last_tick is None else s.last_tick.isoformat(),
+                        "next_tick": s.next_tick.isoformat(),
+                        "enqueued": s.enqueued,
+                        "skipped": s.skipped,
+                        "paused_ticks": s.paused_ticks,
+                        "last_job_id": s.last_job_id,
+                        "queue_paused": s.queue_paused,
+                    }
+                    for s in found
+                ]
+            )
+        )
+        return
+    table = Table(
+        "name", "queue", "when", "tz", "last tick", "next tick", "enqueued", "skipped",
+        title="schedules", box=box.SIMPLE_HEAD,
+    )  # fmt: skip
+    for s in found:
+        table.add_row(
+            Text(s.name),
+            Text(s.queue + (" (paused)" if s.queue_paused else "")),
+            Text(s.spec.removeprefix("cron ")),
+            s.tz,
+            "-" if s.last_tick is None else s.last_tick.isoformat(timespec="seconds"),
+            s.next_tick.isoformat(timespec="seconds"),
+            str(s.enqueued),
+            str(s.skipped),
+        )
+    console.print(table)

@@ -1,0 +1,285 @@
+"""Periodic jobs: exactly one job per tick, whatever the number of workers and
+restarts; missed ticks caught up within a window, the rest skipped and counted;
+a paused queue keeps the bookkeeping but gets no job; DST handled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from click.testing import CliRunner
+
+import leaseq
+from leaseq._cli import cli
+from leaseq._worker.scheduler import Scheduler
+from leaseq._worker.schedules import Schedule
+
+from .conftest import AsyncClock
+
+
+def _app(schema: str, **declarations: dict[str, Any]) -> leaseq.App:
+    app = leaseq.App(schema=schema)
+    for name, options in declarations.items():
+        app.periodic(name, **{"queue": "ticks", **options})
+    return app
+
+
+async def _jobs_by_tick(queue: leaseq.AsyncQueue) -> Counter[str]:
+    """How many jobs each tick has (its idempotency key names schedule and tick)."""
+    async with queue.connection() as conn:
+        rows = await (
+            await conn.execute(
+                f'SELECT idempotency_key FROM "{queue.schema}".job WHERE queue = %s', ("ticks",)
+            )
+        ).fetchall()
+    return Counter(str(row[0]) for row in rows)
+
+
+def _tick(name: str, at: datetime) -> str:
+    return f"{name}@{at.astimezone(UTC).isoformat()}"
+
+
+async def _now(queue: leaseq.AsyncQueue) -> datetime:
+    return await queue._run(queue._store.clock_now())
+
+
+async def test_concurrent_schedulers_enqueue_each_tick_once(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, database_url: str, schema: str
+) -> None:
+    """Three workers' schedulers pass at the same moments, over 30 ticks of 5
+    schedules: every tick has exactly one job, none is missing."""
+    app = _app(schema, **{f"s{n}": {"every": 10, "payload": {"n": n}} for n in range(5)})
+    queues = [leaseq.AsyncQueue(database_url, schema=schema) for _ in range(3)]
+    try:
+        schedulers = [Scheduler(q, app.schedules) for q in queues]
+        await asyncio.gather(*(s.run_once() for s in schedulers))  # declares them
+        start = await _now(aqueue)
+        for _ in range(30):
+            await aclock.advance(10)
+            await asyncio.gather(*(s.run_once() for s in schedulers))
+        end = await _now(aqueue)
+    finally:
+        for q in queues:
+            await q.close()
+    jobs = await _jobs_by_tick(aqueue)
+    assert set(jobs.values()) == {1}, [k for k, v in jobs.items() if v > 1]
+    for schedule in app.schedules.values():
+        expected, tick = set(), schedule.next_after(start)
+        while tick <= end:
+            expected.add(_tick(schedule.name, tick))
+            tick = schedule.next_after(tick)
+        assert {k for k in jobs if k.startswith(f"{schedule.name}@")} == expected
+    infos = {s.name: s for s in await aqueue.schedules()}
+    assert {s.enqueued for s in infos.values()} == {30}
+    assert {s.skipped for s in infos.values()} == {0}
+
+
+async def test_after_a_downtime_only_the_latest_tick_runs_by_default(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    app = _app(schema, latest={"every": 60}, window={"every": 60, "catch_up": 185})
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    before = (await _now(aqueue)).timestamp()
+    await aclock.advance(10 * 60 + 1)  # ten ticks or so went by with no worker
+    after = (await _now(aqueue)).timestamp()
+    # The ticks are the multiples of 60 s since the epoch.
+    missed = [t for t in range(int(before) // 60 * 60, int(after) + 1, 60) if before < t <= after]
+    recent = [t for t in missed if t >= after - 185]
+    assert await scheduler.run_once() == 1 + len(recent)
+    jobs = await _jobs_by_tick(aqueue)
+    assert sum(1 for k in jobs if k.startswith("latest@")) == 1
+    assert _tick("latest", datetime.fromtimestamp(missed[-1], UTC)) in jobs
+    assert {k for k in jobs if k.startswith("window@")} == {
+        _tick("window", datetime.fromtimestamp(t, UTC)) for t in recent
+    }
+    infos = {s.name: s for s in await aqueue.schedules()}
+    assert (infos["latest"].enqueued, infos["latest"].skipped) == (1, len(missed) - 1)
+    assert (infos["window"].enqueued, infos["window"].skipped) == (
+        len(recent),
+        len(missed) - len(recent),
+    )
+    assert await scheduler.run_once() == 0  # nothing more is due
+
+
+async def test_a_paused_queue_keeps_the_bookkeeping_and_gets_no_job(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    app = _app(schema, nightly={"every": 60})
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    await aqueue.configure_queue("ticks", paused=True)
+    await aclock.advance(61)
+    assert await scheduler.run_once() == 0
+    (info,) = await aqueue.schedules()
+    assert (info.enqueued, info.paused_ticks, info.queue_paused) == (0, 1, True)
+    assert info.last_tick is not None
+    await aqueue.configure_queue("ticks", paused=False)
+    await aclock.advance(60)
+    assert await scheduler.run_once() == 1  # the next tick only: no burst of old ones
+    (info,) = await aqueue.schedules()
+    assert (info.enqueued, info.paused_ticks, info.queue_paused) == (1, 1, False)
+
+
+async def test_a_restart_keeps_the_bookkeeping_and_a_new_spec_starts_over(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    await Scheduler(aqueue, _app(schema, s={"every": 60}).schedules).run_once()
+    await aclock.advance(61)
+    # A restarted worker (a new scheduler) finds the due tick and runs it.
+    assert await Scheduler(aqueue, _app(schema, s={"every": 60}).schedules).run_once() == 1
+    await aclock.advance(120)
+    # Declared anew with another spec: its old ticks mean nothing, it starts over.
+    changed = Scheduler(aqueue, _app(schema, s={"every": 3600}).schedules)
+    assert await changed.run_once() == 0
+    (info,) = await aqueue.schedules()
+    assert (info.spec, info.enqueued) == ("every 3600", 1)
+    assert info.next_tick > await _now(aqueue)
+
+
+async def test_a_full_queue_leaves_the_tick_due(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    app = _app(schema, s={"every": 60, "catch_up": 600})
+    await aqueue.configure_queue("ticks", max_queued_jobs=1)
+    await aqueue.enqueue("ticks", {"filler": True})
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    await aclock.advance(61)
+    assert await scheduler.run_once() == 0
+    (info,) = await aqueue.schedules()
+    assert info.enqueued == 0
+    (claim,) = await aqueue.claim("ticks")
+    await aqueue.complete(claim)
+    assert await scheduler.run_once() == 1
+    (info,) = await aqueue.schedules()
+    assert (info.enqueued, info.skipped) == (1, 0)
+
+
+async def test_jobs_carry_their_declaration(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    app = _app(schema, s={"every": 60, "payload": {"report": "daily"}, "priority": 5})
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    await aclock.advance(61)
+    await scheduler.run_once()
+    (claim,) = await aqueue.claim("ticks")
+    assert claim.payload == {"report": "daily"}
+    assert claim.idempotency_key.startswith("s@")
+    job = await aqueue.get(claim.job_id)
+    assert job.priority == 5
+
+
+async def test_schedules_are_listed_by_the_cli(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = _app(schema, nightly={"cron": "0 2 * * *", "tz": "Europe/Paris"})
+    await Scheduler(aqueue, app.schedules).run_once()
+    runner = CliRunner()
+    result = await asyncio.to_thread(
+        runner.invoke,
+        cli,
+        ["schedules", "--json", "--database-url", database_url, "--schema", schema],
+    )
+    assert result.exit_code == 0, result.output
+    (listed,) = json.loads(result.output)
+    assert (listed["name"], listed["spec"], listed["tz"], listed["last_tick"]) == (
+        "nightly",
+        "cron 0 2 * * *",
+        "Europe/Paris",
+        None,
+    )
+    next_tick = datetime.fromisoformat(listed["next_tick"])
+    assert next_tick.astimezone(UTC).hour in (0, 1)  # 02:00 in Paris, by its offset
+    table = await asyncio.to_thread(
+        runner.invoke, cli, ["schedules", "--database-url", database_url, "--schema", schema]
+    )
+    assert "nightly" in table.output
+
+
+# -- the schedule's own arithmetic ------------------------------------------------
+
+
+def _declare(**options: Any) -> Schedule:
+    app = leaseq.App()
+    return app.periodic("s", **{"queue": "q", **options})
+
+
+def _ticks(schedule: Schedule, start: datetime, end: datetime) -> list[datetime]:
+    found, tick = [], schedule.next_after(start)
+    while tick <= end:
+        found.append(tick)
+        tick = schedule.next_after(tick)
+    return found
+
+
+def test_a_daily_cron_ticks_once_on_each_dst_transition_day() -> None:
+    """Paris, 2026: 29 March has no 02:30, 25 October has it twice. One tick each day."""
+    schedule = _declare(cron="30 2 * * *", tz="Europe/Paris")
+    paris = ZoneInfo("Europe/Paris")
+    for day in (datetime(2026, 3, 29, tzinfo=paris), datetime(2026, 10, 25, tzinfo=paris)):
+        ticks = _ticks(schedule, day - timedelta(seconds=1), day + timedelta(days=1))
+        assert len(ticks) == 1, ticks
+    spring = _ticks(
+        schedule, datetime(2026, 3, 29, tzinfo=paris), datetime(2026, 3, 29, 12, tzinfo=paris)
+    )
+    assert spring[0].astimezone(paris).strftime("%H:%M") == "03:00"  # the first after
+    autumn = _ticks(
+        schedule, datetime(2026, 10, 25, tzinfo=paris), datetime(2026, 10, 25, 12, tzinfo=paris)
+    )
+    assert autumn[0] == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)  # its first occurrence, CEST
+
+
+def test_hourly_ticks_keep_their_wall_clock_through_dst() -> None:
+    schedule = _declare(cron="0 * * * *", tz="America/New_York")
+    ny = ZoneInfo("America/New_York")
+    ticks = _ticks(
+        schedule, datetime(2026, 11, 1, tzinfo=ny), datetime(2026, 11, 1, 23, 59, tzinfo=ny)
+    )
+    # 01:00 happens twice on 1 November 2026 in New York: it ticks once.
+    assert [t.astimezone(ny).hour for t in ticks] == list(range(1, 24))
+
+
+def test_every_is_aligned_on_the_epoch_so_workers_agree() -> None:
+    schedule = _declare(every=300)
+    tick = schedule.next_after(datetime(2026, 1, 1, 10, 2, 17, tzinfo=UTC))
+    assert tick == datetime(2026, 1, 1, 10, 5, tzinfo=UTC)
+
+
+def test_catch_up_counts_what_it_skips() -> None:
+    schedule = _declare(every=1, catch_up=2.5)
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    due = schedule.due(first, first + timedelta(seconds=100, milliseconds=500))
+    assert len(due.enqueue) == 3  # 98, 99, 100
+    assert due.skipped == 101 - 3
+    assert due.next_tick == first + timedelta(seconds=101)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "cron or every"),
+        ({"cron": "0 2 * * *", "every": 60}, "cron or every"),
+        ({"cron": "not a cron"}, "not a cron expression"),
+        ({"every": 0.5}, "at least 1 second"),
+        ({"every": 60, "tz": "Mars/Olympus"}, "unknown time zone"),
+        ({"every": 60, "payload": {1, 2}}, "JSON"),
+        ({"every": 60, "catch_up": -1}, "catch_up"),
+    ],
+)
+def test_a_bad_declaration_is_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(leaseq.InvalidArgument, match=message):
+        _declare(**options)
+
+
+def test_a_schedule_name_is_declared_once() -> None:
+    app = leaseq.App()
+    app.periodic("s", queue="q", every=60)
+    with pytest.raises(leaseq.InvalidArgument, match="already declared"):
+        app.periodic("s", queue="q", every=60)
