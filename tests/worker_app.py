@@ -48,3 +48,19 @@ def work(job: leaseq.JobContext) -> None:
             f'INSERT INTO "{SCHEMA}".effect (idempotency_key, job_id) VALUES (%s, %s)',
             (job.idempotency_key, job.job_id),
         )
+
+
+# Periodic jobs, for tests/test_periodic_processes.py only: LEASEQ_TEST_SCHEDULES
+# schedules ticking every second into "ticks", each tick's effect written with
+# its completion.
+for _n in range(int(os.environ.get("LEASEQ_TEST_SCHEDULES", "0"))):
+    app.periodic(f"every-second-{_n}", queue="ticks", every=1, catch_up=60, payload={"n": _n})
+
+
+@app.task("ticks")
+def tick(job: leaseq.JobContext) -> None:
+    with job.transaction() as conn:
+        conn.execute(
+            f'INSERT INTO "{SCHEMA}".effect (idempotency_key, job_id) VALUES (%s, %s)',
+            (job.idempotency_key, job.job_id),
+        )
