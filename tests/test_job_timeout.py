@@ -54,6 +54,7 @@ async def test_a_jobs_own_timeout_overrides_its_tasks(
         await running.stop()
     assert time.monotonic() - started < 25  # the 30 s handler did not run its course
     assert (await aqueue.get(generous)).status is JobStatus.DONE
+    assert ((await aqueue.get(generous)).timeout, (await aqueue.get(default)).timeout) == (5, None)
     for job_id, limit in ((default, "0.1s"), (bounded, "0.2s")):
         job = await aqueue.get(job_id)
         assert job.status is JobStatus.FAILED

@@ -48,6 +48,11 @@ def test_a_second_enqueue_returns_the_unfinished_job(client: Client) -> None:
     assert again == first
     assert len({first, other, elsewhere}) == 3
     assert client.get(first).payload == {"n": 1}  # the duplicate changed nothing
+    assert client.get(first).unique_key == "invoice:42"
+    assert [j.unique_key for j in client.list_jobs("queued", queue="invoices")] == [
+        "invoice:43",
+        "invoice:42",
+    ]
     assert client.stats("invoices")[0].queued == 2
 
 

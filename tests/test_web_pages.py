@@ -89,7 +89,9 @@ async def test_overview_shows_each_queue(browser: Browser, jobs: Jobs) -> None:
     assert "≈" not in page.split("Counts marked")[0]
 
 
-async def test_job_page_masks_secrets_and_shows_the_job(browser: Browser, jobs: Jobs) -> None:
+async def test_job_page_masks_secrets_and_shows_the_job(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
     page = (await browser.get(f"/jobs/{jobs.secret}")).text
     assert "acme" in page
     assert "password" in page  # the field name shows, its value does not
@@ -107,6 +109,11 @@ async def test_job_page_masks_secrets_and_shows_the_job(browser: Browser, jobs: 
     failed = text_of((await browser.get(f"/jobs/{jobs.failed[0]}")).text)
     assert "template missing" in failed
     assert "Replay" in failed
+
+    unique = queue.enqueue("reports", {}, unique_key="invoice:42", timeout=90)
+    shown = text_of((await browser.get(f"/jobs/{unique}")).text)
+    assert "Unique key invoice:42" in shown
+    assert "Timeout 90 s (its own)" in shown
 
     waiting = text_of((await browser.get(f"/jobs/{jobs.blocked_waiting[1]}")).text)
     assert "cust-1" in waiting

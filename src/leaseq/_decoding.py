@@ -69,7 +69,9 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         finished_at,
         lease_remaining,
         ahead,
-    ) = row[:21]
+        unique_key,
+        timeout,
+    ) = row[:23]
     return Job(
         job_id=job_id,
         queue=queue,
@@ -92,6 +94,8 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         finished_at=finished_at,
         lease_remaining=lease_remaining,
         ahead=None if ahead is None else int(ahead),
+        unique_key=unique_key,
+        timeout=timeout,
     )
 
 

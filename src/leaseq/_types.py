@@ -118,6 +118,10 @@ class Job:
     #: ``get()`` only: how many unfinished jobs of its ordering key come before it
     #: (0: it is the key's head); None without a key or once finished.
     ahead: int | None = field(default=None, compare=False)
+    #: Its unique key (``enqueue(unique_key=...)``), kept after it lets go of it.
+    unique_key: str | None = None
+    #: Its own timeout (``enqueue(timeout=...)``); None: its task's.
+    timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

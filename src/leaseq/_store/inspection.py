@@ -75,7 +75,7 @@ class InspectionOperations(StoreBase):
         schema = self.schema
 
         def decode(rows: list[Rows]) -> JobPage:
-            floor = rows[0][0][21]
+            floor = rows[0][0][-1]
             found = [row for row in rows[0] if row[0] is not None]
             jobs = tuple(decoding.job_from_row(schema, row) for row in found[:limit])
             more = len(found) > limit

@@ -13,6 +13,7 @@ SELECT j.job_id, j.queue, j.payload, j.payload_bytes, j.status, j.priority, j.av
                  AND o.status IN ('queued', 'running')
                  AND (o.ordering_seq, o.job_id) < (j.ordering_seq, j.job_id)
                LIMIT 100000) AS before_it)
-       END
+       END,
+       j.unique_key, j.timeout_seconds
 FROM {schema}.job AS j
 WHERE j.job_id = %(job_id)s
