@@ -281,3 +281,21 @@ async def test_many_waiters_are_woken_by_their_own_jobs(
     finally:
         await running.stop()
     assert results == list(range(20))
+
+
+def test_only_a_job_someone_waits_for_notifies_its_end(queue: leaseq.Queue, connect: Any) -> None:
+    """A completion nobody waits for sends no notification (its commit never
+    queues for the server's notification lock); one that wait_result marked does,
+    naming the job."""
+    listener = connect(autocommit=True)
+    listener.execute(f'LISTEN "{queue._store.results_channel}"')
+    unwatched = queue.enqueue("reports", {})
+    queue.complete(_claim(queue), result=1)
+    assert list(listener.notifies(timeout=0.5)) == []
+    watched = queue.enqueue("reports", {})
+    claim = _claim(queue)
+    queue._db.run(queue._store.await_result(watched))
+    queue.complete(claim, result=2)
+    heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert heard == [str(watched)]
+    assert (queue.result(unwatched), queue.result(watched)) == (1, 2)

@@ -135,14 +135,16 @@ class AsyncOperatorCalls:
         """Wait until the job finishes; then as :meth:`result`. TimeoutError after
         ``timeout`` seconds (None: no limit).
 
-        Woken by the notification its completion (or failure) sends, on a
-        connection of its own; a look every ``poll_interval`` seconds finds what
-        no notification told (a cancel, a lost connection, ``notify=False``).
+        Marks the job as waited for, so that its completion (or failure) sends a
+        notification, heard on a connection of its own; a look every
+        ``poll_interval`` seconds finds what no notification told (a cancel, a
+        lost connection, a worker with ``notify=False``).
         """
         limit = None if timeout is None else validate.seconds(timeout, "timeout", 7 * 86400.0)
         interval = validate.seconds(poll_interval, "poll_interval", 3600.0, allow_zero=False)
         deadline = None if limit is None else monotonic() + limit
         async with self._db.notified(self._store.listen_results()) as wait:
+            await self._db.run(self._store.await_result(job_id))  # listening already
             while True:
                 try:
                     return await self.result(job_id)

@@ -3,7 +3,8 @@
 Each is a context manager around a connection of its own (outside the pool: a
 LISTEN must not leak into a pooled connection's next user) that yields
 ``wait(seconds)``: it returns when a notification arrives on the channel the
-statement listens to, or when the seconds have passed. Without the connection
+statement listens to, or when the seconds have passed; it yields once the
+LISTEN is in place, so what the caller does next cannot be missed. Without the connection
 (it could not be opened, or broke) ``wait`` just sleeps: the caller polls
 behind the notifications anyway, so losing them costs latency, never a result.
 """
@@ -19,6 +20,9 @@ from typing import Any
 import psycopg
 
 from .._statement import Statement
+
+#: How long ``anotified`` waits for its LISTEN before it yields all the same.
+LISTEN_READY_SECONDS = 5.0
 
 
 @contextlib.contextmanager
@@ -56,15 +60,19 @@ async def anotified(
     dsn: str, options: dict[str, Any], statement: Statement
 ) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
     woken = asyncio.Event()
+    ready = asyncio.Event()  # listening, or given up
 
     async def listen() -> None:
-        with contextlib.suppress(psycopg.Error, OSError):
-            conn = await psycopg.AsyncConnection.connect(dsn, **{**options, "autocommit": True})
-            async with conn:
-                await conn.execute(statement.sql)
-                woken.set()  # listening now: what finished before it, a look finds
-                async for _ in conn.notifies():
-                    woken.set()
+        try:
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn = await psycopg.AsyncConnection.connect(dsn, **{**options, "autocommit": True})
+                async with conn:
+                    await conn.execute(statement.sql)
+                    ready.set()
+                    async for _ in conn.notifies():
+                        woken.set()
+        finally:
+            ready.set()
 
     async def wait(seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -74,6 +82,11 @@ async def anotified(
 
     listener = asyncio.create_task(listen())
     try:
+        # The caller acts once listening (a notification sent before would be
+        # missed); a connection that takes too long leaves it to polling.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LISTEN_READY_SECONDS):
+                await ready.wait()
         yield wait
     finally:
         listener.cancel()

@@ -169,6 +169,13 @@ class OperatorOperations(StoreBase):
 
         return Operation((Statement(self.sql("job_result.sql"), {"job_id": checked}),), decode)
 
+    def await_result(self, job_id: int) -> Operation[None]:
+        """Mark the job as waited for: its end notifies the results channel."""
+        return Operation(
+            (Statement(self.sql("await_result.sql"), {"job_id": validate.job_id(job_id)}),),
+            ignore,
+        )
+
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
     ) -> Operation[list[Job]]:

@@ -19,8 +19,9 @@
 -- The id arrays go in binary (%(...)b): the driver's text form quotes each element.
 -- Each job's result (the handler's return value as JSON text, NULL for None;
 -- the whole array NULL when every one is) is written by the same fenced
--- UPDATE, so a result is stored only with its own claim's completion. Waiters
--- (wait_result) are told on the results channel, one notification per queue.
+-- UPDATE, so a result is stored only with its own claim's completion. A job
+-- someone waits for (result_awaited, set by wait_result) is named by its id on
+-- the results channel; the others notify nothing.
 WITH claimed AS (
     SELECT *
     FROM unnest(%(job_ids)b::bigint[], %(lease_versions)b::bigint[], %(results)b::text[])
@@ -38,12 +39,12 @@ completed AS (
       AND (j.lease_until > {schema}.clock()
            -- Only a completion sets 'done', and only this claim had this version.
            OR (j.status = 'done' AND NOT %(strict)s))
-    RETURNING j.job_id, j.queue
+    RETURNING j.job_id, j.result_awaited
 ),
 notified AS (
-    SELECT count(pg_notify(%(results_channel)s::text, q.queue)) AS sent
-    FROM (SELECT DISTINCT completed.queue FROM completed) AS q
-    WHERE %(results_channel)s::text IS NOT NULL
+    SELECT count(pg_notify(%(results_channel)s::text, completed.job_id::text)) AS sent
+    FROM completed
+    WHERE completed.result_awaited AND %(results_channel)s::text IS NOT NULL
 )
 SELECT c.job_id,
        completed.job_id IS NOT NULL AS accepted,

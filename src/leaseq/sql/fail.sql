@@ -35,13 +35,13 @@ failed AS (
            OR (NOT %(strict)s AND j.status = 'failed'
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'fail', 'lease_version', c.lease_version)))
-    RETURNING j.job_id, j.queue
+    RETURNING j.job_id, j.result_awaited
 ),
--- Waiters (wait_result) are told on the results channel, one notification per queue.
+-- A job someone waits for (wait_result) is named on the results channel.
 notified AS (
-    SELECT count(pg_notify(%(results_channel)s::text, q.queue)) AS sent
-    FROM (SELECT DISTINCT failed.queue FROM failed) AS q
-    WHERE %(results_channel)s::text IS NOT NULL
+    SELECT count(pg_notify(%(results_channel)s::text, failed.job_id::text)) AS sent
+    FROM failed
+    WHERE failed.result_awaited AND %(results_channel)s::text IS NOT NULL
 )
 SELECT c.job_id,
        failed.job_id IS NOT NULL

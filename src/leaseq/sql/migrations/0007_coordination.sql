@@ -13,6 +13,11 @@ ALTER TABLE {schema}.job_archive ADD COLUMN timeout_seconds double precision;
 -- NULL when it returned None. Removed with the job by retention.
 ALTER TABLE {schema}.job ADD COLUMN result jsonb;
 ALTER TABLE {schema}.job_archive ADD COLUMN result jsonb;
+-- Someone waits for this job's end (wait_result sets it): its completion or
+-- failure then notifies the results channel. Jobs nobody waits for notify
+-- nothing, so their commits never queue for the server's notification lock.
+ALTER TABLE {schema}.job ADD COLUMN result_awaited boolean NOT NULL DEFAULT false;
+ALTER TABLE {schema}.job_archive ADD COLUMN result_awaited boolean NOT NULL DEFAULT false;
 
 -- Unique jobs. unique_key is the producer's key, kept for as long as the row;
 -- unique_held says whether this job holds it: from its enqueue while it is
