@@ -17,6 +17,7 @@ from typing import Any
 
 from . import _steps
 from . import _validate as validate
+from . import _validate_settings as validate_settings
 from ._db import AsyncDatabase
 from ._errors import ResultNotReady
 from ._store import Store
@@ -113,7 +114,7 @@ class AsyncOperatorCalls:
         )
         pause = validate.seconds(pause, "pause", 3600.0)
         if max_batches is not None:
-            validate.prune_batch(max_batches)
+            validate_settings.prune_batch(max_batches)
         result = PruneResult(dry_run=dry_run)
         batches = 0
         while True:

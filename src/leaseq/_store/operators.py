@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import _decoding as decoding
 from .. import _validate as validate
+from .. import _validate_settings as validate_settings
 from .._errors import (
     BacklogFull,
     InvalidArgument,
@@ -199,7 +200,7 @@ class OperatorOperations(StoreBase):
     ) -> Operation[QueueSettings]:
         params: dict[str, Any] = {
             "name": validate.queue_name(name),
-            **validate.queue_settings(settings),
+            **validate_settings.queue_settings(settings),
         }
         named = {"name": params["name"]}
         audit = {

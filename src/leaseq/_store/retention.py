@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import _decoding as decoding
 from .. import _validate as validate
+from .. import _validate_settings as validate_settings
 from .._statement import Operation, Rows, Statement
 from .._types import PruneResult
 from .base import StoreBase
@@ -29,10 +30,12 @@ class RetentionOperations(StoreBase):
         The result's ``more`` says a batch was full."""
         params = {
             "queue": None if queue is None else validate.queue_name(queue),
-            "states": validate.finished_states(states),
-            "older_than": validate.retention(older_than, "older_than"),
-            "archived_older_than": validate.retention(archived_older_than, "archived_older_than"),
-            "limit": validate.prune_batch(limit),
+            "states": validate_settings.finished_states(states),
+            "older_than": validate_settings.retention(older_than, "older_than"),
+            "archived_older_than": validate_settings.retention(
+                archived_older_than, "archived_older_than"
+            ),
+            "limit": validate_settings.prune_batch(limit),
         }
         if dry_run:
             return Operation(
