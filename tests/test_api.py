@@ -27,6 +27,7 @@ def test_public_names_are_pinned() -> None:
         "BlockedKey",
         "Claim",
         "ClaimPlan",
+        "Claims",
         "CleanupHolder",
         "DatabaseUnavailable",
         "FailedGroup",

@@ -236,6 +236,7 @@ def test_the_move_to_the_archive_keeps_every_column(client: Client, clock: Clock
         unique_key="u-1",
         unique_for=3600,
         priority=3,
+        group="tenant-1",
     )
     (claim,) = client.claim("q")
     client.complete(claim, result={"pages": 2})

@@ -37,6 +37,7 @@ from ._metrics import Metrics
 from ._statement import Operation
 from ._types import (
     Claim,
+    Claims,
     JobStatus,
     RenewalBusy,
 )
@@ -129,6 +130,7 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         timeout: float | None = None,
         unique_key: str | None = None,
         unique_for: float | None = None,
+        group: str | None = None,
     ) -> JobId:
         """Enqueue one job; returns its id. With ``conn``, in your transaction.
 
@@ -137,6 +139,8 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         overrides its task's. With ``unique_key``, while a job of the queue with
         that key is unfinished (or done less than ``unique_for`` seconds ago),
         nothing is inserted and that job's id comes back (``.existing`` is True).
+        ``group`` (a tenant, a customer) is what the queue's per-group limits
+        count and what its claims take turns between.
         """
         return await self._send(
             queue,
@@ -154,6 +158,7 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
                 timeout=timeout,
                 unique_key=unique_key,
                 unique_for=unique_for,
+                group=group,
                 trace_context=trace_context,
             ),
             lambda job_id: [] if job_id.existing else [job_id],
@@ -174,12 +179,14 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         timeout: float | None = None,
         unique_keys: Sequence[str] | None = None,
         unique_for: float | None = None,
+        group: str | None = None,
     ) -> JobIds:
         """Enqueue many jobs of one queue in one statement; returns their ids in
         input order. All or nothing. With ``conn``, in your transaction. With
         ``unique_keys`` (one per payload), a payload whose key a job of the queue
         holds (an earlier one of the batch included) inserts nothing: its
-        position carries that job's id, and ``.existing`` says which did."""
+        position carries that job's id, and ``.existing`` says which did.
+        ``group``: the group of every job of the call."""
         return await self._send(
             queue,
             conn,
@@ -195,6 +202,7 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
                 timeout=timeout,
                 unique_keys=unique_keys,
                 unique_for=unique_for,
+                group=group,
                 trace_context=trace_context,
             ),
             lambda job_ids: job_ids.inserted,
@@ -218,10 +226,13 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
 
     # -- workers: claim, then fenced writes --------------------------------------
 
-    async def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> list[Claim]:
+    async def claim(self, queue: str, *, limit: int = 1, lease: float | None = None) -> Claims:
         """Claim up to ``limit`` jobs of ``queue`` in claim order: expired leases
-        first (recovery), then by priority (higher first), age and id. ``lease``
-        defaults to the queue's. Committed at once: work outside any transaction."""
+        first (recovery), then by priority (higher first), age and id; in a queue
+        with groups, the groups take turns. ``lease`` defaults to the queue's.
+        Committed at once: work outside any transaction. The queue's limits hold
+        (``configure_queue(max_running=..., rate_limit=...)``): ``held_back`` on
+        the result says when one of them held the claim back."""
         steps = _steps.claim(self._store, queue, limit=limit, lease=lease)
         return await self._db.run_steps(steps)
 

@@ -20,7 +20,7 @@ def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
     (job_id, queue, payload, version, attempts, max_attempts, key, seq, until, lease, idem) = row[
         :11
     ]
-    recovered, ready_at, claimed_at, trace_context, timeout = row[11:16]
+    recovered, ready_at, claimed_at, trace_context, timeout, group = row[11:17]
     return Claim(
         job_id=job_id,
         queue=queue,
@@ -38,6 +38,7 @@ def claim_from_row(schema: str, row: tuple[Any, ...]) -> Claim:
         claimed_at=claimed_at,
         trace_context=trace_context,
         timeout=timeout,
+        group=group,
     )
 
 
@@ -71,7 +72,8 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         ahead,
         unique_key,
         timeout,
-    ) = row[:23]
+        group,
+    ) = row[:24]
     return Job(
         job_id=job_id,
         queue=queue,
@@ -96,6 +98,7 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         ahead=None if ahead is None else int(ahead),
         unique_key=unique_key,
         timeout=timeout,
+        group=group,
     )
 
 
@@ -118,7 +121,8 @@ def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
         retain_failed,
         retention_mode,
         retain_archived,
-    ) = row
+    ) = row[:17]
+    max_running, per_group, rate, period, group_rate, group_period = row[17:23]
     return QueueSettings(
         name=name,
         lease=lease,
@@ -137,6 +141,10 @@ def settings_from_row(row: tuple[Any, ...]) -> QueueSettings:
         retain_failed=retain_failed,
         retention_mode=RetentionMode(retention_mode),
         retain_archived=retain_archived,
+        max_running=max_running,
+        max_running_per_group=per_group,
+        rate_limit=None if rate is None else (rate, period),
+        rate_limit_per_group=None if group_rate is None else (group_rate, group_period),
     )
 
 

@@ -13,12 +13,12 @@ from typing import TypeVar
 from ._errors import BacklogFull
 from ._statement import Operation, Steps
 from ._store import Claimed, ReplayBatch, Store
-from ._types import Claim
+from ._types import Claims
 
 T = TypeVar("T")
 
 
-def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[list[Claim]]:
+def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[Claims]:
     """Claim; if the claim says repair notes are due, settle those keys (an
     ordering key met a producer in flight when it was last settled) and, if it
     came back empty, claim once more."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -75,6 +75,8 @@ class Claim:
     #: The job's own time limit (``enqueue(timeout=...)``), which overrides its
     #: task's; None: the task's.
     timeout: float | None = None
+    #: The job's group (``enqueue(group=...)``): a tenant, a customer; None: ungrouped.
+    group: str | None = None
 
     @property
     def wait_seconds(self) -> float | None:
@@ -86,6 +88,28 @@ class Claim:
     @property
     def last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
+
+
+class Claims(list[Claim]):
+    """What ``claim`` returns, in claim order: a ``list`` of claims, which also
+    says whether one of the queue's limits (``max_running``, ``rate_limit``,
+    their per-group twins) held the claim back (``held_back``), and if a rate
+    window did, in how many seconds it has room again (``retry_in``; None:
+    when a running job of the queue ends)."""
+
+    held_back: bool
+    retry_in: float | None
+
+    def __init__(
+        self,
+        claims: Iterable[Claim] = (),
+        *,
+        held_back: bool = False,
+        retry_in: float | None = None,
+    ) -> None:
+        super().__init__(claims)
+        self.held_back = held_back
+        self.retry_in = retry_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +146,8 @@ class Job:
     unique_key: str | None = None
     #: Its own timeout (``enqueue(timeout=...)``); None: its task's.
     timeout: float | None = None
+    #: Its group (``enqueue(group=...)``); None: ungrouped.
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +250,15 @@ class QueueSettings:
     retention_mode: RetentionMode = RetentionMode.DELETE
     #: Seconds archived jobs stay in the archive (None: forever).
     retain_archived: float | None = 90 * 86400.0
+    #: At most this many running jobs (live leases) across all workers (None: no limit).
+    max_running: int | None = None
+    #: At most this many running jobs per group (None: no limit).
+    max_running_per_group: int | None = None
+    #: At most (starts, seconds): this many job starts in any window of that many
+    #: seconds, across all workers (None: no limit).
+    rate_limit: tuple[int, float] | None = None
+    #: The same, per group.
+    rate_limit_per_group: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

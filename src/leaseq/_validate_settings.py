@@ -34,7 +34,22 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "retain_failed": ("retain_failed", lambda v: retention(v, "retain_failed")),
     "retention_mode": ("retention_mode", lambda v: _retention_mode(v).value),
     "retain_archived": ("retain_archived", lambda v: retention(v, "retain_archived")),
+    "max_running": ("max_running", lambda v: _limit(v, "max_running", MAX_RUNNING)),
+    "max_running_per_group": (
+        "max_running_per_group",
+        lambda v: _limit(v, "max_running_per_group", MAX_RUNNING),
+    ),
+    "rate_limit": ("rate_limit", lambda v: rate_limit(v, "rate_limit")),
+    "rate_limit_per_group": (
+        "rate_limit_per_group",
+        lambda v: rate_limit(v, "rate_limit_per_group"),
+    ),
 }
+
+#: The largest concurrency limit, and the largest rate limit's count and period.
+MAX_RUNNING = 1_000_000
+MAX_RATE = 1_000_000
+MAX_RATE_PERIOD = 30 * 86400.0
 
 
 def _setting_int(value: Any, what: str, allowed: range) -> int:
@@ -45,6 +60,18 @@ def _setting_int(value: Any, what: str, allowed: range) -> int:
 
 def _limit(value: Any, what: str, maximum: int) -> int | None:
     return None if value is None else _setting_int(value, what, range(1, maximum + 1))
+
+
+def rate_limit(value: Any, what: str) -> list[float] | None:
+    """At most ``starts`` job starts per ``seconds``, given as ``(starts, seconds)``;
+    None lifts the limit. Sent as one float array: [starts, seconds]."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, tuple | list) or len(value) != 2:
+        raise InvalidArgument(f"{what} must be (starts, seconds) or None, got {value!r}")
+    starts = _setting_int(value[0], f"{what}'s starts", range(1, MAX_RATE + 1))
+    period = seconds(value[1], f"{what}'s seconds", MAX_RATE_PERIOD, allow_zero=False)
+    return [float(starts), period]
 
 
 def _policy(value: Any) -> OrderingPolicy:

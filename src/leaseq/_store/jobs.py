@@ -13,19 +13,25 @@ from .. import _validate as validate
 from .._errors import AlreadyCompleted, InvalidArgument, InvalidJob, LeaseLost
 from .._job_ids import JobId, JobIds
 from .._statement import Operation, Rows, Statement, T
-from .._types import RENEWAL_BUSY, Claim, JobStatus, RenewalBusy
+from .._types import RENEWAL_BUSY, Claim, Claims, JobStatus, RenewalBusy
 from .base import StoreBase
 
 #: Raised by job_running_key_idx when a claim lost a race for an ordering key.
 UNIQUE_VIOLATION = "23505"
 
 
+#: The claim statement's marker rows (a NULL job id), by their branch column.
+REPAIRS_DUE_MARKER = 2
+HELD_BACK_MARKER = 3
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """What one claim statement returned: the claims, and whether repair notes
-    of the queue are due (the client then runs :meth:`Store.repair_keys`)."""
+    """What one claim statement returned: the claims (with whether a limit held
+    the claim back), and whether repair notes of the queue are due (the client
+    then runs :meth:`Store.repair_keys`)."""
 
-    claims: list[Claim]
+    claims: Claims
     repairs_due: bool
 
 
@@ -49,6 +55,7 @@ class JobOperations(StoreBase):
         timeout: float | None = None,
         unique_key: str | None = None,
         unique_for: float | None = None,
+        group: str | None = None,
         trace_context: Mapping[str, str] | None = None,
     ) -> Operation[JobId]:
         encoded = validate.payload(payload, self.max_payload_bytes)
@@ -67,6 +74,7 @@ class JobOperations(StoreBase):
             else validate.text_key(idempotency_key, "idempotency key"),
             "trace_context": _trace_context(trace_context),
             "timeout": validate.job_timeout(timeout),
+            "group": None if group is None else validate.text_key(group, "group"),
         }
         if unique is None:
             return Operation(
@@ -92,6 +100,7 @@ class JobOperations(StoreBase):
         timeout: float | None = None,
         unique_keys: Sequence[str] | None = None,
         unique_for: float | None = None,
+        group: str | None = None,
         trace_context: Mapping[str, str] | None = None,
     ) -> Operation[JobIds]:
         encoded = [validate.payload(p, self.max_payload_bytes) for p in payloads]
@@ -110,6 +119,7 @@ class JobOperations(StoreBase):
             "seqs": [seq for _, seq in ordering],
             "trace_context": _trace_context(trace_context),
             "timeout": validate.job_timeout(timeout),
+            "group": None if group is None else validate.text_key(group, "group"),
         }
         if unique_keys is None:
             if unique_for is not None:
@@ -166,8 +176,11 @@ class JobOperations(StoreBase):
         schema = self.schema
 
         def decode(rows: list[Rows]) -> Claimed:
-            claims = [decoding.claim_from_row(schema, row) for row in rows[0] if row[0] is not None]
-            repairs_due = len(claims) < len(rows[0])  # the marker row has no job id
+            claims = Claims(decoding.claim_from_row(schema, r) for r in rows[0] if r[0] is not None)
+            for row in rows[0]:  # the marker rows (no job id) come last
+                if row[0] is None and row[17] == HELD_BACK_MARKER:
+                    claims.held_back, claims.retry_in = True, row[18]
+            repairs_due = any(r[0] is None and r[17] == REPAIRS_DUE_MARKER for r in rows[0])
             return Claimed(claims, repairs_due)  # in claim order (see claim.sql)
 
         return Operation(

@@ -12,7 +12,10 @@ median.) A queue is asked again once something may have put work there:
 * an attempt of it ended in a way that can make a job claimable: a keyed job
   (its successor), a retry, a release;
 * the poll comes due: a delayed job whose time has come, an expired lease, an
-  enqueue without NOTIFY are announced by no one.
+  enqueue without NOTIFY are announced by no one;
+* a rate limit held its claim back, and its window has room again (the claim
+  says when). A concurrency limit's freed slot is announced by a notification
+  (the job_slot_freed trigger).
 
 Each queue has a generation, bumped by every such hint: a claim that comes back
 short clears its queue only if no hint arrived while it was in flight (a job
@@ -34,6 +37,7 @@ class WorkHints:
         self._generation = dict.fromkeys(self._queues, 0)
         self._maybe = set(self._queues)
         self._next_poll = self._jittered_poll()
+        self._due: dict[str, float] = {}  # queue -> when a rate window has room again
 
     def may_have_work(self, queue: str | None = None) -> None:
         """A hint that ``queue`` (None: every queue) may have something to claim."""
@@ -44,9 +48,14 @@ class WorkHints:
 
     def to_ask(self, order: Iterable[str]) -> list[tuple[str, int]]:
         """The queues worth a claim now, in ``order``, each with its generation."""
-        if time.monotonic() >= self._next_poll:
+        now = time.monotonic()
+        if now >= self._next_poll:
             self.may_have_work()
             self._next_poll = self._jittered_poll()
+        for name, due in list(self._due.items()):
+            if now >= due:
+                del self._due[name]
+                self.may_have_work(name)
         return [(name, self._generation[name]) for name in order if name in self._maybe]
 
     def came_back_short(self, queue: str, generation: int) -> None:
@@ -54,8 +63,14 @@ class WorkHints:
         if self._generation[queue] == generation:
             self._maybe.discard(queue)
 
+    def ask_again_in(self, queue: str, seconds: float) -> None:
+        """A rate limit held ``queue``'s claim back: ask it again in ``seconds``."""
+        due = time.monotonic() + seconds
+        self._due[queue] = min(self._due.get(queue, due), due)
+
     def until_poll(self) -> float:
-        return max(self._next_poll - time.monotonic(), 0.0)
+        """Seconds until the poll, or a rate window's room, whichever is first."""
+        return max(min([self._next_poll, *self._due.values()]) - time.monotonic(), 0.0)
 
     def _jittered_poll(self) -> float:
         return time.monotonic() + self._poll_interval * random.uniform(0.5, 1.5)

@@ -37,7 +37,7 @@ from .._errors import InvalidArgument, TransientError
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._metrics import Metrics
-from .._types import Claim
+from .._types import Claim, Claims
 from .app import App
 from .attempt import AttemptRunner
 from .connections import WorkerClients
@@ -257,6 +257,8 @@ class Worker:
                     claims = await self._claim(name, free)
                     if len(claims) < free:
                         self._hints.came_back_short(name, generation)
+                    if claims.retry_in is not None:
+                        self._hints.ask_again_in(name, claims.retry_in)
                     free -= len(claims)
                     if free <= 0 or self._stopping.is_set():
                         break
@@ -272,7 +274,7 @@ class Worker:
         self._hints.may_have_work(queue)
         self._attempts.wake()
 
-    async def _claim(self, name: str, limit: int) -> list[Claim]:
+    async def _claim(self, name: str, limit: int) -> Claims:
         """Claim up to ``limit`` jobs of one queue and start an attempt for each."""
         task = self.app.tasks[name]
         started = time.perf_counter()

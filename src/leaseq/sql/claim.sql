@@ -16,10 +16,19 @@
 -- until claimed_at, both database times, is what the metrics report. And it
 -- carries the producer's trace context, which the worker's span continues,
 -- and the job's own timeout (NULL: its task's).
+-- A queue with limits (max_running, rate_limit and their per-group twins) or
+-- with grouped ready jobs is picked by claim_limited() (migration 0009), which
+-- enforces the limits and takes the groups in turns; its picks are claimed by
+-- the same UPDATE, and a last row with a NULL job_id says when a limit held
+-- the claim back. The plain branches then never run: their one-time filter is
+-- false, so neither index is read. Grouped jobs are not in job_ready_idx.
 -- The queue is compared with the parameter, not with settings.name: only a
 -- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
-    SELECT q.name, q.lease_seconds, q.ordering_policy = 'block' AS failed_blocks
+    SELECT q.name, q.lease_seconds, q.ordering_policy = 'block' AS failed_blocks,
+           q.has_limits OR EXISTS (SELECT 1 FROM {schema}.job AS g
+                          WHERE g.queue = %(queue)s AND g.status = 'queued' AND NOT g.blocked
+                            AND g.group_key IS NOT NULL) AS coordinated
     FROM {schema}.queue AS q
     WHERE q.name = %(queue)s AND NOT q.paused
 ),
@@ -30,6 +39,7 @@ expired AS (
       AND j.status = 'running'
       AND j.lease_until <= {schema}.clock()
       AND j.attempts < j.max_attempts
+      AND NOT (SELECT coordinated FROM settings)
     ORDER BY j.lease_until, j.job_id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -40,8 +50,10 @@ ready AS (
     WHERE j.queue = %(queue)s
       AND j.status = 'queued'
       AND NOT j.blocked
+      AND j.group_key IS NULL
       AND j.available_at <= {schema}.clock()
       AND j.attempts < j.max_attempts
+      AND NOT (SELECT coordinated FROM settings)
       -- Each test is a LIMIT 1 probe of one index (never a scan that the
       -- planner might hash or run sequentially): O(1) whatever a key holds.
       AND (j.ordering_key IS NULL OR (
@@ -67,10 +79,17 @@ ready AS (
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
+coordinated AS (
+    SELECT c.*
+    FROM settings AS s, LATERAL {schema}.claim_limited(s.name, %(limit)s) AS c
+    WHERE s.coordinated
+),
 picked AS (
-    (SELECT job_id, 0 AS branch, ready_at FROM expired)
+    (SELECT job_id, 0 AS branch, ready_at, false AS limited FROM expired)
     UNION ALL
-    (SELECT job_id, 1 AS branch, ready_at FROM ready)
+    (SELECT job_id, 1 AS branch, ready_at, false AS limited FROM ready)
+    UNION ALL
+    (SELECT job_id, branch, ready_at, limited FROM coordinated WHERE job_id IS NOT NULL)
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -82,6 +101,7 @@ claimed AS (
         lease_version = j.lease_version + 1,
         attempts = j.attempts + 1,
         claimed_at = {schema}.clock(),
+        limited = picked.limited,
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired',
@@ -92,19 +112,28 @@ claimed AS (
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
         j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
         picked.branch, j.priority, j.available_at, picked.ready_at, j.claimed_at,
-        j.trace_context, j.timeout_seconds
+        j.trace_context, j.timeout_seconds, j.group_key
 )
--- In claim order: recovered leases first, then by priority, age and id.
+-- In claim order: recovered leases first, then by priority, age and id; then
+-- the markers (NULL job_id): 2, repair notes are due; 3, a limit held the
+-- claim back (`wait`: seconds until a rate window has room; NULL: until a
+-- running job of the queue ends).
 SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
        r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key,
-       r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds
+       r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds,
+       r.group_key, r.branch, r.wait
 FROM (
-    SELECT * FROM claimed
+    SELECT claimed.*, NULL::double precision AS wait FROM claimed
     UNION ALL
-    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 2, NULL, NULL,
-        NULL, NULL, NULL::jsonb, NULL::double precision
-    WHERE EXISTS (
-        SELECT 1 FROM {schema}.key_repair AS k
-        WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.branch, NULL,
+        NULL, NULL, NULL, NULL::jsonb, NULL::double precision, NULL::text, m.wait
+    FROM (
+        SELECT 2 AS branch, NULL::double precision AS wait
+        WHERE EXISTS (
+            SELECT 1 FROM {schema}.key_repair AS k
+            WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
+        UNION ALL
+        SELECT 3, c.wait FROM coordinated AS c WHERE c.job_id IS NULL
+    ) AS m
 ) AS r
 ORDER BY r.branch, r.priority DESC, r.available_at, r.job_id

@@ -30,6 +30,22 @@ SET lease_seconds = CASE WHEN %(set_lease)s THEN %(lease)s ELSE q.lease_seconds 
     retain_archived_seconds = CASE WHEN %(set_retain_archived)s
                                    THEN %(retain_archived)s::double precision
                                    ELSE q.retain_archived_seconds END,
+    max_running = CASE WHEN %(set_max_running)s THEN %(max_running)s::integer
+                       ELSE q.max_running END,
+    max_running_per_group = CASE WHEN %(set_max_running_per_group)s
+                                 THEN %(max_running_per_group)s::integer
+                                 ELSE q.max_running_per_group END,
+    -- A rate limit comes as [starts, seconds] (NULL lifts it).
+    rate_limit = CASE WHEN %(set_rate_limit)s THEN (%(rate_limit)s::double precision[])[1]::integer
+                      ELSE q.rate_limit END,
+    rate_period = CASE WHEN %(set_rate_limit)s THEN (%(rate_limit)s::double precision[])[2]
+                       ELSE q.rate_period END,
+    rate_limit_per_group = CASE WHEN %(set_rate_limit_per_group)s
+                                THEN (%(rate_limit_per_group)s::double precision[])[1]::integer
+                                ELSE q.rate_limit_per_group END,
+    rate_period_per_group = CASE WHEN %(set_rate_limit_per_group)s
+                                 THEN (%(rate_limit_per_group)s::double precision[])[2]
+                                 ELSE q.rate_period_per_group END,
     counts_backlog = q.counts_backlog
         OR (%(set_max_queued_jobs)s AND %(max_queued_jobs)s::bigint IS NOT NULL)
         OR (%(set_max_queued_bytes)s AND %(max_queued_bytes)s::bigint IS NOT NULL),

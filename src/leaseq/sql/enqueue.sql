@@ -10,7 +10,7 @@ notified AS (
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, idempotency_key, counted, trace_context, timeout_seconds
+    ordering_key, ordering_seq, idempotency_key, counted, trace_context, timeout_seconds, group_key
 )
 SELECT
     %(queue)s,
@@ -25,6 +25,7 @@ SELECT
     %(idempotency_key)s::text,
     admitted.counted,
     %(trace_context)s::jsonb,
-    %(timeout)s::double precision
+    %(timeout)s::double precision,
+    %(group)s::text
 FROM admitted LEFT JOIN notified ON true
 RETURNING job_id

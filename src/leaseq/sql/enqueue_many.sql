@@ -25,7 +25,7 @@ ordered AS (
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,
-    ordering_key, ordering_seq, blocked, counted, trace_context, timeout_seconds
+    ordering_key, ordering_seq, blocked, counted, trace_context, timeout_seconds, group_key
 )
 SELECT
     %(queue)s,
@@ -40,7 +40,8 @@ SELECT
     input.blocked,
     admitted.counted,
     %(trace_context)s::jsonb,
-    %(timeout)s::double precision
+    %(timeout)s::double precision,
+    %(group)s::text
 FROM admitted LEFT JOIN notified ON true, ordered AS input
 ORDER BY input.position
 RETURNING job_id

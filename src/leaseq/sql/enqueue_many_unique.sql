@@ -21,4 +21,4 @@ CROSS JOIN LATERAL {schema}.enqueue_unique(
              {schema}.clock() + make_interval(secs => coalesce(%(delay)s::double precision, 0))),
     %(max_attempts)s::integer, %(key)s::text, i.seq, NULL::text,
     %(trace_context)s::jsonb, %(timeout)s::double precision,
-    i.unique_key, %(unique_for)s::double precision) AS u
+    i.unique_key, %(unique_for)s::double precision, %(group)s::text) AS u

@@ -9,4 +9,4 @@ FROM {schema}.enqueue_unique(
              {schema}.clock() + make_interval(secs => coalesce(%(delay)s::double precision, 0))),
     %(max_attempts)s::integer, %(key)s::text, %(seq)s::bigint, %(idempotency_key)s::text,
     %(trace_context)s::jsonb, %(timeout)s::double precision,
-    %(unique_key)s::text, %(unique_for)s::double precision) AS u
+    %(unique_key)s::text, %(unique_for)s::double precision, %(group)s::text) AS u

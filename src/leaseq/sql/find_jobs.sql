@@ -20,7 +20,7 @@ LEFT JOIN LATERAL (
            CASE WHEN j.status = 'running'
                 THEN extract(epoch FROM j.lease_until - {schema}.clock())::double precision
            END AS lease_remaining,
-           NULL::bigint AS ahead, j.unique_key, j.timeout_seconds
+           NULL::bigint AS ahead, j.unique_key, j.timeout_seconds, j.group_key
     FROM {schema}.job AS j
     WHERE j.job_id > edge.floor
       AND (%(before)s::bigint IS NULL OR j.job_id < %(before)s::bigint)

@@ -14,6 +14,6 @@ SELECT j.job_id, j.queue, j.payload, j.payload_bytes, j.status, j.priority, j.av
                  AND (o.ordering_seq, o.job_id) < (j.ordering_seq, j.job_id)
                LIMIT 100000) AS before_it)
        END,
-       j.unique_key, j.timeout_seconds
+       j.unique_key, j.timeout_seconds, j.group_key
 FROM {schema}.job AS j
 WHERE j.job_id = %(job_id)s

@@ -6,7 +6,7 @@ SELECT job_id, queue, payload, payload_bytes, status, priority, available_at, le
        lease_version, attempts, max_attempts, ordering_key, ordering_seq, idempotency_key,
        last_error, history, created_at, claimed_at, finished_at,
        extract(epoch FROM lease_until - {schema}.clock())::double precision,
-       NULL::bigint, unique_key, timeout_seconds
+       NULL::bigint, unique_key, timeout_seconds, group_key
 FROM {schema}.job
 WHERE status = 'running'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

@@ -3,8 +3,8 @@
 -- finished rows (what monitoring scrapes every few seconds).
 --
 -- Exact, from the partial indexes (a cost that grows with the backlog only):
--- queued (the ready index, plus a key's waiting jobs through the ordering
--- index), queued bytes, the oldest ready job (a key's waiting jobs are not
+-- queued (the ready indexes, ungrouped and grouped, plus a key's waiting jobs
+-- through the ordering index), queued bytes, the oldest ready job (a key's waiting jobs are not
 -- ready: they wait for their head), running and expired leases; failed up to
 -- 10,000 per queue (the failed-jobs index, LIMIT 10001).
 -- Finished counts need no index while the job table is small (up to
@@ -78,10 +78,20 @@ per_queue AS MATERIALIZED (
     FROM queues AS q
     CROSS JOIN shares AS sh
     CROSS JOIN LATERAL (
-        SELECT count(*) AS n, coalesce(sum(j.payload_bytes), 0) AS bytes,
-               min(j.available_at) FILTER (WHERE j.available_at <= {schema}.clock()) AS oldest
-        FROM {schema}.job AS j
-        WHERE j.queue = q.name AND j.status = 'queued' AND NOT j.blocked
+        SELECT count(*) AS n, coalesce(sum(r.payload_bytes), 0) AS bytes,
+               min(r.available_at) FILTER (WHERE r.available_at <= {schema}.clock()) AS oldest
+        FROM (
+            -- Ungrouped and grouped ready jobs: one partial index each.
+            SELECT j.payload_bytes, j.available_at
+            FROM {schema}.job AS j
+            WHERE j.queue = q.name AND j.status = 'queued' AND NOT j.blocked
+              AND j.group_key IS NULL
+            UNION ALL
+            SELECT j.payload_bytes, j.available_at
+            FROM {schema}.job AS j
+            WHERE j.queue = q.name AND j.status = 'queued' AND NOT j.blocked
+              AND j.group_key IS NOT NULL
+        ) AS r
     ) AS ready
     CROSS JOIN LATERAL (
         SELECT count(*) AS n, coalesce(sum(j.payload_bytes), 0) AS bytes
