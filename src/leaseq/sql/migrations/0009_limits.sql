@@ -308,9 +308,9 @@ BEGIN
         IF room < budget THEN
             budget := room;
             held_back := true;
-            IF room = 0 THEN
-                next_wait := {schema}.rate_wait(turn.started_at, turn.started_n, q.rate_period, now_);
-            END IF;
+            -- Its window is full once this claim's starts are in it.
+            next_wait := {schema}.rate_wait(
+                turn.started_at || now_, turn.started_n || room, q.rate_period, now_);
         END IF;
     END IF;
 
@@ -379,11 +379,16 @@ BEGIN
             IF room <= 0 THEN
                 held_back := true;
                 IF q.rate_limit_per_group IS NOT NULL THEN
+                    -- When its window (with what this claim took) has room again.
                     next_wait := least(next_wait, (
-                        SELECT {schema}.rate_wait(r.started_at, r.started_n,
-                                                  q.rate_period_per_group, now_)
-                        FROM {schema}.group_rate AS r
-                        WHERE r.queue = p_queue AND r.group_key = pos));
+                        SELECT {schema}.rate_wait(
+                            r.started_at || now_, r.started_n || taken,
+                            q.rate_period_per_group, now_)
+                        FROM (SELECT coalesce(g.started_at, '{}') AS started_at,
+                                     coalesce(g.started_n, '{}') AS started_n
+                              FROM (SELECT 1) AS one
+                              LEFT JOIN {schema}.group_rate AS g
+                                  ON g.queue = p_queue AND g.group_key = pos) AS r));
                 END IF;
             END IF;
         END IF;

@@ -1,0 +1,403 @@
+"""Concurrency and rate limits, groups and fair share, held by the claim itself:
+never more live leases than a queue's (or a group's) limit, never more starts in
+a window than its rate, a saturated group never holding up the others, groups
+taking turns."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+
+from leaseq import InvalidArgument, InvalidJob
+from leaseq._statement import notify_channel
+
+from .clients import Client
+from .conftest import Clock
+
+
+def _sql(client: Client, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with client.connection() as conn:
+        cursor = conn.execute(sql.replace("{schema}", f'"{client.schema}"'), params)
+        return list(cursor.fetchall()) if cursor.description else []
+
+
+def _live(client: Client, queue: str) -> int:
+    """Running jobs whose lease is live, by the database's clock."""
+    ((count,),) = _sql(
+        client,
+        "SELECT count(*) FROM {schema}.job WHERE queue = %s AND status = 'running'"
+        " AND lease_until > {schema}.clock()",
+        (queue,),
+    )
+    return int(count)
+
+
+# -- max_running ------------------------------------------------------------------
+
+
+def test_max_running_caps_the_live_claims_and_a_finish_frees_a_slot(client: Client) -> None:
+    client.enqueue_many("reports", [{"n": n} for n in range(20)])
+    client.configure_queue("reports", max_running=5)
+    first = client.claim("reports", limit=10)
+    assert len(first) == 5
+    assert (first.held_back, first.retry_in) == (True, None)
+    again = client.claim("reports", limit=10)
+    assert (len(again), again.held_back) == (0, True)
+    client.complete_many(first[:2])
+    freed = client.claim("reports", limit=10)
+    assert len(freed) == 2  # reusable at once
+    assert _live(client, "reports") == 5
+    # Lifting the limit lets the rest through.
+    client.configure_queue("reports", max_running=None)
+    rest = client.claim("reports", limit=100)
+    assert (len(rest), rest.held_back) == (13, False)
+
+
+def test_a_claim_within_the_limit_is_not_held_back(client: Client) -> None:
+    client.enqueue_many("reports", [{}] * 3)
+    client.configure_queue("reports", max_running=10)
+    claims = client.claim("reports", limit=3)
+    assert (len(claims), claims.held_back) == (3, False)
+
+
+def test_expired_leases_do_not_count_against_the_limit(client: Client, clock: Clock) -> None:
+    """Two claims whose workers died, with no attempt left to recover: once their
+    leases expire, their slots are free for the next jobs (pgqueuer #474)."""
+    client.enqueue_many("reports", [{}] * 2, max_attempts=1)
+    client.enqueue_many("reports", [{}] * 3)
+    client.configure_queue("reports", max_running=2)
+    dead = client.claim("reports", limit=5, lease=5)
+    assert len(dead) == 2 and all(c.max_attempts == 1 for c in dead)
+    assert len(client.claim("reports", limit=5)) == 0
+    clock.advance(6)
+    after = client.claim("reports", limit=5)
+    assert len(after) == 2
+    assert not {c.job_id for c in after} & {c.job_id for c in dead}
+
+
+def test_an_expired_lease_is_recovered_within_the_limit(client: Client, clock: Clock) -> None:
+    client.enqueue_many("reports", [{}] * 4)
+    client.configure_queue("reports", max_running=2)
+    crashed = client.claim("reports", limit=2, lease=5)
+    clock.advance(6)
+    recovered = client.claim("reports", limit=4)
+    assert sorted(c.job_id for c in recovered) == sorted(c.job_id for c in crashed)
+    assert all(c.recovered for c in recovered)
+    assert _live(client, "reports") == 2
+
+
+def test_concurrent_claimers_never_hold_more_live_leases_than_the_limit(
+    client: Client, database_url: str
+) -> None:
+    """Eight claimers, each with a client of its own, claim and finish as fast as
+    they can while a checker counts the live leases: never more than the limit.
+    (Each claim counts the running jobs on a snapshot taken after the queue's
+    lock: a count on the statement's snapshot would miss a claim that committed
+    while it waited, and let a sixth job through.)"""
+    limit = 5
+    client.enqueue_many("reports", [{"n": n} for n in range(600)])
+    client.configure_queue("reports", max_running=limit)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: list[int] = []
+    claimed = Counter[int]()
+
+    def claimer() -> None:
+        try:
+            with type(client)(database_url, schema=client.schema) as own:
+                while not stop.is_set():
+                    claims = own.claim("reports", limit=3)
+                    claimed.update(c.job_id for c in claims)
+                    if not claims:
+                        if own.stats("reports")[0].queued == 0:
+                            return
+                        time.sleep(0.001)
+                        continue
+                    own.complete_many(claims)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    def checker() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            while not stop.is_set():
+                (count,) = conn.execute(
+                    f'SELECT count(*) FROM "{client.schema}".job WHERE queue = %s'
+                    f' AND status = %s AND lease_until > "{client.schema}".clock()',
+                    ("reports", "running"),
+                ).fetchone() or (0,)
+                seen.append(int(count))
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    watch = threading.Thread(target=checker)
+    watch.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    stop.set()
+    watch.join(10)
+    assert not errors, errors
+    assert max(seen) <= limit, Counter(seen)
+    assert max(seen) == limit  # the limit was reached, so it was tested
+    assert len(claimed) == 600 and set(claimed.values()) == {1}
+
+
+# -- groups ------------------------------------------------------------------------
+
+
+def test_a_group_at_its_limit_never_holds_up_the_others(client: Client) -> None:
+    client.enqueue_many("mail", [{"n": n} for n in range(1000)], group="big")
+    client.enqueue_many("mail", [{"n": n} for n in range(3)], group="small")
+    client.enqueue_many("mail", [{"n": n} for n in range(2)])
+    client.configure_queue("mail", max_running_per_group=2)
+    first = client.claim("mail", limit=10)
+    assert Counter(c.group for c in first) == {"big": 2, "small": 2, None: 2}
+    assert first.held_back
+    # big and small are full: what is left of the others still comes.
+    client.enqueue("mail", {}, group="late")
+    second = client.claim("mail", limit=10)
+    assert Counter(c.group for c in second) == {"late": 1}
+    client.complete_many([c for c in first if c.group == "small"][:1])
+    third = client.claim("mail", limit=10)
+    assert Counter(c.group for c in third) == {"small": 1}
+
+
+def test_max_running_holds_across_groups_and_ungrouped_jobs(client: Client) -> None:
+    for group in ("a", "b", "c"):
+        client.enqueue_many("mail", [{}] * 10, group=group)
+    client.enqueue_many("mail", [{}] * 10)
+    client.configure_queue("mail", max_running=6, max_running_per_group=3)
+    claims = client.claim("mail", limit=50)
+    assert len(claims) == 6
+    assert max(Counter(c.group for c in claims).values()) <= 3
+    assert len(client.claim("mail", limit=50)) == 0
+
+
+def test_groups_take_turns_so_a_small_group_is_not_starved(client: Client) -> None:
+    client.enqueue_many("mail", [{"n": n} for n in range(2000)], group="big")
+    small = client.enqueue_many("mail", [{"n": n} for n in range(10)], group="small")
+    order: list[str | None] = []
+    while len(order) < 40:
+        order += [c.group for c in client.claim("mail", limit=4)]
+    # Every small job within the first 20 starts: the groups alternate.
+    assert order[:20].count("small") == 10, order
+    assert {c.job_id for c in client.list_jobs("running", queue="mail", limit=100)} >= set(small)
+
+
+def test_the_ungrouped_jobs_take_one_turn_like_a_group(client: Client) -> None:
+    client.enqueue_many("mail", [{}] * 50, group="a")
+    client.enqueue_many("mail", [{}] * 50, group="b")
+    client.enqueue_many("mail", [{}] * 50)
+    counts = Counter[str | None]()
+    for _ in range(10):
+        counts.update(c.group for c in client.claim("mail", limit=3))
+    assert counts == {"a": 10, "b": 10, None: 10}
+
+
+def test_turns_go_on_from_claim_to_claim(client: Client) -> None:
+    for group in ("a", "b", "c", "d"):
+        client.enqueue_many("mail", [{}] * 5, group=group)
+    singles = [client.claim("mail", limit=1)[0].group for _ in range(8)]
+    assert singles == ["a", "b", "c", "d", "a", "b", "c", "d"]
+
+
+def test_a_group_keeps_priority_and_age_within_itself(client: Client) -> None:
+    low = client.enqueue("mail", {}, group="a")
+    high = client.enqueue("mail", {}, group="a", priority=5)
+    later = client.enqueue("mail", {}, group="a", delay=3600)
+    claims = client.claim("mail", limit=5)
+    assert [c.job_id for c in claims] == [high, low]
+    assert later not in {c.job_id for c in claims}
+
+
+def test_ordering_keys_keep_their_order_and_exclusion_inside_groups(client: Client) -> None:
+    client.configure_queue("mail", max_running_per_group=10)
+    ids = [client.enqueue("mail", {"n": n}, group="g", key="k", seq=n) for n in range(3)]
+    first = client.claim("mail", limit=10)
+    assert [c.job_id for c in first] == ids[:1]  # one at a time
+    client.complete(first[0])
+    assert [c.job_id for c in client.claim("mail", limit=10)] == ids[1:2]
+
+
+def test_a_replayed_or_retried_job_keeps_its_group(client: Client) -> None:
+    job_id = client.enqueue("mail", {}, group="g", max_attempts=2)
+    (claim,) = client.claim("mail")
+    client.fail(claim, "boom")  # failed at once, attempts left or not
+    assert client.replay(job_id)
+    (again,) = client.claim("mail")
+    assert again.group == "g" and client.get(job_id).group == "g"
+    client.retry(again, delay=0)
+    assert client.claim("mail")[0].group == "g"
+
+
+def test_grouped_jobs_are_counted_and_found(client: Client) -> None:
+    client.enqueue_many("mail", [{}] * 3, group="g")
+    client.enqueue("mail", {})
+    unique = client.enqueue("mail", {}, group="u", unique_key="once")
+    assert client.enqueue("mail", {}, group="u", unique_key="once") == unique
+    (stats,) = client.stats("mail")
+    assert stats.queued == 5 and stats.oldest_ready_age is not None
+    assert Counter(j.group for j in client.list_jobs("queued", queue="mail")) == {
+        "g": 3,
+        None: 1,
+        "u": 1,
+    }
+    assert client.get(unique).group == "u"
+
+
+# -- rate limits -------------------------------------------------------------------
+
+
+def _window_counts(starts: list[float], period: float) -> int:
+    """The most starts within any window of ``period`` seconds."""
+    starts = sorted(starts)
+    most, low = 0, 0
+    for high, at in enumerate(starts):
+        while at - starts[low] >= period:
+            low += 1
+        most = max(most, high - low + 1)
+    return most
+
+
+def test_a_rate_limit_lets_at_most_its_starts_through_per_window(
+    client: Client, clock: Clock
+) -> None:
+    client.enqueue_many("api", [{"n": n} for n in range(40)])
+    client.configure_queue("api", rate_limit=(5, 10))
+    starts: list[float] = []
+    first = client.claim("api", limit=10)
+    assert (len(first), first.held_back) == (5, True)
+    starts += [clock.offset] * 5
+    held = client.claim("api", limit=10)
+    assert len(held) == 0 and held.held_back
+    assert held.retry_in is not None and 9.5 < held.retry_in <= 10.2
+    client.complete_many(first)  # finishing frees no rate room
+    assert len(client.claim("api", limit=10)) == 0
+    clock.advance(5)
+    assert len(client.claim("api", limit=10)) == 0
+    clock.advance(5.3)
+    second = client.claim("api", limit=10)
+    assert len(second) == 5
+    starts += [clock.offset] * 5
+    for _ in range(6):  # a few more windows, in uneven steps
+        clock.advance(3.7)
+        claims = client.claim("api", limit=2)
+        starts += [clock.offset] * len(claims)
+    assert _window_counts(starts, 10) <= 5
+    assert len(starts) >= 15
+
+
+def test_a_rate_limit_per_group_never_holds_up_the_others(client: Client, clock: Clock) -> None:
+    client.enqueue_many("api", [{}] * 30, group="busy")
+    client.enqueue_many("api", [{}] * 30, group="calm")
+    client.configure_queue("api", rate_limit_per_group=(3, 60))
+    first = client.claim("api", limit=20, lease=600)
+    assert Counter(c.group for c in first) == {"busy": 3, "calm": 3}
+    assert first.held_back and first.retry_in is not None and first.retry_in > 59
+    client.enqueue("api", {}, group="new")
+    assert [c.group for c in client.claim("api", limit=20, lease=600)] == ["new"]
+    clock.advance(62)
+    assert Counter(c.group for c in client.claim("api", limit=20)) == {"busy": 3, "calm": 3}
+
+
+def test_rate_and_concurrency_limits_together(client: Client, clock: Clock) -> None:
+    client.enqueue_many("api", [{}] * 30)
+    client.configure_queue("api", rate_limit=(4, 60), max_running=3)
+    first = client.claim("api", limit=10)
+    assert len(first) == 3
+    client.complete_many(first)
+    assert len(client.claim("api", limit=10, lease=600)) == 1  # the window's fourth start
+    clock.advance(61)
+    assert len(client.claim("api", limit=10)) == 2  # one still runs
+
+
+# -- the worker is told ------------------------------------------------------------
+
+
+def test_a_finished_limited_job_announces_its_free_slot(client: Client, database_url: str) -> None:
+    client.enqueue_many("reports", [{}] * 3)
+    client.configure_queue("reports", max_running=2)
+    claims = client.claim("reports", limit=3)
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{notify_channel(client.schema)}"')
+        client.complete(claims[0])
+        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert got == ["reports"]
+
+
+def test_the_databases_channel_name_is_the_clients(client: Client) -> None:
+    """The trigger names the schema's channel itself (work_channel()): as the
+    client does, or a freed slot would be announced where no worker listens."""
+    for schema in ("s", "x" * 40, "y" * 56, "z" * 57, "é" * 60, client.schema):
+        ((name,),) = _sql(client, "SELECT {schema}.work_channel(%s)", (schema,))
+        assert name == notify_channel(schema), schema
+
+
+def test_a_paused_limited_queue_claims_nothing(client: Client) -> None:
+    client.enqueue_many("reports", [{}] * 3, group="g")
+    client.configure_queue("reports", max_running=2, paused=True)
+    claims = client.claim("reports", limit=3)
+    assert (len(claims), claims.held_back) == (0, False)
+
+
+# -- settings and bad input ----------------------------------------------------------
+
+
+def test_limits_are_read_back_and_lifted(client: Client) -> None:
+    client.configure_queue(
+        "api",
+        max_running=4,
+        max_running_per_group=2,
+        rate_limit=(50, 1),
+        rate_limit_per_group=(5, 0.5),
+    )
+    settings = client.queue_settings("api")
+    assert settings is not None
+    assert (settings.max_running, settings.max_running_per_group) == (4, 2)
+    assert (settings.rate_limit, settings.rate_limit_per_group) == ((50, 1.0), (5, 0.5))
+    client.configure_queue("api", rate_limit=None, max_running=None)
+    settings = client.queue_settings("api")
+    assert settings is not None
+    assert (settings.max_running, settings.rate_limit) == (None, None)
+    assert settings.max_running_per_group == 2
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_running": 0},
+        {"max_running": -1},
+        {"max_running": 2.5},
+        {"max_running": True},
+        {"max_running_per_group": "3"},
+        {"rate_limit": (0, 1)},
+        {"rate_limit": (5, 0)},
+        {"rate_limit": (5, -1)},
+        {"rate_limit": (5,)},
+        {"rate_limit": "50/s"},
+        {"rate_limit": (5, float("inf"))},
+        {"rate_limit_per_group": (1.5, 1)},
+    ],
+)
+def test_bad_limits_are_refused_and_change_nothing(
+    client: Client, settings: dict[str, Any]
+) -> None:
+    client.configure_queue("api", max_running=7)
+    with pytest.raises(InvalidArgument):
+        client.configure_queue("api", **settings)
+    after = client.queue_settings("api")
+    assert after is not None and after.max_running == 7 and after.rate_limit is None
+
+
+@pytest.mark.parametrize("group", ["", "a\x00b", "g" * 256, 7])
+def test_a_bad_group_is_refused_and_writes_nothing(client: Client, group: Any) -> None:
+    with pytest.raises(InvalidJob):
+        client.enqueue("mail", {}, group=group)
+    with pytest.raises(InvalidJob):
+        client.enqueue_many("mail", [{}], group=group)
+    assert client.list_jobs("queued", queue="mail") == []
