@@ -72,7 +72,8 @@ def test_expired_leases_do_not_count_against_the_limit(client: Client, clock: Cl
     client.enqueue_many("reports", [{}] * 3)
     client.configure_queue("reports", max_running=2)
     dead = client.claim("reports", limit=5, lease=5)
-    assert len(dead) == 2 and all(c.max_attempts == 1 for c in dead)
+    assert len(dead) == 2
+    assert all(c.max_attempts == 1 for c in dead)
     assert len(client.claim("reports", limit=5)) == 0
     clock.advance(6)
     after = client.claim("reports", limit=5)
@@ -119,7 +120,7 @@ def test_concurrent_claimers_never_hold_more_live_leases_than_the_limit(
                         time.sleep(0.001)
                         continue
                     own.complete_many(claims)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             errors.append(exc)
 
     def checker() -> None:
@@ -144,7 +145,8 @@ def test_concurrent_claimers_never_hold_more_live_leases_than_the_limit(
     assert not errors, errors
     assert max(seen) <= limit, Counter(seen)
     assert max(seen) == limit  # the limit was reached, so it was tested
-    assert len(claimed) == 600 and set(claimed.values()) == {1}
+    assert len(claimed) == 600
+    assert set(claimed.values()) == {1}
 
 
 # -- groups ------------------------------------------------------------------------
@@ -230,7 +232,8 @@ def test_a_replayed_or_retried_job_keeps_its_group(client: Client) -> None:
     client.fail(claim, "boom")  # failed at once, attempts left or not
     assert client.replay(job_id)
     (again,) = client.claim("mail")
-    assert again.group == "g" and client.get(job_id).group == "g"
+    assert again.group == "g"
+    assert client.get(job_id).group == "g"
     client.retry(again, delay=0)
     assert client.claim("mail")[0].group == "g"
 
@@ -241,7 +244,8 @@ def test_grouped_jobs_are_counted_and_found(client: Client) -> None:
     unique = client.enqueue("mail", {}, group="u", unique_key="once")
     assert client.enqueue("mail", {}, group="u", unique_key="once") == unique
     (stats,) = client.stats("mail")
-    assert stats.queued == 5 and stats.oldest_ready_age is not None
+    assert stats.queued == 5
+    assert stats.oldest_ready_age is not None
     assert Counter(j.group for j in client.list_jobs("queued", queue="mail")) == {
         "g": 3,
         None: 1,
@@ -274,8 +278,10 @@ def test_a_rate_limit_lets_at_most_its_starts_through_per_window(
     assert (len(first), first.held_back) == (5, True)
     starts += [clock.offset] * 5
     held = client.claim("api", limit=10)
-    assert len(held) == 0 and held.held_back
-    assert held.retry_in is not None and 9.5 < held.retry_in <= 10.2
+    assert len(held) == 0
+    assert held.held_back
+    assert held.retry_in is not None
+    assert 9.5 < held.retry_in <= 10.2
     client.complete_many(first)  # finishing frees no rate room
     assert len(client.claim("api", limit=10)) == 0
     clock.advance(5)
@@ -298,7 +304,9 @@ def test_a_rate_limit_per_group_never_holds_up_the_others(client: Client, clock:
     client.configure_queue("api", rate_limit_per_group=(3, 60))
     first = client.claim("api", limit=20, lease=600)
     assert Counter(c.group for c in first) == {"busy": 3, "calm": 3}
-    assert first.held_back and first.retry_in is not None and first.retry_in > 59
+    assert first.held_back
+    assert first.retry_in is not None
+    assert first.retry_in > 59
     client.enqueue("api", {}, group="new")
     assert [c.group for c in client.claim("api", limit=20, lease=600)] == ["new"]
     clock.advance(62)
@@ -391,7 +399,9 @@ def test_bad_limits_are_refused_and_change_nothing(
     with pytest.raises(InvalidArgument):
         client.configure_queue("api", **settings)
     after = client.queue_settings("api")
-    assert after is not None and after.max_running == 7 and after.rate_limit is None
+    assert after is not None
+    assert after.max_running == 7
+    assert after.rate_limit is None
 
 
 @pytest.mark.parametrize("group", ["", "a\x00b", "g" * 256, 7])
