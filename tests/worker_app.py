@@ -7,6 +7,7 @@ completion. The schema comes from LEASEQ_SCHEMA.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -64,3 +65,29 @@ def tick(job: leaseq.JobContext) -> None:
             f'INSERT INTO "{SCHEMA}".effect (idempotency_key, job_id) VALUES (%s, %s)',
             (job.idempotency_key, job.job_id),
         )
+
+
+# Limits, for tests/test_limits_processes.py: each handler call appends its
+# start and its end (wall clock, taken in the handler itself) to a file of its
+# process under LEASEQ_TEST_RUN_LOG, written at once, so a process killed -9
+# keeps what it wrote.
+RUN_LOG = os.environ.get("LEASEQ_TEST_RUN_LOG", "")
+
+
+def _log_run(event: str, job_id: int) -> None:
+    fd = os.open(f"{RUN_LOG}/{os.getpid()}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{event} {job_id} {time.time():.6f}\n".encode())
+    finally:
+        os.close(fd)
+
+
+async def logged_run(job: leaseq.JobContext) -> None:
+    """payload: sleep (seconds)."""
+    _log_run("start", job.job_id)
+    await asyncio.sleep(job.payload.get("sleep", 0))
+    _log_run("end", job.job_id)
+
+
+for _queue in ("limited", "rated", "fair"):
+    app.task(_queue)(logged_run)
