@@ -98,6 +98,44 @@ def test_queue_configure(invoke: Invoke, queue: leaseq.Queue) -> None:
     assert full.output.startswith("error: queue reports is full: 2 unfinished jobs, limit 2")
 
 
+def test_queue_limits_and_groups(invoke: Invoke, queue: leaseq.Queue) -> None:
+    output = invoke(
+        "queue",
+        "configure",
+        "mail",
+        "--max-running",
+        "5",
+        "--max-running-per-group",
+        "2",
+        "--rate-limit",
+        "50/1s",
+        "--rate-limit-per-group",
+        "1000/1h",
+    ).output
+    assert "max_running=5 max_running_per_group=2 rate_limit=50/1s" in output
+    assert "rate_limit_per_group=1000/1h" in output
+    settings = queue.queue_settings("mail")
+    assert settings is not None
+    assert (settings.max_running, settings.max_running_per_group) == (5, 2)
+    assert (settings.rate_limit, settings.rate_limit_per_group) == ((50, 1.0), (1000, 3600.0))
+    invoke("queue", "configure", "mail", "--max-running", "none", "--rate-limit", "none")
+    settings = queue.queue_settings("mail")
+    assert settings is not None
+    assert (settings.max_running, settings.rate_limit) == (None, None)
+    for bad in (
+        ("--max-running", "five"),
+        ("--rate-limit", "50 per second"),
+        ("--rate-limit", "x/1s"),
+    ):
+        refused = invoke("queue", "configure", "mail", *bad, ok=False)
+        assert refused.exit_code == 2, refused.output
+    refused = invoke("queue", "configure", "mail", "--max-running", "0", ok=False)
+    assert refused.exit_code == 1
+    assert "max_running" in refused.output
+    job_id = int(invoke("enqueue", "mail", "{}", "--group", "tenant-7").output)
+    assert queue.get(job_id).group == "tenant-7"
+
+
 def _leaseq(*arguments: str, database_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "leaseq", *arguments],

@@ -163,6 +163,27 @@ async def test_change_settings(browser: Browser, jobs: Jobs, queue: leaseq.Queue
     assert settings.max_queued_jobs is None
 
 
+async def test_change_limits(browser: Browser, jobs: Jobs, queue: leaseq.Queue) -> None:
+    response = await browser.post(
+        "/queues/reports/settings",
+        {"max_running": "5", "rate_limit": "50/1s", "rate_limit_per_group": "1000/1h"},
+    )
+    page = text_of((await browser.follow(response)).text)
+    assert "max_running no limit → 5" in page
+    assert "rate_limit no limit → 50/1s" in page
+    assert "rate_limit_per_group no limit → 1000/1h" in page
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert (settings.max_running, settings.rate_limit) == (5, (50, 1.0))
+    assert settings.rate_limit_per_group == (1000, 3600.0)
+    form = (await browser.get("/queues/reports")).text
+    assert 'name="rate_limit" value="50/1s"' in form
+    await browser.follow(await browser.post("/queues/reports/settings", {"rate_limit": ""}))
+    settings = queue.queue_settings("reports")
+    assert settings is not None
+    assert settings.rate_limit is None
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -170,6 +191,8 @@ async def test_change_settings(browser: Browser, jobs: Jobs, queue: leaseq.Queue
         ("max_attempts", "0", "max_attempts must be an integer in [1, 1000]"),
         ("lease", "soon", "lease: 'soon' is not a duration"),
         ("backoff_cap", "0.5", "backoff_cap must be >= backoff_base"),
+        ("rate_limit", "fast", "rate_limit: 'fast' is not STARTS/DURATION"),
+        ("max_running", "0", "max_running must be an integer in [1, 1000000]"),
     ],
 )
 async def test_bad_settings_are_refused_and_nothing_is_written(  # noqa: PLR0917

@@ -18,6 +18,7 @@ from leaseq import (
 
 from .._redact import redact
 from .common import actor, cli, console, database_options, open_queue
+from .limits import format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
 
 
@@ -29,6 +30,7 @@ from .retention import NEVER, duration, format_duration
 @click.option("--seq", type=int, default=None, help="Sequence within the ordering key.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--max-attempts", type=int, default=None)
+@click.option("--group", default=None, help="Its group (a tenant): per-group limits, turns.")
 @database_options
 def enqueue(
     queue_name: str, payload: str, database_url: str | None, schema: str, **options: Any
@@ -219,6 +221,34 @@ def queue_group() -> None:
     default=None,
     help="Keep archived jobs this long.",
 )
+@click.option(
+    "--max-running",
+    callback=running_limit,
+    metavar="N",
+    default=None,
+    help="At most N running jobs across all workers (none: no limit).",
+)
+@click.option(
+    "--max-running-per-group",
+    callback=running_limit,
+    metavar="N",
+    default=None,
+    help="At most N running jobs per group (none: no limit).",
+)
+@click.option(
+    "--rate-limit",
+    callback=rate_limit,
+    metavar="STARTS/DURATION",
+    default=None,
+    help="At most STARTS job starts in any DURATION, e.g. 50/1s (none: no limit).",
+)
+@click.option(
+    "--rate-limit-per-group",
+    callback=rate_limit,
+    metavar="STARTS/DURATION",
+    default=None,
+    help="The same, per group.",
+)
 @database_options
 def configure(name: str, database_url: str | None, schema: str, **settings: Any) -> None:
     """Change a queue's settings; options not given stay as they are."""
@@ -239,5 +269,9 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
         f"retain_cancelled={format_duration(result.retain_cancelled)} "
         f"retain_failed={format_duration(result.retain_failed)} "
         f"retention_mode={result.retention_mode.value} "
-        f"retain_archived={format_duration(result.retain_archived)}"
+        f"retain_archived={format_duration(result.retain_archived)} "
+        f"max_running={result.max_running or NEVER} "
+        f"max_running_per_group={result.max_running_per_group or NEVER} "
+        f"rate_limit={format_rate(result.rate_limit)} "
+        f"rate_limit_per_group={format_rate(result.rate_limit_per_group)}"
     )

@@ -172,6 +172,8 @@ async def resume(request: Request, ctx: Context) -> Response:
 def _shown(name: str, value: Any) -> str:
     if name.startswith(("retain_", "lease", "backoff_")):
         return retention(value)
+    if name.startswith("rate_limit") and value is not None:
+        return f"{value[0]}/{retention(value[1])}"
     return "no limit" if value is None else str(value)
 
 

@@ -141,6 +141,21 @@ def integer(text: str, what: str, *, optional: bool = False) -> int | None:
     return int(value)
 
 
+def rate(text: str, what: str) -> tuple[int, float] | None:
+    """``50/1s``, ``1000/1h`` (a bare ``50`` is per second); empty or ``none``: no limit."""
+    value = text.strip().lower()
+    if value in ("", "none", "no limit"):
+        return None
+    starts, _, per = value.partition("/")
+    if not starts.strip().isdigit():
+        raise leaseq.InvalidArgument(
+            f"{what}: {text!r} is not STARTS/DURATION such as 50/1s (empty: no limit)"
+        )
+    period = seconds(per or "1s", what)
+    assert period is not None
+    return (int(starts), period)
+
+
 #: The settings form's fields: name -> (label, how to read it).
 SETTINGS_FIELDS: dict[str, str] = {
     "lease": "duration",
@@ -151,6 +166,10 @@ SETTINGS_FIELDS: dict[str, str] = {
     "max_queued_jobs": "limit",
     "max_queued_bytes": "limit",
     "max_payload_bytes": "limit",
+    "max_running": "limit",
+    "max_running_per_group": "limit",
+    "rate_limit": "rate",
+    "rate_limit_per_group": "rate",
     "retain_done": "retention",
     "retain_cancelled": "retention",
     "retain_failed": "retention",
@@ -168,6 +187,8 @@ def settings_text(settings: leaseq.QueueSettings) -> dict[str, str]:
             shown[name] = retention(value)
         elif kind == "limit":
             shown[name] = "" if value is None else str(value)
+        elif kind == "rate":
+            shown[name] = "" if value is None else f"{value[0]}/{retention(value[1])}"
         else:
             shown[name] = str(value)
     return shown
@@ -189,6 +210,8 @@ def settings_changes(form: Mapping[str, str], current: leaseq.QueueSettings) -> 
             value = integer(text, name)
         elif kind == "limit":
             value = integer(text, name, optional=True)
+        elif kind == "rate":
+            value = rate(text, name)
         else:
             value = text.strip()
         old = getattr(current, name)
