@@ -93,12 +93,13 @@ CREATE TABLE {schema}.group_rate (
 -- cannot be inlined is planned again by every query that calls it.
 
 -- The length of a rate window. Starts are stamped with the claim's time and
--- handlers begin a few milliseconds later, not always the same few: with a
--- window 2% (at most 100 ms) longer than the period, the handlers' own clocks
+-- handlers begin some milliseconds later, not always the same few (a busy
+-- machine's scheduler can delay one worker's handlers by tens of them): with a
+-- window 5% (at most 250 ms) longer than the period, the handlers' own clocks
 -- too never see more than the limit start within one period.
 CREATE FUNCTION {schema}.rate_window(p_period double precision) RETURNS interval
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT make_interval(secs => p_period + least(p_period * 0.02, 0.1)) $$;
+    AS $$ SELECT make_interval(secs => p_period + least(p_period * 0.05, 0.25)) $$;
 
 -- How many more jobs may start now under p_limit per p_period, given the
 -- starts of the window (p_n[i] at p_at[i]).
@@ -198,10 +199,12 @@ END
 $$;
 
 -- How many more jobs of group p_group may start now: its max_running_per_group
--- minus its live leases, and its rate window's room, less p_taken (what this
--- claim already took of it). 2^31-1 when the queue limits no group.
+-- minus its live leases (at p_now), and its rate window's room (at
+-- p_rate_now), less p_taken (what this claim already took of it). 2^31-1 when
+-- the queue limits no group.
 CREATE FUNCTION {schema}.group_room(
-    p_queue {schema}.queue, p_group text, p_taken integer, p_now timestamptz)
+    p_queue {schema}.queue, p_group text, p_taken integer, p_now timestamptz,
+    p_rate_now timestamptz)
     RETURNS integer
     LANGUAGE plpgsql STABLE
     AS $$
@@ -221,7 +224,7 @@ BEGIN
         IF FOUND THEN
             room := least(room, {schema}.rate_room(
                 window_.started_at, window_.started_n,
-                p_queue.rate_limit_per_group, p_queue.rate_period_per_group, p_now));
+                p_queue.rate_limit_per_group, p_queue.rate_period_per_group, p_rate_now));
         ELSE
             room := least(room, p_queue.rate_limit_per_group);
         END IF;
@@ -259,6 +262,10 @@ DECLARE
     q {schema}.queue;
     turn {schema}.claim_turn;
     now_ timestamptz := {schema}.clock();
+    -- The rate windows' time: the schema's clock once this claim holds the lock
+    -- (a claim stamped with the time it began waiting would let the next one
+    -- through early by that wait).
+    rate_now timestamptz;
     failed_blocks boolean;
     budget integer := p_limit;
     held_back boolean := false;
@@ -288,6 +295,7 @@ BEGIN
     INSERT INTO {schema}.claim_turn AS t (queue) VALUES (p_queue) ON CONFLICT (queue) DO NOTHING;
     SELECT * INTO turn FROM {schema}.claim_turn AS t WHERE t.queue = p_queue FOR UPDATE;
     -- From here on every query sees each claim of this queue committed before ours.
+    rate_now := now_ + (clock_timestamp() - statement_timestamp());
     SELECT * INTO q FROM {schema}.queue AS x WHERE x.name = p_queue;
     IF NOT FOUND OR q.paused THEN
         RETURN;
@@ -304,13 +312,14 @@ BEGIN
         END IF;
     END IF;
     IF q.rate_limit IS NOT NULL THEN
-        room := {schema}.rate_room(turn.started_at, turn.started_n, q.rate_limit, q.rate_period, now_);
+        room := {schema}.rate_room(
+            turn.started_at, turn.started_n, q.rate_limit, q.rate_period, rate_now);
         IF room < budget THEN
             budget := room;
             held_back := true;
             -- Its window is full once this claim's starts are in it.
             next_wait := {schema}.rate_wait(
-                turn.started_at || now_, turn.started_n || room, q.rate_period, now_);
+                turn.started_at || rate_now, turn.started_n || room, q.rate_period, rate_now);
         END IF;
     END IF;
 
@@ -329,7 +338,7 @@ BEGIN
             IF cand.group_key IS NOT NULL THEN
                 i := array_position(taken_groups, cand.group_key);
                 taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
-                IF {schema}.group_room(q, cand.group_key, taken, now_) <= 0 THEN
+                IF {schema}.group_room(q, cand.group_key, taken, now_, rate_now) <= 0 THEN
                     held_back := true;
                     CONTINUE;
                 END IF;
@@ -375,15 +384,15 @@ BEGIN
         IF NOT pos_ungrouped THEN
             i := array_position(taken_groups, pos);
             taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
-            room := least(room, {schema}.group_room(q, pos, taken, now_));
+            room := least(room, {schema}.group_room(q, pos, taken, now_, rate_now));
             IF room <= 0 THEN
                 held_back := true;
                 IF q.rate_limit_per_group IS NOT NULL THEN
                     -- When its window (with what this claim took) has room again.
                     next_wait := least(next_wait, (
                         SELECT {schema}.rate_wait(
-                            r.started_at || now_, r.started_n || taken,
-                            q.rate_period_per_group, now_)
+                            r.started_at || rate_now, r.started_n || taken,
+                            q.rate_period_per_group, rate_now)
                         FROM (SELECT coalesce(g.started_at, '{}') AS started_at,
                                      coalesce(g.started_n, '{}') AS started_n
                               FROM (SELECT 1) AS one
@@ -457,18 +466,18 @@ BEGIN
         UPDATE {schema}.claim_turn AS t
         SET turn_after = turn.turn_after, started_at = s.started_at, started_n = s.started_n
         FROM {schema}.rate_started(turn.started_at, turn.started_n, q.rate_period,
-                                   cardinality(picked), now_) AS s
+                                   cardinality(picked), rate_now) AS s
         WHERE t.queue = p_queue;
     END IF;
     IF q.rate_limit_per_group IS NOT NULL THEN
         FOR i IN 1 .. cardinality(taken_groups) LOOP
             INSERT INTO {schema}.group_rate AS r (queue, group_key, started_at, started_n)
-            VALUES (p_queue, taken_groups[i], ARRAY[now_], ARRAY[taken_counts[i]])
+            VALUES (p_queue, taken_groups[i], ARRAY[rate_now], ARRAY[taken_counts[i]])
             ON CONFLICT (queue, group_key) DO UPDATE
             SET (started_at, started_n) = (
                 SELECT s.started_at, s.started_n
                 FROM {schema}.rate_started(r.started_at, r.started_n, q.rate_period_per_group,
-                                           taken_counts[i], now_) AS s);
+                                           taken_counts[i], rate_now) AS s);
         END LOOP;
     END IF;
     IF held_back AND cardinality(picked) < p_limit THEN
