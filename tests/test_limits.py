@@ -18,6 +18,7 @@ from leaseq._statement import notify_channel
 
 from .clients import Client
 from .conftest import Clock
+from .windows import most_in_any_window
 
 
 def _sql(client: Client, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -257,17 +258,6 @@ def test_grouped_jobs_are_counted_and_found(client: Client) -> None:
 # -- rate limits -------------------------------------------------------------------
 
 
-def _window_counts(starts: list[float], period: float) -> int:
-    """The most starts within any window of ``period`` seconds."""
-    starts = sorted(starts)
-    most, low = 0, 0
-    for high, at in enumerate(starts):
-        while at - starts[low] >= period:
-            low += 1
-        most = max(most, high - low + 1)
-    return most
-
-
 def test_a_rate_limit_lets_at_most_its_starts_through_per_window(
     client: Client, clock: Clock
 ) -> None:
@@ -294,7 +284,7 @@ def test_a_rate_limit_lets_at_most_its_starts_through_per_window(
         clock.advance(3.7)
         claims = client.claim("api", limit=2)
         starts += [clock.offset] * len(claims)
-    assert _window_counts(starts, 10) <= 5
+    assert most_in_any_window(starts, 10) <= 5
     assert len(starts) >= 15
 
 

@@ -16,6 +16,7 @@ import pytest
 
 import leaseq
 
+from .windows import most_in_any_window
 from .worker_processes import Spawn, output_of, worker_processes
 
 
@@ -94,16 +95,6 @@ def _peak(runs: list[tuple[float, float]]) -> int:
     return peak
 
 
-def _most_in_any_window(starts: list[float], seconds: float) -> int:
-    starts = sorted(starts)
-    most, low = 0, 0
-    for high, at in enumerate(starts):
-        while at - starts[low] >= seconds:
-            low += 1
-        most = max(most, high - low + 1)
-    return most
-
-
 def _wait_until_drained(queue: leaseq.Queue, name: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -165,7 +156,7 @@ def test_fifty_starts_per_second_at_most_from_the_handlers_clocks(
     for at in starts:
         per_second[int(at)] = per_second.get(int(at), 0) + 1
     assert max(per_second.values()) <= 50, sorted(per_second.items())
-    assert _most_in_any_window(starts, 1.0) <= 50
+    assert most_in_any_window(starts, 1.0) <= 50
     # And the limit is a rate, not a stall: 550 starts take about 11 seconds.
     assert starts[-1] - starts[0] < 16, starts[-1] - starts[0]
 

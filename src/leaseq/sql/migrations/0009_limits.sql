@@ -402,6 +402,8 @@ BEGIN
             END IF;
         END IF;
         ids := '{}';
+        -- One query per ready index (job_ready_idx, job_group_ready_idx): a
+        -- single one with `group_key IS NOT DISTINCT FROM pos` could use neither.
         IF room > 0 AND pos_ungrouped THEN
             SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.available_at), '{}')
             INTO ids, ats
