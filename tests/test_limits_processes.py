@@ -151,13 +151,27 @@ def test_fifty_starts_per_second_at_most_from_the_handlers_clocks(
     starts = sorted(runs.starts.values())
     assert len(starts) == 550
     assert runs.started == 550  # none ran twice
-    # Never more than 50 within any second: calendar seconds, and any window.
+    # The guarantee, by the database's clock: no second holds more than 50 claims.
+    with queue.connection() as conn:
+        claimed = {
+            int(job_id): at.timestamp()
+            for job_id, at in conn.execute(
+                f'SELECT job_id, claimed_at FROM "{queue.schema}".job WHERE queue = %s',
+                ("rated",),
+            )
+        }
+    assert most_in_any_window(list(claimed.values()), 1.0) <= 50
+    # And from the handlers' own clocks: never more than 50 starts within a
+    # second, calendar seconds and any window (how late handlers started after
+    # their claim, in ms, says why if not).
+    lags = sorted((at - claimed[job_id]) * 1000 for job_id, at in runs.starts.items())
+    spread = f"lag ms p50 {lags[len(lags) // 2]:.1f} p99 {lags[-6]:.1f} max {lags[-1]:.1f}"
     per_second: dict[int, int] = {}
     for at in starts:
         per_second[int(at)] = per_second.get(int(at), 0) + 1
-    assert max(per_second.values()) <= 50, sorted(per_second.items())
-    assert most_in_any_window(starts, 1.0) <= 50
-    # And the limit is a rate, not a stall: 550 starts take about 11 seconds.
+    assert max(per_second.values()) <= 50, (sorted(per_second.items()), spread)
+    assert most_in_any_window(starts, 1.0) <= 50, spread
+    # And the limit is a rate, not a stall: 550 starts take about 11 windows.
     assert starts[-1] - starts[0] < 16, starts[-1] - starts[0]
 
 

@@ -65,19 +65,23 @@ def serving_metrics(
     if port is None:
         yield
         return
-    server = metrics.serve(port, host)
-    log.info("metrics on http://%s:%d/metrics", server.host, server.port)
     watcher = None
     if database:
+        # Watched before the first scrape can come: served first, a scrape in
+        # between was answered without the queues' gauges.
         watcher = Queue(database_url, schema=schema, pool_size=1, connect_timeout=5, metrics=None)
         metrics.watch(watcher)
+    server = None
     try:
+        server = metrics.serve(port, host)
+        log.info("metrics on http://%s:%d/metrics", server.host, server.port)
         yield
     finally:
         if watcher is not None:
             metrics.watch(None)
             watcher.close()
-        server.close()
+        if server is not None:
+            server.close()
 
 
 @cli.command()
