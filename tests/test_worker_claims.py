@@ -135,3 +135,54 @@ def test_the_poll_makes_every_queue_worth_a_claim_again() -> None:
     ((_, generation),) = hints.to_ask(["a"])
     hints.came_back_short("a", generation)
     assert [q for q, _ in hints.to_ask(["a"])] == ["a"]  # the poll came due
+
+
+def test_a_rate_limited_queue_is_asked_again_when_its_window_has_room() -> None:
+    hints = WorkHints(["a", "b"], poll_interval=NO_POLL)
+    ((_, generation), _) = hints.to_ask(["a", "b"])
+    hints.came_back_short("a", generation)
+    hints.ask_again_in("a", 0.2)
+    assert [q for q, _ in hints.to_ask(["a", "b"])] == ["b"]
+    assert 0.1 < hints.until_poll() <= 0.2  # the worker sleeps until then, not the poll
+    time.sleep(0.2)
+    assert [q for q, _ in hints.to_ask(["a", "b"])] == ["a", "b"]
+    assert hints.until_poll() > 60  # asked once: back to the poll
+
+
+@pytest.mark.asyncio
+async def test_limited_queues_go_on_without_waiting_for_the_poll(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A claim held back by a concurrency limit is asked again when a limited
+    job's end is announced (job_slot_freed); one held back by a rate window,
+    when the window has room. With no poll to fall back on, both drain."""
+    app = leaseq.App(schema=schema)
+    started: dict[str, list[float]] = {"one_at_a_time": [], "rated": []}
+
+    @app.task("one_at_a_time")
+    async def one(job: leaseq.JobContext) -> None:
+        started["one_at_a_time"].append(time.monotonic())
+        await asyncio.sleep(0.02)
+
+    @app.task("rated")
+    async def rated(job: leaseq.JobContext) -> None:
+        started["rated"].append(time.monotonic())
+
+    await aqueue.configure_queue("one_at_a_time", max_running=1)
+    await aqueue.configure_queue("rated", rate_limit=(4, 0.5))
+    await aqueue.enqueue_many("one_at_a_time", [{}] * 6)
+    await aqueue.enqueue_many("rated", [{}] * 12)
+    running = Running(
+        leaseq.Worker(
+            app, dsn=database_url, concurrency=10, poll_interval=NO_POLL, maintenance=False
+        )
+    )
+    await _until(lambda: _all_finished(aqueue, "one_at_a_time"))
+    await _until(lambda: _all_finished(aqueue, "rated"))
+    await running.stop()
+    assert len(started["one_at_a_time"]) == 6
+    assert len(started["rated"]) == 12
+    # Three windows of four: the second and third began when the window had room.
+    rated_starts = sorted(started["rated"])
+    assert rated_starts[4] - rated_starts[0] >= 0.5
+    assert rated_starts[8] - rated_starts[4] >= 0.5
