@@ -20,6 +20,7 @@ from ._errors import (
     TransientError,
     UniqueKeyHeld,
 )
+from ._health_types import ClaimPlan, CleanupHolder, Health, IndexHealth, TableHealth
 from ._job_ids import JobId, JobIds
 from ._maintenance import Maintenance
 from ._metrics import DEFAULT as metrics
@@ -32,13 +33,9 @@ from ._types import (
     AuditEntry,
     BlockedKey,
     Claim,
-    ClaimPlan,
     Claims,
-    CleanupHolder,
     FailedGroup,
     FailedSummary,
-    Health,
-    IndexHealth,
     Job,
     JobPage,
     JobStatus,
@@ -51,7 +48,6 @@ from ._types import (
     RenewalBusy,
     RetentionMode,
     ScheduleInfo,
-    TableHealth,
 )
 from ._worker import App, JobContext, Worker
 

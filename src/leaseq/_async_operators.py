@@ -20,13 +20,12 @@ from . import _validate as validate
 from . import _validate_settings as validate_settings
 from ._db import AsyncDatabase
 from ._errors import ResultNotReady
+from ._health_types import ClaimPlan, Health
 from ._store import Store
 from ._types import (
     AuditEntry,
     BlockedKey,
-    ClaimPlan,
     FailedSummary,
-    Health,
     Job,
     JobPage,
     JobStatus,

@@ -11,8 +11,9 @@ from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from ._health_types import Health
 from ._logs import get_logger
-from ._types import Health, JobStatus, QueueStats
+from ._types import JobStatus, QueueStats
 
 log = get_logger("leaseq.metrics")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._types import CleanupHolder, TableHealth
+from ._health_types import CleanupHolder, TableHealth
 
 #: The job table's own autovacuum settings (migration 0001): vacuum once its dead
 #: rows pass 1000 + 1% of its rows. The leader applies the same rule by itself

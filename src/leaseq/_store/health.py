@@ -7,8 +7,8 @@ from typing import Any
 
 from .. import _health as health
 from .. import _validate as validate
+from .._health_types import ClaimPlan, CleanupHolder, Health, IndexHealth, TableHealth
 from .._statement import Operation, Rows, Statement
-from .._types import ClaimPlan, CleanupHolder, Health, IndexHealth, TableHealth
 from .base import StoreBase, ignore
 
 
