@@ -479,3 +479,63 @@ def test_a_deliberate_second_group_signal_still_exits_at_once(
     # Not released: the leases will expire and another worker will recover the jobs.
     for job_id in ids:
         assert queue.get(job_id).status is JobStatus.RUNNING
+
+
+async def _swallow_one_cancellation(started: asyncio.Event) -> None:
+    """What Python 3.11's ``asyncio.wait_for`` does when its result and a
+    cancellation arrive together (psycopg_pool waits for a new pool's first
+    connection with it): the cancellation is consumed, the caller goes on.
+    Only the first call swallows (a loop that fails the test still ends)."""
+    if started.is_set():
+        return
+    started.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(30)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("service", ["schedules", "listen"])
+async def test_a_service_ends_on_its_cancellation_even_when_a_call_swallowed_it(
+    service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped right after it started waited forever for its scheduler:
+    the scheduler's first pass lost the cancellation in the pool's opening, and
+    the loop slept on (5 stops in 50 hung, tests run at startup with SIGTERM). A
+    service loop raises a pending cancellation at its next pause."""
+    from leaseq._worker.listener import listen_for_work
+    from leaseq._worker.scheduler import Scheduler
+    from leaseq._worker.state import WorkerStats
+
+    started = asyncio.Event()
+    if service == "schedules":
+
+        async def swallowing_pass(self: Scheduler) -> int:
+            await _swallow_one_cancellation(started)
+            return 0
+
+        monkeypatch.setattr(Scheduler, "run_once", swallowing_pass)
+        loop = Scheduler(None, {}).run()  # type: ignore[arg-type]
+    else:
+
+        class Listener:
+            async def _listen(self) -> Any:
+                await _swallow_one_cancellation(started)
+                raise leaseq.TransientError("connection lost")
+                yield ""  # an async generator, as the client's
+
+        loop = listen_for_work(
+            Listener(),  # type: ignore[arg-type]
+            {"q"},
+            work=lambda _: None,
+            lost=lambda _: None,
+            stats=WorkerStats(),
+        )
+    task = asyncio.create_task(loop)
+    await started.wait()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    if not done:
+        task.cancel()  # a second cancellation ends it: fail, do not hang
+        await asyncio.wait({task}, timeout=5)
+    assert done, f"the {service} loop did not end on its cancellation"
+    assert task.cancelled()

@@ -21,6 +21,7 @@ from ._db import Session
 from ._errors import NotMigrated, TransientError
 from ._logs import get_logger
 from ._types import PruneResult, ReapResult
+from ._waiting import pause
 
 log = get_logger("leaseq.maintenance")
 
@@ -68,12 +69,12 @@ class Maintenance:
                             await self._prune()
                         if self.vacuum:
                             await self._vacuum_if_due(session)
-                        await asyncio.sleep(self.interval)
+                        await pause(self.interval)
             except TransientError as exc:
                 log.warning("maintenance connection lost (%s)", exc)
             finally:
                 self.leading = False
-            await asyncio.sleep(self.interval)
+            await pause(self.interval)
 
     async def _reap(self, session: Session) -> None:
         while True:  # bounded batches until nothing is left
@@ -110,7 +111,7 @@ class Maintenance:
             self._log(result)
             if not result.more or loop.time() >= deadline:
                 return
-            await asyncio.sleep(self.prune_pause)
+            await pause(self.prune_pause)
 
     def _log(self, result: PruneResult) -> None:
         self.pruned += len(result)

@@ -25,6 +25,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._statement import Operation, Plan, Rows, Statement, Steps
+from .._waiting import raise_if_cancelling
 from .errors import translated_errors, unreachable
 from .listening import anotified, notified
 from .options import (
@@ -261,6 +262,10 @@ class AsyncDatabase:
                         await self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
                         raise unreachable(self.dsn) from None
+                    # The pool waits with asyncio.wait_for, which on Python 3.11
+                    # returns when the first connection and a cancellation of this
+                    # task arrive together: the cancellation must not be lost.
+                    raise_if_cancelling()
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:

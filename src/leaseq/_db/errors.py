@@ -7,7 +7,6 @@ query interrupted by its task's cancellation the task's cancellation.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -26,6 +25,7 @@ from .._errors import (
 )
 from .._redact import redact
 from .._validate import sanitize
+from .._waiting import raise_if_cancelling
 from .options import CONNECTION_OPTIONS
 
 _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
@@ -63,7 +63,7 @@ def translated_errors() -> Iterator[None]:
         yield
     except psycopg.Error as exc:
         _scrub(exc)
-        _raise_if_cancelling(exc)
+        raise_if_cancelling(exc)
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
         if kind is None and isinstance(exc, psycopg.OperationalError):
             kind = TransientError
@@ -78,22 +78,8 @@ def translated_errors() -> Iterator[None]:
     except PoolTimeout as exc:
         raise DatabaseUnavailable(redact(f"no database connection in time: {exc}")) from exc
     except OSError as exc:
-        _raise_if_cancelling(exc)
+        raise_if_cancelling(exc)
         raise TransientError(redact(f"{type(exc).__name__}: {exc}")) from exc
-
-
-def _raise_if_cancelling(error: BaseException) -> None:
-    """A query interrupted by the cancellation of its asyncio task can come out of
-    the driver as a connection error ("query cancellation interrupted: closing
-    connection"). Raised as TransientError it would be taken for "try again", and
-    a loop that retries would never see its own cancellation: so the task's
-    pending cancellation is raised instead."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop: a sync caller
-        return
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError from error
 
 
 def _scrub(error: BaseException) -> None:

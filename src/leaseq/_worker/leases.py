@@ -27,9 +27,9 @@ from .._async_client import AsyncQueue
 from .._errors import TransientError
 from .._logs import get_logger
 from .._types import RENEWAL_BUSY
+from .._waiting import wait_for_event
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
-from .waiting import wait_for_event
 
 log = get_logger("leaseq.worker")
 

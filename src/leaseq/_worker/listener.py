@@ -8,12 +8,12 @@ out the same, only later, when a notification is lost.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from .._async_client import AsyncQueue
 from .._errors import TransientError
 from .._logs import get_logger
+from .._waiting import pause
 from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
@@ -51,5 +51,5 @@ async def listen_for_work(
         except TransientError as exc:
             log.info("LISTEN connection lost (%s); reconnecting", exc)
         stats.listen_reconnects += 1
-        await asyncio.sleep(delay)
+        await pause(delay)
         delay = min(delay * 2, 5.0)

@@ -25,6 +25,7 @@ from .._errors import TransientError
 from .._logs import get_logger
 from .._types import Claim, JobStatus
 from .._validate import EncodedPayload
+from .._waiting import pause
 
 log = get_logger("leaseq.worker")
 
@@ -190,7 +191,7 @@ class Outcomes:
                 log.warning(
                     "flushing %d %s outcomes failed (%s); retrying", len(group), kind.value, exc
                 )
-                await asyncio.sleep(delay)
+                await pause(delay)
                 delay = min(delay * 2, 2.0)
 
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from .._logs import get_logger, job_fields
 from .._metrics import Metrics
 from .._types import Claim
+from .._waiting import wait_for_event
 from .context import JobContext
 from .state import Attempt, WorkerStats
-from .waiting import wait_for_event
 
 log = get_logger("leaseq.worker")
 

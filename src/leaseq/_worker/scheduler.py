@@ -14,12 +14,12 @@ next pass, and skipped once it is older than the catch-up window.
 
 from __future__ import annotations
 
-import asyncio
 import random
 
 from .._async_client import AsyncQueue
 from .._errors import BacklogFull, TransientError
 from .._logs import get_logger
+from .._waiting import pause
 from .schedules import Schedule
 
 log = get_logger("leaseq.worker")
@@ -42,7 +42,7 @@ class Scheduler:
                 await self.run_once()
             except TransientError as exc:
                 log.warning("schedules: %s; trying again", exc)
-            await asyncio.sleep(PASS_INTERVAL * random.uniform(0.8, 1.0))
+            await pause(PASS_INTERVAL * random.uniform(0.8, 1.0))
 
     async def _register(self) -> None:
         now = await self._queue._run(self._queue._store.clock_now())

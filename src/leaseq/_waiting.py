@@ -1,4 +1,4 @@
-"""Waiting for an event or a timeout, whichever comes first, cancellably.
+"""Waiting cancellably: for an event or a timeout, or a pause in a service's loop.
 
 ``asyncio.wait_for`` on Python 3.11 can turn a cancellation that arrives while
 its timeout fires into a TimeoutError; a loop that takes a TimeoutError for "no
@@ -21,12 +21,32 @@ import asyncio
 import contextlib
 
 
+def raise_if_cancelling(cause: BaseException | None = None) -> None:
+    """Raise the current task's pending cancellation, if it has one that something
+    below swallowed: Python 3.11's ``asyncio.wait_for`` (psycopg_pool waits for a
+    pool's first connections with it) returns its result when that arrives as the
+    cancellation does, and a driver can turn an interrupted query into a
+    connection error. A worker stopped right after it started waited forever on
+    its scheduler this way (tests/test_worker_robustness.py)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a sync caller
+        return
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from cause
+
+
+async def pause(seconds: float) -> None:
+    """``asyncio.sleep``, for the loops of services that run until cancelled: a
+    cancellation swallowed below ends the loop here at the latest."""
+    raise_if_cancelling()
+    await asyncio.sleep(seconds)
+
+
 async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
     """Return once ``event`` is set or ``timeout`` seconds passed (None: no limit),
     clearing it; a cancellation of the caller always propagates."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    raise_if_cancelling()
     if not event.is_set():
         if timeout is None:
             await event.wait()
