@@ -96,7 +96,7 @@ def _layer(unit: str) -> int:
 #: password shapes in what it renders (as the CLI uses it).
 WEB_INTERNALS = {"leaseq._logs", "leaseq._redact"}
 #: Public subpackages that sit on the public API only (checked by their own tests).
-ON_THE_PUBLIC_API = ("demo", "web")
+ON_THE_PUBLIC_API = ("demo", "web", "contrib")
 LIBRARY = {n: p for n, p in _modules().items() if not n.startswith(ON_THE_PUBLIC_API)}
 
 
@@ -186,6 +186,41 @@ def test_the_dashboard_imports_only_public_names(name: str) -> None:
     text = path.read_text(encoding="utf-8")
     used = set(re.findall(r"\bleaseq\.([A-Za-z_]+)", text))
     assert used <= set(leaseq.__all__) | {"web"}, used - set(leaseq.__all__)
+
+
+#: What the framework integrations may take from the internals besides the public
+#: API: the logger that scrubs secrets.
+CONTRIB_INTERNALS = {"leaseq._logs"}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _modules() if n.startswith("contrib")))
+def test_the_integrations_import_only_public_names(name: str) -> None:
+    """leaseq.contrib sits on the public API, like a user's code: the fence, the
+    outcomes and the claims are the library's, never re-done by an integration
+    (the driver is allowed: a caller's transaction is a psycopg connection)."""
+    path = _modules()[name]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ["leaseq", *name.split(".")[:-1]]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            if module.startswith("leaseq"):
+                assert (
+                    module in {"leaseq", "leaseq.testing"}
+                    or module.startswith("leaseq.contrib")
+                    or module in CONTRIB_INTERNALS
+                ), f"{name} imports {module}"
+                if module == "leaseq":
+                    assert {a.name for a in node.names} <= set(leaseq.__all__)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                assert not alias.name.startswith("leaseq.") or alias.name.startswith(
+                    ("leaseq.contrib", "leaseq.testing")
+                ), alias.name
 
 
 _SQL = re.compile(

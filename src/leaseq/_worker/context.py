@@ -107,8 +107,8 @@ class JobContext:
         with self._sync.connection() as conn:
             with conn.transaction():
                 yield conn
-                self._sync.complete(self.claim, result=self.result, conn=conn)
-            self.completed = True
+                self.complete_in(conn)
+            self.mark_completed()
 
     @asynccontextmanager
     async def atransaction(self) -> AsyncIterator[AsyncConnection]:
@@ -117,5 +117,30 @@ class JobContext:
         async with self._async.connection() as conn:
             async with conn.transaction():
                 yield conn
-                await self._async.complete(self.claim, result=self.result, conn=conn)
-            self.completed = True
+                await self.acomplete_in(conn)
+            self.mark_completed()
+
+    def complete_in(self, conn: Connection) -> None:
+        """Complete the job inside the transaction open on ``conn``, with ``job.result``.
+
+        For transactions leaseq does not open: an ORM session's (the psycopg
+        connection under it), a framework's atomic block. Call it last inside
+        that transaction, and :meth:`mark_completed` once it committed
+        (``leaseq.contrib`` does both). The completion is fenced: if this attempt
+        no longer holds its lease it raises LeaseLost (AlreadyCompleted for a
+        second completion), and the transaction must roll back with the effect.
+        """
+        self._check_owned()
+        self._sync.complete(self.claim, result=self.result, conn=conn)
+
+    async def acomplete_in(self, conn: AsyncConnection) -> None:
+        """The async twin of :meth:`complete_in`."""
+        self._check_owned()
+        await self._async.complete(self.claim, result=self.result, conn=conn)
+
+    def mark_completed(self) -> None:
+        """Say that the transaction of :meth:`complete_in` committed: the worker
+        then sends no acknowledgement of its own, and stops renewing the lease.
+        (Without it the worker's acknowledgement recognises the committed
+        completion and changes nothing.)"""
+        self.completed = True
