@@ -34,9 +34,9 @@ LAYERS: list[set[str]] = [
     {"_migrate", "_steps", "_client_base"},
     {"_async_operators", "_sync_operators"},
     {"_async_client", "_sync_client"},
-    {"_maintenance", "testing"},
+    {"_maintenance"},
     {"_worker"},
-    {"_cli", "__init__"},
+    {"_cli", "__init__", "testing"},
     {"__main__"},
 ]
 #: The database layer, below the clients: the worker goes through the clients.

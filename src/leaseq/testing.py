@@ -1,9 +1,115 @@
-"""Helpers for tests of code that uses leaseq (and for leaseq's own tests)."""
+"""Helpers for the tests of code that uses leaseq (and for leaseq's own tests).
+
+* :func:`drain` / :func:`adrain`: run an app's handlers, in the test's own
+  process, on every job claimable now, until none is left and none runs. It is
+  the worker itself (:meth:`leaseq.Worker.run` in burst mode): the same claim,
+  the same fenced acknowledgements, the same retry and failure handling, the
+  same hooks; only its listener, its maintenance, its periodic jobs and its
+  metrics are off.
+* :func:`enqueued` / :func:`aenqueued`: the jobs of a queue, oldest first, for
+  assertions on what the code under test enqueued.
+* :func:`set_clock_offset` / :func:`aset_clock_offset`: move the schema's clock,
+  so that a retry's backoff, a delayed job or an expired lease come due without
+  sleeping.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
+
 from ._async_client import AsyncQueue
 from ._sync_client import Queue
+from ._types import Job, JobStatus
+from ._worker import App, Worker, WorkerStats
+
+__all__ = [
+    "WorkerStats",
+    "adrain",
+    "aenqueued",
+    "aset_clock_offset",
+    "drain",
+    "enqueued",
+    "set_clock_offset",
+]
+
+#: find_jobs' largest page and search window: enqueued() reads up to this many jobs.
+_PAGE = 1000
+_WINDOW = 1_000_000
+
+
+def drain(
+    app: App,
+    *,
+    queues: Sequence[str] | None = None,
+    dsn: str | None = None,
+    concurrency: int = 1,
+    timeout: float = 60.0,
+) -> WorkerStats:
+    """Run ``app``'s handlers on every job of ``queues`` (default: all of the app's)
+    claimable now, until none is left and none runs; return what was done.
+
+    Jobs that wait stay queued (a retry's backoff, ``enqueue(delay=...)``): move
+    the clock with :func:`set_clock_offset` and drain again. A handler's
+    exception is the job's outcome, as under a worker (retried or failed, its
+    error in the job's ``last_error``), not raised here. Past ``timeout``
+    seconds (a handler that never returns) raises ``TimeoutError``. Call
+    :func:`adrain` from async code: this one runs an event loop of its own.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("drain() cannot run inside an event loop: await adrain() instead")
+    return asyncio.run(
+        adrain(app, queues=queues, dsn=dsn, concurrency=concurrency, timeout=timeout)
+    )
+
+
+async def adrain(
+    app: App,
+    *,
+    queues: Sequence[str] | None = None,
+    dsn: str | None = None,
+    concurrency: int = 1,
+    timeout: float = 60.0,
+) -> WorkerStats:
+    """The async twin of :func:`drain`, for async tests."""
+    worker = Worker(
+        app,
+        dsn=dsn,
+        queues=queues,
+        concurrency=concurrency,
+        listen=False,
+        maintenance=False,
+        metrics=None,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            await worker.run(burst=True)
+    except TimeoutError:
+        raise TimeoutError(
+            f"drain: jobs still ran after {timeout:g}s ({worker.stats}); a handler never returned?"
+        ) from None
+    return worker.stats
+
+
+def enqueued(
+    queue: Queue, name: str | None = None, *, status: JobStatus | str | None = "queued"
+) -> list[Job]:
+    """The jobs of queue ``name`` (None: every queue) in ``status`` (None: any),
+    oldest first: what the code under test enqueued (up to 1,000)."""
+    page = queue.find_jobs(queue=name, status=status, limit=_PAGE, window=_WINDOW)
+    return sorted(page.jobs, key=lambda job: job.job_id)
+
+
+async def aenqueued(
+    queue: AsyncQueue, name: str | None = None, *, status: JobStatus | str | None = "queued"
+) -> list[Job]:
+    """The async twin of :func:`enqueued`."""
+    page = await queue.find_jobs(queue=name, status=status, limit=_PAGE, window=_WINDOW)
+    return sorted(page.jobs, key=lambda job: job.job_id)
 
 
 def set_clock_offset(queue: Queue, offset_seconds: float) -> None:
@@ -17,4 +123,5 @@ def set_clock_offset(queue: Queue, offset_seconds: float) -> None:
 
 
 async def aset_clock_offset(queue: AsyncQueue, offset_seconds: float) -> None:
+    """The async twin of :func:`set_clock_offset`."""
     await queue._db.run(queue._store.set_clock_offset(offset_seconds))

@@ -120,6 +120,11 @@ def migrate(database_url: str | None, schema: str) -> None:
     help="Take part in the leader election for the reaper and retention.",
 )
 @click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Exit once no job is claimable now and none runs (no periodic jobs).",
+)
 @log_format_option
 @metrics_options
 @database_options
@@ -180,7 +185,7 @@ def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> N
             options["schema"],
             database=slot == 0,
         ):
-            asyncio.run(runner.run(install_signal_handlers=True))
+            asyncio.run(runner.run(install_signal_handlers=True, burst=options["burst"]))
     except asyncio.CancelledError:
         # A second signal: leave now; unfinished leases expire and are recovered.
         os._exit(1)

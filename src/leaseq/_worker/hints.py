@@ -68,6 +68,10 @@ class WorkHints:
         due = time.monotonic() + seconds
         self._due[queue] = min(self._due.get(queue, due), due)
 
+    def awaiting_room(self) -> bool:
+        """A rate limit held a claim back and its window has no room yet."""
+        return bool(self._due)
+
     def until_poll(self) -> float:
         """Seconds until the poll, or a rate window's room, whichever is first."""
         return max(min([self._next_poll, *self._due.values()]) - time.monotonic(), 0.0)

@@ -110,6 +110,7 @@ class Worker:
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
         self._crashed: BaseException | None = None
+        self._burst = False
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -129,7 +130,15 @@ class Worker:
             log.warning("second signal: exiting now; unfinished leases will expire")
             self._main.cancel()
 
-    async def run(self, *, install_signal_handlers: bool = False) -> None:
+    async def run(self, *, install_signal_handlers: bool = False, burst: bool = False) -> None:
+        """Run until :meth:`request_stop` (or a signal, with ``install_signal_handlers``).
+
+        ``burst``: stop by itself once no job is claimable now and none runs (every
+        outcome acknowledged), like RQ's burst mode; jobs that wait (a retry's
+        backoff, a delay, a full rate window's next room excepted) stay queued, and
+        no periodic job is enqueued. What ``leaseq.testing.drain`` runs.
+        """
+        self._burst = burst
         loop = asyncio.get_running_loop()
         self._main = asyncio.current_task()
         if install_signal_handlers:
@@ -207,7 +216,7 @@ class Worker:
                 lost=self._leases.check_now,
                 stats=self.stats,
             )
-        if self.app.schedules:
+        if self.app.schedules and not self._burst:
             scheduler = Scheduler(self._clients.handlers_async, self.app.schedules)
             services["schedules"] = scheduler.run()
         if self.maintenance:
@@ -241,6 +250,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         start = 0
+        swept = False  # burst: every queue was asked since the last job was claimed
         while not self._stopping.is_set():
             free = self._attempts.free_slots()
             if free <= 0:
@@ -249,12 +259,24 @@ class Worker:
             order = self.queues[start:] + self.queues[:start]
             start = (start + 1) % len(self.queues)
             asking = self._hints.to_ask(order)
+            if not asking and self._burst and not self._attempts:
+                if not self._hints.awaiting_room():
+                    if swept:
+                        return  # idle: nothing claimable now, nothing running
+                    # One more claim of every queue first: a job a handler
+                    # enqueued, or one announced by no one (a burst worker does
+                    # not listen), is found by no hint.
+                    swept = True
+                    self._hints.may_have_work()
+                    continue
             if not asking:  # nothing to claim until a hint or the poll (.hints)
                 await self._attempts.sleep_until_woken(self._hints.until_poll())
                 continue
             try:
                 for name, generation in asking:
                     claims = await self._claim(name, free)
+                    if claims:
+                        swept = False
                     if len(claims) < free:
                         self._hints.came_back_short(name, generation)
                     if claims.retry_in is not None:

@@ -1,0 +1,139 @@
+"""leaseq.testing: draining an app in the test's own process, through the worker's
+own code path, and reading back what was enqueued."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+from leaseq.testing import adrain, aenqueued, drain, enqueued, set_clock_offset
+
+
+def _statuses(queue: leaseq.Queue, name: str) -> list[JobStatus]:
+    return [job.status for job in enqueued(queue, name, status=None)]
+
+
+def test_drain_runs_every_claimable_job_once_and_stores_results(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    seen: list[int] = []
+
+    @app.task("reports")
+    def report(job: leaseq.JobContext) -> dict[str, int]:
+        seen.append(job.payload["n"])
+        return {"double": job.payload["n"] * 2}
+
+    @app.task("emails")
+    async def email(job: leaseq.JobContext) -> None:
+        seen.append(100 + job.payload["n"])
+
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(30)])
+    queue.enqueue_many("emails", [{"n": n} for n in range(5)])
+    later = queue.enqueue("reports", {"n": 99}, delay=3600)  # not claimable now
+
+    stats = drain(app, dsn=database_url, concurrency=4)
+
+    assert sorted(seen) == [*range(30), *range(100, 105)]  # each once
+    assert stats.completed == 35 and stats.failed == stats.retried == 0
+    assert [queue.result(job_id) for job_id in ids] == [{"double": 2 * n} for n in range(30)]
+    assert [job.job_id for job in enqueued(queue, "reports")] == [later]  # still waiting
+    assert _statuses(queue, "emails") == [JobStatus.DONE] * 5
+
+
+def test_drain_takes_the_workers_retry_and_failure_path(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("flaky", max_attempts=3, backoff=(10, 10))
+    def flaky(job: leaseq.JobContext) -> None:
+        raise ValueError(f"attempt {job.attempts} failed")
+
+    job_id = queue.enqueue("flaky", {})
+    first = drain(app, dsn=database_url)
+    assert (first.retried, first.failed) == (1, 0)
+    job = queue.get(job_id)
+    assert job.status is JobStatus.QUEUED and job.attempts == 1  # its backoff is ahead
+    assert "attempt 1 failed" in (job.last_error or "")
+
+    for attempt in (2, 3):
+        set_clock_offset(queue, 60 * attempt)  # past the backoff
+        drain(app, dsn=database_url)
+        assert queue.get(job_id).attempts == attempt
+    job = queue.get(job_id)
+    assert job.status is JobStatus.FAILED
+    assert "attempt 3 failed" in (job.last_error or "")
+
+
+def test_drain_follows_keyed_order_and_jobs_enqueued_by_handlers(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    order: list[tuple[str, int]] = []
+
+    @app.task("steps")
+    def step(job: leaseq.JobContext) -> None:
+        order.append((job.payload["account"], job.payload["n"]))
+        if job.payload["n"] == 2:  # a follow-up, enqueued while draining
+            queue.enqueue("notify", {"account": job.payload["account"]})
+
+    @app.task("notify")
+    def notify(job: leaseq.JobContext) -> None:
+        order.append(("notified " + job.payload["account"], 0))
+
+    for n in range(3):
+        for account in ("a", "b"):
+            queue.enqueue("steps", {"account": account, "n": n}, key=account)
+
+    stats = drain(app, dsn=database_url, concurrency=4)
+
+    assert stats.completed == 8
+    for account in ("a", "b"):
+        assert [n for name, n in order if name == account] == [0, 1, 2]  # in key order
+        assert order.index((f"notified {account}", 0)) > order.index((account, 2))
+
+
+def test_drain_refuses_a_running_event_loop_and_reports_a_stuck_handler(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("stuck")
+    async def stuck(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(3600)
+
+    async def inside_a_loop() -> None:
+        drain(app, dsn=database_url)
+
+    with pytest.raises(RuntimeError, match="adrain"):
+        asyncio.run(inside_a_loop())
+    queue.enqueue("stuck", {})
+    with pytest.raises(TimeoutError, match="never returned"):
+        drain(app, dsn=database_url, timeout=1.0)
+
+
+@pytest.mark.asyncio
+async def test_adrain_and_aenqueued(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> int:
+        return int(job.payload["n"])
+
+    await aqueue.enqueue_many("reports", [{"n": n} for n in range(3)])
+    assert [job.payload for job in await aenqueued(aqueue, "reports")] == [
+        {"n": 0},
+        {"n": 1},
+        {"n": 2},
+    ]
+    stats = await adrain(app, dsn=database_url)
+    assert stats.completed == 3
+    assert await aenqueued(aqueue, "reports") == []
+    done = await aenqueued(aqueue, "reports", status="done")
+    assert [await aqueue.result(job.job_id) for job in done] == [0, 1, 2]
