@@ -38,7 +38,8 @@ def test_drain_runs_every_claimable_job_once_and_stores_results(
     stats = drain(app, dsn=database_url, concurrency=4)
 
     assert sorted(seen) == [*range(30), *range(100, 105)]  # each once
-    assert stats.completed == 35 and stats.failed == stats.retried == 0
+    assert stats.completed == 35
+    assert stats.failed == stats.retried == 0
     assert [queue.result(job_id) for job_id in ids] == [{"double": 2 * n} for n in range(30)]
     assert [job.job_id for job in enqueued(queue, "reports")] == [later]  # still waiting
     assert _statuses(queue, "emails") == [JobStatus.DONE] * 5
@@ -57,7 +58,8 @@ def test_drain_takes_the_workers_retry_and_failure_path(
     first = drain(app, dsn=database_url)
     assert (first.retried, first.failed) == (1, 0)
     job = queue.get(job_id)
-    assert job.status is JobStatus.QUEUED and job.attempts == 1  # its backoff is ahead
+    assert job.status is JobStatus.QUEUED  # its backoff is ahead
+    assert job.attempts == 1
     assert "attempt 1 failed" in (job.last_error or "")
 
     for attempt in (2, 3):

@@ -259,16 +259,16 @@ class Worker:
             order = self.queues[start:] + self.queues[:start]
             start = (start + 1) % len(self.queues)
             asking = self._hints.to_ask(order)
-            if not asking and self._burst and not self._attempts:
-                if not self._hints.awaiting_room():
-                    if swept:
-                        return  # idle: nothing claimable now, nothing running
-                    # One more claim of every queue first: a job a handler
-                    # enqueued, or one announced by no one (a burst worker does
-                    # not listen), is found by no hint.
-                    swept = True
-                    self._hints.may_have_work()
-                    continue
+            idle = not asking and not self._attempts and not self._hints.awaiting_room()
+            if self._burst and idle:
+                if swept:
+                    return  # nothing claimable now, nothing running
+                # One more claim of every queue first: a job a handler enqueued,
+                # or one announced by no one (a burst worker does not listen),
+                # is found by no hint.
+                swept = True
+                self._hints.may_have_work()
+                continue
             if not asking:  # nothing to claim until a hint or the poll (.hints)
                 await self._attempts.sleep_until_woken(self._hints.until_poll())
                 continue
