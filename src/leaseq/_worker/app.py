@@ -12,10 +12,15 @@ from .. import _validate as validate
 from .._errors import InvalidArgument
 from .._retry import Backoff, ErrorPolicy
 from .._types import Claim
+from .hooks import AroundHook, BeforeHook, FailureHook, Hooks, SuccessHook
 from .schedules import Schedule, schedule
 
 Handler = Callable[..., Any]
 H = TypeVar("H", bound=Handler)
+B = TypeVar("B", bound=BeforeHook)
+A = TypeVar("A", bound=AroundHook)
+S = TypeVar("S", bound=SuccessHook)
+F = TypeVar("F", bound=FailureHook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,8 @@ class App:
         self.schema = validate.schema_name(schema)
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
+        #: What runs around every job of this app (``.hooks``).
+        self.hooks = Hooks()
 
     @staticmethod
     def load(reference: str) -> App:
@@ -106,6 +113,33 @@ class App:
             return handler
 
         return register
+
+    # -- hooks (see leaseq._worker.hooks: where each runs; a hook never changes
+    #    or loses an outcome: what it raises is logged) -------------------------
+
+    def before_job(self, hook: B) -> B:
+        """Decorator: ``hook(job)`` runs before every handler, where the handler runs."""
+        self.hooks.before.append(hook)
+        return hook
+
+    def around_job(self, hook: A) -> A:
+        """Decorator: ``hook(job)`` returns a context manager (sync or async) that
+        wraps every handler call, e.g. a ``@contextmanager`` that opens a span.
+        It sees the handler's exception but cannot swallow or replace it."""
+        self.hooks.around.append(hook)
+        return hook
+
+    def on_success(self, hook: S) -> S:
+        """Decorator: ``hook(job, result)`` runs once a job's completion committed."""
+        self.hooks.success.append(hook)
+        return hook
+
+    def on_failure(self, hook: F) -> F:
+        """Decorator: ``hook(job, error, will_retry)`` runs once a failed attempt's
+        retry (``will_retry``) or final failure committed; ``error`` is the
+        exception the handler raised, or a description (a timeout)."""
+        self.hooks.failure.append(hook)
+        return hook
 
     def periodic(
         self,

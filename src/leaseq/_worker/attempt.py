@@ -28,7 +28,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import _tracing
 from .. import _validate as validate
@@ -38,7 +39,9 @@ from .._metrics import Metrics
 from .._retry import Retry, Verdict
 from .._types import Claim
 from .app import Task
+from .context import JobContext
 from .handlers import TimedOut, run_in_thread, run_on_loop
+from .hooks import Hooks
 from .outcomes import Answer, Kind, Outcome, Outcomes
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
@@ -59,7 +62,9 @@ class AttemptRunner:
         *,
         slots: int,
         made_work: Callable[[str], None],
+        hooks: Hooks | None = None,
     ) -> None:
+        self._hooks = hooks or Hooks()
         self._attempts = attempts
         self._made_work = made_work
         self._outcomes = outcomes
@@ -94,6 +99,9 @@ class AttemptRunner:
                 if instruments is not None:
                     instruments.job_duration.observe(elapsed)
                 label = await self._acknowledge(attempt, outcome)
+                if self._hooks.after_outcomes:
+                    error = None if outcome is None else outcome.error
+                    await self._hooks.after(attempt.context, label, attempt.context.result, error)
                 span.ended(label, None if outcome is None else _exception(outcome.error))
                 _log_finished(claim, label, elapsed, outcome)
                 if instruments is not None and label in FINISHED:
@@ -132,11 +140,7 @@ class AttemptRunner:
         context, claim = attempt.context, attempt.claim
         timeout = task.timeout_of(claim)
         try:
-            timed_out = functools.partial(self._timed_out, attempt)
-            if task.is_async:
-                returned = await run_on_loop(task, context, timeout, timed_out)
-            else:
-                returned = await run_in_thread(self._threads, task, context, timeout, timed_out)
+            returned = await self._call(task, context, timeout, attempt)
         except TimedOut:
             if context.completed:  # its transaction committed before the timeout
                 return None
@@ -172,11 +176,32 @@ class AttemptRunner:
                     extra=job_fields(claim),
                 )
             return None
+        context.result = returned  # what the on_success hooks see
         try:
             result = validate.result(returned, task.max_result_bytes)
         except InvalidResult as exc:
             return Outcome(Kind.FAIL, claim, error=exc)
         return Outcome(Kind.COMPLETE, claim, result=result)
+
+    async def _call(
+        self, task: Task, context: JobContext, timeout: float | None, attempt: Attempt
+    ) -> Any:
+        """The handler's return value: under its timeout, inside the app's hooks if any."""
+        timed_out = functools.partial(self._timed_out, attempt)
+        hooks = self._hooks
+        if task.is_async:
+            if hooks.wrap_handlers:
+                return await run_on_loop(
+                    lambda: hooks.call_async(task.handler, context), timeout, timed_out
+                )
+            return await run_on_loop(lambda: task.handler(context), timeout, timed_out)
+
+        def in_thread(function: Callable[[JobContext], Any]) -> Awaitable[Any]:
+            return run_in_thread(self._threads, function, context, timeout, timed_out)
+
+        if hooks.wrap_handlers:
+            return await hooks.call_in_thread(task.handler, context, in_thread)
+        return await in_thread(task.handler)
 
     def _timed_out(self, attempt: Attempt) -> None:
         self._stats.timeouts += 1

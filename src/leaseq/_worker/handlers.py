@@ -9,10 +9,9 @@ propagates like any other error and goes through the task's ErrorPolicy.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .app import Task
 from .context import JobContext
 from .threads import DaemonThreads
 
@@ -22,14 +21,15 @@ class TimedOut(Exception):
 
 
 async def run_on_loop(
-    task: Task, context: JobContext, timeout: float | None, timed_out: Callable[[], None]
+    call: Callable[[], Awaitable[Any]], timeout: float | None, timed_out: Callable[[], None]
 ) -> Any:
+    """Await ``call()`` (the handler, or the handler inside the app's hooks)."""
     if timeout is None:
-        return await task.handler(context)
+        return await call()
     deadline = asyncio.timeout(timeout)
     try:
         async with deadline:
-            return await task.handler(context)
+            return await call()
     except TimeoutError:
         if not deadline.expired():
             raise  # the handler's own
@@ -39,17 +39,19 @@ async def run_on_loop(
 
 async def run_in_thread(
     threads: DaemonThreads,
-    task: Task,
+    function: Callable[[JobContext], Any],
     context: JobContext,
     timeout: float | None,
     timed_out: Callable[[], None],
 ) -> Any:
-    """Wait for the thread; past the timeout, tell it (``timed_out``) and keep waiting.
+    """Run ``function(context)`` (the handler, or the handler inside the app's
+    hooks) in a daemon thread and wait for it; past the timeout, tell it
+    (``timed_out``) and keep waiting.
 
     The thread cannot be stopped, so the attempt (its slot, its lease) lasts until
     it returns: nobody else can start the job meanwhile. Then TimedOut is raised.
     """
-    thread = threads.submit(task.handler, context)
+    thread = threads.submit(function, context)
     try:
         done, _ = await asyncio.wait((thread,), timeout=timeout)
         if not done:

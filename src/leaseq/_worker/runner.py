@@ -158,6 +158,7 @@ class Worker:
             self.metrics,
             slots=self.concurrency,
             made_work=self._work_hint,
+            hooks=self.app.hooks,
         )
         self._leases = LeaseKeeper(
             self._clients.renewals,

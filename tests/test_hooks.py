@@ -1,0 +1,192 @@
+"""The app's hooks: before a job, around its handler, after its success or failure.
+
+What must hold: each hook sees each job once, where it is said to run, and no
+hook, whatever it raises or returns, changes or loses a job's outcome."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import leaseq
+from leaseq import JobStatus
+from leaseq.testing import drain, set_clock_offset
+
+
+def _recording_app(schema: str, events: list[tuple[Any, ...]]) -> leaseq.App:
+    app = leaseq.App(schema=schema)
+
+    @app.before_job
+    def before(job: leaseq.JobContext) -> None:
+        events.append(("before", job.queue, job.payload["n"], threading.current_thread().name))
+
+    @app.before_job
+    async def before_async(job: leaseq.JobContext) -> None:
+        events.append(("before async", job.queue, job.payload["n"]))
+
+    @app.around_job
+    @contextmanager
+    def around(job: leaseq.JobContext) -> Iterator[None]:
+        events.append(("enter", job.queue, job.payload["n"], threading.current_thread().name))
+        try:
+            yield
+        except Exception as exc:
+            events.append(("exit with", job.queue, job.payload["n"], repr(exc)))
+            raise
+        events.append(("exit", job.queue, job.payload["n"]))
+
+    @app.around_job
+    @asynccontextmanager
+    async def around_async(job: leaseq.JobContext) -> AsyncIterator[None]:
+        events.append(("aenter", job.queue, job.payload["n"]))
+        yield
+        events.append(("aexit", job.queue, job.payload["n"]))
+
+    @app.on_success
+    def success(job: leaseq.JobContext, result: Any) -> None:
+        events.append(("success", job.queue, job.payload["n"], result))
+
+    @app.on_failure
+    async def failure(job: leaseq.JobContext, error: Any, will_retry: bool) -> None:
+        events.append(("failure", job.queue, job.payload["n"], repr(error), will_retry))
+
+    return app
+
+
+def test_hooks_see_each_job_where_its_handler_runs(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    events: list[tuple[Any, ...]] = []
+    app = _recording_app(schema, events)
+    handler_threads: dict[str, str] = {}
+
+    @app.task("plain", max_attempts=2, backoff=(5, 5))
+    def plain(job: leaseq.JobContext) -> int:
+        handler_threads["plain"] = threading.current_thread().name
+        if job.payload["n"] == 1:
+            raise ValueError("no")
+        return int(job.payload["n"]) * 10
+
+    @app.task("coro")
+    async def coro(job: leaseq.JobContext) -> str:
+        handler_threads["coro"] = threading.current_thread().name
+        return "ok"
+
+    queue.enqueue("plain", {"n": 0})
+    queue.enqueue("plain", {"n": 1})
+    queue.enqueue("coro", {"n": 0})
+    drain(app, dsn=database_url)
+
+    def of(queue_name: str, n: int) -> list[tuple[Any, ...]]:
+        return [e[:1] + e[3:] for e in events if e[1] == queue_name and e[2] == n]
+
+    plain_thread, loop_thread = handler_threads["plain"], handler_threads["coro"]
+    assert plain_thread != loop_thread
+    # A plain handler: the sync hooks in its thread, the async ones on the loop around it.
+    assert of("plain", 0) == [
+        ("before async",),
+        ("aenter",),
+        ("before", plain_thread),
+        ("enter", plain_thread),
+        ("exit",),
+        ("aexit",),
+        ("success", 0),
+    ]
+    assert of("coro", 0) == [
+        ("before", loop_thread),
+        ("before async",),
+        ("enter", loop_thread),
+        ("aenter",),
+        ("aexit",),
+        ("exit",),
+        ("success", "ok"),
+    ]
+    failing = of("plain", 1)
+    assert ("exit with", "ValueError('no')") in failing
+    assert failing[-1] == ("failure", "ValueError('no')", True)  # a retry is coming
+
+    set_clock_offset(queue, 60)
+    events.clear()
+    drain(app, dsn=database_url)
+    assert of("plain", 1)[-1] == ("failure", "ValueError('no')", False)  # failed for good
+
+
+def test_a_failing_hook_never_changes_an_outcome(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+
+    @app.before_job
+    def broken_before(job: leaseq.JobContext) -> None:
+        raise RuntimeError("before")
+
+    @app.around_job
+    def broken_factory(job: leaseq.JobContext) -> Any:
+        raise RuntimeError("factory")
+
+    @app.around_job
+    @contextmanager
+    def broken_enter(job: leaseq.JobContext) -> Iterator[None]:
+        raise RuntimeError("enter")
+        yield  # pragma: no cover
+
+    class Swallowing:
+        """Exits with True (which would swallow the handler's error) and raises."""
+
+        def __init__(self, job: leaseq.JobContext) -> None:
+            pass
+
+        def __enter__(self) -> None:
+            pass
+
+        def __exit__(self, *details: object) -> bool:
+            return True
+
+    class RaisingOnExit(Swallowing):
+        def __exit__(self, *details: object) -> bool:
+            raise RuntimeError("exit")
+
+    app.around_job(Swallowing)
+    app.around_job(RaisingOnExit)
+
+    @app.on_success
+    def broken_success(job: leaseq.JobContext, result: Any) -> None:
+        raise RuntimeError("success")
+
+    @app.on_failure
+    async def broken_failure(job: leaseq.JobContext, error: Any, will_retry: bool) -> None:
+        raise RuntimeError("failure")
+
+    @app.task("jobs", max_attempts=1)
+    def handler(job: leaseq.JobContext) -> int:
+        ran.append(job.payload["n"])
+        if job.payload["n"] % 2:
+            raise ValueError("odd")
+        return int(job.payload["n"])
+
+    ids = queue.enqueue_many("jobs", [{"n": n} for n in range(6)])
+    stats = drain(app, dsn=database_url, concurrency=3)
+
+    assert sorted(ran) == list(range(6))  # each handler ran, once
+    assert (stats.completed, stats.failed) == (3, 3)
+    for n, job_id in enumerate(ids):
+        job = queue.get(job_id)
+        if n % 2:
+            assert job.status is JobStatus.FAILED
+            assert "odd" in (job.last_error or "")
+        else:
+            assert job.status is JobStatus.DONE
+            assert queue.result(job_id) == n
+
+
+def test_hooks_are_declared_on_the_app_and_returned_unchanged(schema: str) -> None:
+    app = leaseq.App(schema=schema)
+
+    def hook(job: leaseq.JobContext) -> None:
+        pass
+
+    assert app.before_job(hook) is hook
+    assert app.hooks.before == [hook]
