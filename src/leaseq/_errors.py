@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LeaseqError(Exception):
     """Base class of leaseq's own errors."""
@@ -23,6 +25,10 @@ class LeaseLost(LeaseqError):
             f"{operation} of job {job_id} refused: lease version {lease_version} "
             "is no longer the live claim"
         )
+
+    def __reduce__(self) -> tuple[type[LeaseLost], tuple[int, int, str]]:
+        # Pickled back from a process handler: rebuilt from its fields, not its text.
+        return type(self), (self.job_id, self.lease_version, self.operation)
 
 
 class AlreadyCompleted(LeaseLost):
@@ -53,6 +59,9 @@ class BacklogFull(LeaseqError):
     def __init__(self, message: str, *, replayed: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.replayed = replayed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, {"replayed": self.replayed})
 
 
 class JobNotFound(LeaseqError, LookupError):
@@ -100,8 +109,17 @@ class JobFailed(LeaseqError):
         self.status = status
         self.error = error
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {"job_id": self.job_id, "status": self.status, "error": self.error}
+        return _rebuild, (type(self), self.args, fields)
+
 
 class InvalidResult(LeaseqError):
     """A handler returned a value that cannot be stored as its job's result: not
     JSON, or larger than its task's ``max_result_bytes``. The job fails with this
     error instead of completing (a retry would return the same value)."""
+
+
+def _rebuild(cls: type[Exception], args: tuple[Any, ...], fields: dict[str, Any]) -> Exception:
+    """Unpickle an error whose constructor takes keyword-only fields."""
+    return cls(*args, **fields)

@@ -37,6 +37,9 @@ class Task:
     errors: ErrorPolicy
     #: The cap on the JSON of a handler's return value (the job's result).
     max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES
+    #: Where a plain handler runs: "thread" (the worker's process) or "process"
+    #: (a child process of its own: CPU-bound work, .processes).
+    executor: str = "thread"
 
     def timeout_of(self, claim: Claim) -> float | None:
         """The job's own timeout (``enqueue(timeout=...)``), else the task's."""
@@ -78,12 +81,16 @@ class App:
         retry_on: tuple[type[BaseException], ...] = (),
         fail_on: tuple[type[BaseException], ...] = (),
         max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES,
+        executor: str = "thread",
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of ``queue``.
 
         It receives a :class:`~leaseq._worker.JobContext`; ``async def`` handlers run
-        on the event loop, plain ones in a thread pool. What it returns (JSON, at
-        most ``max_result_bytes``) is stored with the job's completion, its result.
+        on the event loop, plain ones in a thread pool, or with
+        ``executor="process"`` in child processes (CPU-bound work: the GIL then
+        holds up neither the other jobs nor the lease renewals; the handler must
+        be a module-level function). What it returns (JSON, at most
+        ``max_result_bytes``) is stored with the job's completion, its result.
         """
         validate.queue_name(queue)
         if queue in self.tasks:
@@ -98,7 +105,14 @@ class App:
             None if timeout is None else validate.seconds(timeout, "timeout", 7 * 86400.0),
         )
 
+        if executor not in EXECUTORS:
+            raise InvalidArgument(
+                f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}"
+            )
+
         def register(handler: H) -> H:
+            if executor == "process":
+                _check_process_handler(queue, handler)
             self.tasks[queue] = Task(
                 queue=queue,
                 handler=handler,
@@ -109,6 +123,7 @@ class App:
                 timeout=settings[1],
                 errors=ErrorPolicy(retry_on=retry_on, fail_on=fail_on),
                 max_result_bytes=max_result_bytes,
+                executor=executor,
             )
             return handler
 
@@ -174,6 +189,26 @@ class App:
         )
         self.schedules[name] = declared
         return declared
+
+
+#: Where a plain handler may run (App.task's ``executor``).
+EXECUTORS = ("thread", "process")
+
+
+def _check_process_handler(queue: str, handler: Handler) -> None:
+    """A child process finds the handler by its module and name, and runs it as a
+    plain call: no coroutine, nothing defined inside a function."""
+    if inspect.iscoroutinefunction(handler):
+        raise InvalidArgument(
+            f"queue {queue!r}: an async def handler runs on the event loop; "
+            'executor="process" takes a plain def'
+        )
+    qualname = getattr(handler, "__qualname__", "")
+    if "<locals>" in qualname or "<lambda>" in qualname or not getattr(handler, "__module__", ""):
+        raise InvalidArgument(
+            f'queue {queue!r}: a handler with executor="process" must be a module-level '
+            f"function (its process imports it by name), got {qualname or handler!r}"
+        )
 
 
 def load_app(reference: str) -> App:

@@ -43,6 +43,7 @@ from .context import JobContext
 from .handlers import TimedOut, run_in_thread, run_on_loop
 from .hooks import Hooks
 from .outcomes import Answer, Kind, Outcome, Outcomes
+from .processes import ProcessPool
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
 from .threads import DaemonThreads
@@ -63,8 +64,10 @@ class AttemptRunner:
         slots: int,
         made_work: Callable[[str], None],
         hooks: Hooks | None = None,
+        processes: ProcessPool | None = None,
     ) -> None:
         self._hooks = hooks or Hooks()
+        self._processes = processes  # for handlers with executor="process"
         self._attempts = attempts
         self._made_work = made_work
         self._outcomes = outcomes
@@ -76,8 +79,11 @@ class AttemptRunner:
         attempt.task = asyncio.create_task(self._run(attempt, task))
 
     def close(self) -> None:
-        """Let the threads end once free; never waits (one still running ends with the process)."""
+        """Let the threads end once free; never waits (one still running ends with the
+        process); stop the handlers' child processes."""
         self._threads.shutdown()
+        if self._processes is not None:
+            self._processes.close()
 
     async def _run(self, attempt: Attempt, task: Task) -> None:
         claim = attempt.claim
@@ -199,9 +205,13 @@ class AttemptRunner:
         def in_thread(function: Callable[[JobContext], Any]) -> Awaitable[Any]:
             return run_in_thread(self._threads, function, context, timeout, timed_out)
 
+        handler = task.handler
+        if task.executor == "process":
+            assert self._processes is not None  # the worker makes one for such apps
+            handler = functools.partial(self._processes.call, task.handler)
         if hooks.wrap_handlers:
-            return await hooks.call_in_thread(task.handler, context, in_thread)
-        return await in_thread(task.handler)
+            return await hooks.call_in_thread(handler, context, in_thread)
+        return await in_thread(handler)
 
     def _timed_out(self, attempt: Attempt) -> None:
         self._stats.timeouts += 1

@@ -57,6 +57,7 @@ async def run_in_thread(
         if not done:
             timed_out()
             await asyncio.wait((thread,))
+            _ignore_result(thread)  # what a timed-out handler ends with is not its outcome
             raise TimedOut
     except asyncio.CancelledError:
         # Released at shutdown while the thread runs on: whatever it ends with,

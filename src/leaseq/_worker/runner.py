@@ -46,6 +46,7 @@ from .hints import WorkHints
 from .leases import LeaseKeeper
 from .listener import listen_for_work
 from .outcomes import Outcomes
+from .processes import ProcessPool
 from .registry import AttemptRegistry
 from .scheduler import Scheduler
 from .signals import StopSignals
@@ -159,6 +160,7 @@ class Worker:
             slots=self.concurrency,
             made_work=self._work_hint,
             hooks=self.app.hooks,
+            processes=self._process_pool(),
         )
         self._leases = LeaseKeeper(
             self._clients.renewals,
@@ -201,6 +203,13 @@ class Worker:
             log.info("worker stopped: %s", self.stats)
         if self._crashed is not None:
             raise RuntimeError("a worker service crashed") from self._crashed
+
+    def _process_pool(self) -> ProcessPool | None:
+        """Child processes for the handlers with executor="process": up to one per
+        slot (a claim is only for work that can start now), started when needed."""
+        if not any(self.app.tasks[name].executor == "process" for name in self.queues):
+            return None
+        return ProcessPool(self.concurrency, self.dsn, self.app.schema)
 
     def _services(self, outcomes: Outcomes) -> dict[str, Coroutine[Any, Any, None]]:
         """The background services, by name; none of them ever returns on its own."""

@@ -1,0 +1,266 @@
+"""Handlers of ``@app.task(..., executor="process")``: each call in a child process.
+
+CPU-bound Python holds the GIL: in a thread it slows every other job and the
+worker's own loop (its renewals, its claims). In a child process it runs on a
+core of its own. The worker's side is unchanged: the attempt's daemon thread
+(:mod:`.threads`) calls :meth:`ProcessPool.call`, which hands the claim to an
+idle child and waits for its answer, so the slot, the lease and its renewals,
+the timeout, the hooks and the acknowledgement are the same as for a thread.
+
+* Children are started with ``spawn`` (never ``fork``: the worker has threads
+  and open connections), when first needed, up to one per slot, and reused.
+  Each imports the handler by its module and name: a process handler must be a
+  module-level function.
+* In the child the handler gets a :class:`JobContext` of its own: the same
+  claim, ``job.transaction()`` (its effect and the fenced completion in one
+  transaction, on the child's own connection), and ``job.lost``, a
+  ``threading.Event`` set from a flag the worker raises when the attempt is lost
+  (lease lost, timeout, shutdown).
+* A child that does not return within ``KILL_AFTER`` seconds of being told is
+  killed and replaced: unlike a thread, a process can be stopped. Its open
+  transaction dies with its connection (rolled back). A child that dies on its
+  own (a crash, the OOM killer) fails the attempt with
+  :class:`ProcessHandlerDied`, a retryable error; the worker goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import pickle
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection as Pipe
+from multiprocessing.context import SpawnProcess
+from typing import Any
+
+from .._async_client import AsyncQueue
+from .._sync_client import Queue
+from .context import JobContext
+
+#: A byte shared with a child (``multiprocessing.Value("b", lock=False)``): 1 once
+#: its attempt is lost. One writer (the worker), one reader: no lock needed.
+Flag = Any
+
+#: Seconds a process handler has to return once told (``job.lost``) before it is killed.
+KILL_AFTER = 5.0
+#: How often the waiting thread looks at ``job.lost`` and at the child's health.
+_POLL = 0.05
+
+
+class ProcessHandlerDied(Exception):
+    """The handler's process ended without an answer (a crash, a kill from outside)."""
+
+
+class ProcessHandlerKilled(Exception):
+    """The handler's process was killed: it had not stopped after being told to."""
+
+
+class ProcessHandlerError(Exception):
+    """A handler's exception that could not be sent back from its process as itself."""
+
+
+@dataclass
+class _Child:
+    process: SpawnProcess
+    pipe: Pipe
+    lost: Flag
+
+
+class ProcessPool:
+    """Up to ``size`` spawned children, each running one handler call at a time."""
+
+    def __init__(self, size: int, dsn: str, schema: str) -> None:
+        self._size = size
+        self._dsn = dsn
+        self._schema = schema
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: list[_Child] = []
+        self._children: list[_Child] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def call(self, handler: Callable[[JobContext], Any], context: JobContext) -> Any:
+        """Run ``handler(context)`` in a child; blocks the calling (daemon) thread."""
+        child = self._acquire()
+        reusable = False
+        try:
+            child.lost.value = 0
+            child.pipe.send((handler.__module__, handler.__qualname__, context.claim))
+            answer = self._wait(child, context)
+            reusable = True
+        finally:
+            self._give_back(child, reusable)
+        kind, value, completed, result = answer
+        if completed:  # its job.transaction() committed the completion
+            context.result = result
+            context.mark_completed()
+        if kind == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Stop every child: idle ones are asked to leave, busy ones killed."""
+        with self._lock:
+            self._closed = True
+            children, self._children, self._idle = self._children, [], []
+        for child in children:
+            with contextlib.suppress(OSError, ValueError):
+                child.pipe.send(None)
+        deadline = time.monotonic() + 2.0
+        for child in children:
+            child.process.join(max(deadline - time.monotonic(), 0.0))
+            if child.process.is_alive():
+                child.process.kill()
+                child.process.join(1.0)
+            child.pipe.close()
+
+    def _acquire(self) -> _Child:
+        with self._lock:
+            if self._closed:
+                raise ProcessHandlerDied("the worker is stopping")
+            if self._idle:
+                return self._idle.pop()
+        # At most one call per slot is in flight, and the pool has a child per
+        # slot: a new child is always within the size.
+        child = self._spawn()
+        with self._lock:
+            self._children.append(child)
+        return child
+
+    def _give_back(self, child: _Child, reusable: bool) -> None:
+        with self._lock:
+            if reusable and not self._closed and child.process.is_alive():
+                self._idle.append(child)
+                return
+            if child in self._children:
+                self._children.remove(child)
+        child.process.kill()
+        child.process.join(1.0)
+        child.pipe.close()
+
+    def _spawn(self) -> _Child:
+        ours, theirs = self._context.Pipe()
+        lost = self._context.Value("b", 0, lock=False)
+        process = self._context.Process(
+            target=_child_main,
+            args=(theirs, lost, self._dsn, self._schema),
+            name="leaseq-process-handler",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        return _Child(process, ours, lost)
+
+    def _wait(self, child: _Child, context: JobContext) -> tuple[str, Any, bool, Any]:
+        """The child's answer; tells it when the attempt is lost, kills it if it stays."""
+        told_at: float | None = None
+        while True:
+            if child.pipe.poll(_POLL):
+                try:
+                    answer: tuple[str, Any, bool, Any] = child.pipe.recv()
+                except (EOFError, OSError):
+                    raise ProcessHandlerDied(_ended(child)) from None
+                return answer
+            if not child.process.is_alive():
+                raise ProcessHandlerDied(_ended(child))
+            if context.lost.is_set():
+                if told_at is None:
+                    child.lost.value = 1
+                    told_at = time.monotonic()
+                elif time.monotonic() - told_at > KILL_AFTER:
+                    child.process.kill()
+                    raise ProcessHandlerKilled(
+                        f"job {context.job_id}: its process had not stopped {KILL_AFTER:g}s "
+                        f"after being told ({context.lost_reason}); killed"
+                    )
+
+
+def _ended(child: _Child) -> str:
+    child.process.join(1.0)
+    return f"the handler's process ended without an answer (exit code {child.process.exitcode})"
+
+
+# -- in the child --------------------------------------------------------------------
+
+
+def _child_main(pipe: Pipe, lost: Flag, dsn: str, schema: str) -> None:
+    """A child's life: handler calls, one at a time, until told to leave."""
+    sync_queue = Queue(dsn, schema=schema, pool_size=2)
+    async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
+    try:
+        while (work := pipe.recv()) is not None:
+            module, qualname, claim = work
+            answer: tuple[str, Any, bool, Any]
+            try:
+                handler = _resolve(module, qualname)
+            except Exception as exc:  # an import error of the user's module, say
+                answer = ("error", _sendable(exc), False, None)
+            else:
+                answer = _run_one(handler, JobContext(claim, sync_queue, async_queue), lost)
+            try:
+                pipe.send(answer)
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                unsent = ProcessHandlerError(f"its return value cannot be sent back: {exc}")
+                pipe.send(("error", unsent, answer[2], None))
+    except (EOFError, KeyboardInterrupt):
+        pass  # the worker went away
+    finally:
+        sync_queue.close()
+
+
+def _run_one(
+    handler: Callable[[JobContext], Any], context: JobContext, lost: Flag
+) -> tuple[str, Any, bool, Any]:
+    """Call the handler; its answer: ok or error, and whether (and with what
+    result) its ``job.transaction()`` completed the job."""
+    watching = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(lost, context, watching), daemon=True)
+    watcher.start()
+    try:
+        answer: tuple[str, Any, bool, Any] = (
+            "ok",
+            handler(context),
+            context.completed,
+            context.result,
+        )
+    except BaseException as exc:
+        answer = ("error", _sendable(exc), context.completed, context.result)
+    finally:
+        watching.set()
+        watcher.join()
+    return answer
+
+
+def _watch(lost: Flag, context: JobContext, done: threading.Event) -> None:
+    """Turn the worker's flag into ``job.lost``, a real Event the handler can wait on."""
+    while not done.wait(_POLL):
+        if lost.value:
+            context.mark_lost("told by the worker")
+            return
+
+
+def _resolve(module: str, qualname: str) -> Callable[[JobContext], Any]:
+    # A handler of a script run as __main__ lives in the child's __mp_main__.
+    if module == "__main__":
+        module = "__mp_main__"
+    target: Any = sys.modules.get(module) or importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    handler: Callable[[JobContext], Any] = target
+    return handler
+
+
+def _sendable(error: BaseException) -> BaseException:
+    """The handler's exception itself if it survives pickling, else its text."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        text = "".join(traceback.format_exception(error)).rstrip()
+        return ProcessHandlerError(f"{type(error).__qualname__}: {error}\n{text}")
+    return error

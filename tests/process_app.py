@@ -1,0 +1,79 @@
+"""Module-level handlers for tests/test_process_handlers.py (a child process imports
+them by name). Each payload names the test's schema; each handler records what it
+saw in ``{schema}.seen`` on an autocommit connection, so a killed attempt keeps it."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import leaseq
+
+TABLES = (
+    "CREATE TABLE {schema}.seen (job_id bigint, attempt int, pid int, what text)",
+    "CREATE TABLE {schema}.effect (job_id bigint, idempotency_key text)",
+)
+
+
+def _record(job: leaseq.JobContext, what: str) -> None:
+    with job.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{job.payload["schema"]}".seen VALUES (%s, %s, %s, %s)',
+            (job.job_id, job.attempts, os.getpid(), what),
+        )
+
+
+def spin(job: leaseq.JobContext) -> dict[str, Any]:
+    """CPU-bound: a pure-Python loop of payload['n'] steps (holds the GIL in a thread)."""
+    total = 0
+    for i in range(int(job.payload["n"])):
+        total += i * i % 7
+    return {"pid": os.getpid(), "total": total}
+
+
+def effect(job: leaseq.JobContext) -> None:
+    """The effect and the completion in one transaction, from the child."""
+    with job.transaction() as conn:
+        conn.execute(
+            f'INSERT INTO "{job.payload["schema"]}".effect VALUES (%s, %s)',
+            (job.job_id, job.idempotency_key),
+        )
+        job.result = {"written_by": os.getpid()}
+
+
+def polite(job: leaseq.JobContext) -> None:
+    """First attempt: wait to be told (job.lost), say so, then try to complete with an
+    effect (which must be refused). Later attempts: the effect, completed."""
+    if job.attempts == 1:
+        _record(job, "started")
+        if job.lost.wait(60):
+            _record(job, "told")
+    effect(job)
+
+
+def stubborn(job: leaseq.JobContext) -> None:
+    """First attempt: never looks at job.lost, runs on (until killed)."""
+    if job.attempts == 1:
+        _record(job, "started")
+        time.sleep(60)
+        _record(job, "still alive")
+    effect(job)
+
+
+def crash(job: leaseq.JobContext) -> None:
+    """First attempt: the process dies under the handler."""
+    if job.attempts == 1:
+        os._exit(3)
+    effect(job)
+
+
+def raises(job: leaseq.JobContext) -> None:
+    """payload['raise']: retry (job.retry with a delay), permanent, value."""
+    match job.payload["raise"]:
+        case "retry":
+            job.retry(delay=600, reason="later, please")
+        case "permanent":
+            raise leaseq.PermanentError("not worth a retry")
+        case _:
+            raise ValueError("bad value")

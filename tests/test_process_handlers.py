@@ -1,0 +1,179 @@
+"""Handlers with executor="process": run in child processes, with the worker's own
+fencing, outcomes, timeouts and lost-lease signals (tests/process_app.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+from leaseq._worker import processes
+from leaseq.testing import adrain, aset_clock_offset, drain, set_clock_offset
+
+from . import process_app
+
+
+@pytest.fixture
+def tables(queue: leaseq.Queue) -> leaseq.Queue:
+    with queue.connection() as conn:
+        for statement in process_app.TABLES:
+            conn.execute(statement.format(schema=f'"{queue.schema}"'))
+    return queue
+
+
+def _app(schema: str, **options: Any) -> leaseq.App:
+    app = leaseq.App(schema=schema)
+    for name in ("spin", "effect", "polite", "stubborn", "crash", "raises"):
+        app.task(name, executor="process", **options)(getattr(process_app, name))
+    return app
+
+
+def _rows(queue: leaseq.Queue, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with queue.connection() as conn:
+        return conn.execute(sql.replace("{schema}", f'"{queue.schema}"'), params).fetchall()
+
+
+def test_a_process_handler_runs_in_a_child_and_completes(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    queue = tables
+    spins = queue.enqueue_many("spin", [{"n": 1000 * (i + 1)} for i in range(4)])
+    effects = queue.enqueue_many("effect", [{"schema": schema} for _ in range(3)])
+
+    stats = drain(_app(schema), dsn=database_url, concurrency=2)
+
+    assert stats.completed == 7
+    results = [queue.result(job_id) for job_id in spins]
+    assert [r["total"] for r in results] == [
+        sum(i * i % 7 for i in range(1000 * (n + 1))) for n in range(4)
+    ]
+    pids = {r["pid"] for r in results}
+    assert os.getpid() not in pids
+    assert len(pids) <= 2  # one child per slot, reused
+    # The effect and its completion committed together, in the child.
+    assert sorted(job_id for job_id, _ in _rows(queue, "SELECT * FROM {schema}.effect")) == sorted(
+        effects
+    )
+    for job_id in effects:
+        assert queue.get(job_id).status is JobStatus.DONE
+        assert queue.result(job_id)["written_by"] != os.getpid()
+
+
+def test_a_timeout_tells_the_child_and_a_child_that_stays_is_killed(
+    tables: leaseq.Queue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = tables
+    monkeypatch.setattr(processes, "KILL_AFTER", 1.0)
+    # A timeout counts from the claim: a child started for the attempt takes part
+    # of it (a second or so on a busy machine).
+    polite = queue.enqueue("polite", {"schema": schema}, timeout=3.0)
+    stubborn = queue.enqueue("stubborn", {"schema": schema}, timeout=3.0)
+
+    app = _app(schema)
+    stats = drain(app, dsn=database_url, concurrency=2)
+    set_clock_offset(queue, 600)  # past the retries' backoff
+    drain(app, dsn=database_url, concurrency=2)
+
+    seen = _rows(queue, "SELECT job_id, attempt, what FROM {schema}.seen ORDER BY job_id, what")
+    # The polite one was told (job.lost) in its process; its late effect was refused.
+    assert (polite, 1, "told") in seen
+    # The stubborn one never looked; its process was killed before it went on.
+    assert (stubborn, 1, "started") in seen
+    assert (stubborn, 1, "still alive") not in seen
+    assert stats.timeouts == 2
+    for job_id in (polite, stubborn):
+        job = queue.get(job_id)
+        assert job.status is JobStatus.DONE  # the second attempt (its timeout is per attempt)
+        assert "timed out" in job.history[0].get("error", "")
+    effects = _rows(queue, "SELECT job_id, count(*) FROM {schema}.effect GROUP BY job_id")
+    assert sorted(effects) == sorted([(polite, 1), (stubborn, 1)])  # once each
+
+
+@pytest.mark.asyncio
+async def test_a_lost_lease_reaches_the_child_and_its_effect_is_refused(
+    tables: leaseq.Queue, aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    queue = tables
+    job_id = queue.enqueue("polite", {"schema": schema})
+    app = leaseq.App(schema=schema)
+    app.task("polite", executor="process", lease=3.0)(process_app.polite)
+    draining = asyncio.create_task(adrain(app, dsn=database_url, timeout=60))
+    while not _rows(queue, "SELECT 1 FROM {schema}.seen WHERE what = 'started'"):
+        await asyncio.sleep(0.05)
+    await aset_clock_offset(aqueue, 3600)  # the lease is gone: the next renewal says so
+    while not _rows(queue, "SELECT 1 FROM {schema}.seen WHERE what = 'told'"):
+        await asyncio.sleep(0.05)
+    stats = await draining
+    assert stats.lost_leases == 1
+    # The child's completion was refused with its effect; the job, recovered, ran again.
+    assert _rows(queue, "SELECT job_id FROM {schema}.effect") == [(job_id,)]
+    job = queue.get(job_id)
+    assert job.status is JobStatus.DONE
+    assert job.attempts == 2
+
+
+def test_a_dead_child_fails_the_attempt_not_the_worker(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    queue = tables
+    job_id = queue.enqueue("crash", {"schema": schema})
+    other = queue.enqueue("effect", {"schema": schema})
+
+    app = _app(schema)
+    stats = drain(app, dsn=database_url, concurrency=2)
+    set_clock_offset(queue, 600)  # past the retry's backoff
+    stats.completed += drain(app, dsn=database_url, concurrency=2).completed
+
+    job = queue.get(job_id)
+    assert job.status is JobStatus.DONE
+    assert job.attempts == 2
+    assert "exit code 3" in job.history[0].get("error", "")
+    assert queue.get(other).status is JobStatus.DONE
+    assert stats.completed == 2
+
+
+def test_a_childs_exceptions_keep_their_meaning(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    queue = tables
+    retry, permanent, value = (
+        queue.enqueue("raises", {"raise": kind}) for kind in ("retry", "permanent", "value")
+    )
+    drain(_app(schema, max_attempts=2), dsn=database_url, concurrency=3)
+
+    job = queue.get(retry)  # job.retry(delay=600): queued again, ten minutes out
+    assert job.status is JobStatus.QUEUED
+    assert "later, please" in (job.last_error or "")
+    ((later,),) = _rows(
+        queue,
+        "SELECT available_at > now() + interval '500 seconds' FROM {schema}.job WHERE job_id = %s",
+        retry,
+    )
+    assert later
+    assert queue.get(permanent).status is JobStatus.FAILED  # PermanentError: no retry
+    assert queue.get(permanent).attempts == 1
+    job = queue.get(value)
+    assert job.status is JobStatus.QUEUED  # an ordinary error: retried
+    assert "bad value" in (job.last_error or "")
+
+
+def test_process_handlers_are_checked_when_declared(schema: str) -> None:
+    app = leaseq.App(schema=schema)
+
+    async def coroutine(job: leaseq.JobContext) -> None:
+        pass
+
+    def local(job: leaseq.JobContext) -> None:
+        pass
+
+    with pytest.raises(leaseq.InvalidArgument, match="plain def"):
+        app.task("a", executor="process")(coroutine)
+    with pytest.raises(leaseq.InvalidArgument, match="module-level"):
+        app.task("b", executor="process")(local)
+    with pytest.raises(leaseq.InvalidArgument, match="executor"):
+        app.task("c", executor="fork")
+    assert app.tasks == {}
