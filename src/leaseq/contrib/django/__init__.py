@@ -1,0 +1,186 @@
+"""leaseq in Django: enqueue in ``transaction.atomic()``, handlers whose effect and
+completion commit together, ``manage.py leaseq_worker`` / ``leaseq_migrate``, and a
+backend for Django's task framework (:mod:`leaseq.contrib.django.tasks`).
+
+Add ``"leaseq.contrib.django"`` to ``INSTALLED_APPS``; settings in ``settings.LEASEQ``
+(:mod:`leaseq.contrib.django.conf`). See docs/django.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from django.core.signals import setting_changed
+from django.db import connections, transaction
+from psycopg import pq
+
+from leaseq import App, InvalidArgument, JobContext, JobId, JobIds, Queue
+
+from .conf import LeaseqSettings, leaseq_settings
+
+__all__ = [
+    "LeaseqSettings",
+    "close_queues",
+    "connection",
+    "enqueue",
+    "enqueue_many",
+    "job_atomic",
+    "leaseq_settings",
+    "queue",
+    "worker_app",
+]
+
+_lock = threading.Lock()
+_queues: dict[tuple[str, str], Queue] = {}
+
+
+def queue(using: str | None = None) -> Queue:
+    """The process' :class:`leaseq.Queue` on ``LEASEQ``'s schema, on
+    ``LEASEQ["DATABASE_URL"]``, else on the database of the alias ``using``
+    (default ``LEASEQ["DATABASE"]``). One per DSN and schema, its pool opened on
+    first use; closed and forgotten when ``LEASEQ`` or ``DATABASES`` change (as in
+    ``override_settings``)."""
+    config = leaseq_settings()
+    key = (config.dsn(using), config.schema)
+    with _lock:
+        found = _queues.get(key)
+        if found is None:
+            found = _queues[key] = Queue(key[0], schema=key[1])
+        return found
+
+
+def close_queues() -> None:
+    """Close the pools of :func:`queue` (they open again on the next use)."""
+    with _lock:
+        opened = list(_queues.values())
+        _queues.clear()
+    for each in opened:
+        each.close()
+
+
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"LEASEQ", "DATABASES"}:
+        close_queues()
+
+
+setting_changed.connect(_settings_changed, dispatch_uid="leaseq.contrib.django.settings")
+
+
+def connection(using: str | None = None) -> psycopg.Connection[Any]:
+    """The psycopg connection under Django's connection ``using`` (default:
+    ``LEASEQ["DATABASE"]``), for leaseq's ``conn=``: what runs on it joins
+    Django's transaction.
+
+    Inside ``atomic()`` the transaction is made to begin now if nothing has run
+    in it yet: psycopg would otherwise treat a block of leaseq's as a
+    transaction of its own, and commit it at once.
+    """
+    alias = using or leaseq_settings().database
+    wrapper = connections[alias]
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise InvalidArgument(
+            f"DATABASES[{alias!r}] does not run on psycopg 3 (install psycopg, not psycopg2)"
+        )
+    if wrapper.in_atomic_block and raw.info.transaction_status == pq.TransactionStatus.IDLE:
+        # A savepoint opens the transaction the way Django itself does (BEGIN is
+        # implicit before the first statement on a non-autocommit connection).
+        savepoint = transaction.savepoint(using=alias)
+        transaction.savepoint_commit(savepoint, using=alias)
+    return raw
+
+
+def enqueue(
+    queue_name: str,
+    payload: Any,
+    *,
+    using: str | None = None,
+    delay: float | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    key: str | None = None,
+    seq: int | None = None,
+    idempotency_key: str | None = None,
+    timeout: float | None = None,
+    unique_key: str | None = None,
+    unique_for: float | None = None,
+    group: str | None = None,
+) -> JobId:
+    """Enqueue one job on Django's connection ``using``: inside ``transaction.atomic()``
+    it commits or rolls back with the block (no ``on_commit`` needed); outside
+    one, at once (Django's autocommit). The arguments are ``leaseq.Queue.enqueue``'s."""
+    return queue(using).enqueue(
+        queue_name,
+        payload,
+        conn=connection(using),
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        max_attempts=max_attempts,
+        key=key,
+        seq=seq,
+        idempotency_key=idempotency_key,
+        timeout=timeout,
+        unique_key=unique_key,
+        unique_for=unique_for,
+        group=group,
+    )
+
+
+def enqueue_many(
+    queue_name: str,
+    payloads: Iterable[Any],
+    *,
+    using: str | None = None,
+    delay: float | None = None,
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+    group: str | None = None,
+) -> JobIds:
+    """Enqueue many jobs of one queue in one statement, on Django's connection
+    ``using`` (in its transaction, as :func:`enqueue`)."""
+    return queue(using).enqueue_many(
+        queue_name,
+        payloads,
+        conn=connection(using),
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        max_attempts=max_attempts,
+        group=group,
+    )
+
+
+@contextmanager
+def job_atomic(job: JobContext, using: str | None = None) -> Iterator[None]:
+    """A ``transaction.atomic()`` block for a handler's effect that also completes
+    the job: the fenced completion runs last inside it, so the effect and the
+    completion commit together, or neither does.
+
+    If the attempt lost its lease, the completion raises ``leaseq.LeaseLost`` and
+    the block's writes roll back (the job runs again elsewhere: its effect happens
+    once). Set ``job.result`` inside the block to store a result. The block is
+    durable: it cannot be nested in another ``atomic()``, whose rollback would undo
+    a completion already reported.
+    """
+    alias = using or leaseq_settings().database
+    with transaction.atomic(using=alias, durable=True):
+        yield
+        job.complete_in(connection(alias))
+    job.mark_completed()
+
+
+def worker_app(queues: Iterable[str] | None = None) -> App:
+    """The :class:`leaseq.App` ``manage.py leaseq_worker`` runs; see
+    :func:`leaseq.contrib.django.worker.worker_app`."""
+    from .worker import worker_app as build  # noqa: PLC0415 - needs the app registry
+
+    return build(queues)
