@@ -205,3 +205,16 @@ def test_burst_worker_runs_what_is_claimable_and_exits(
     assert process.wait(60) == 0, output_of(process)
     assert _effects(queue) == dict.fromkeys(ids, 1)  # each ran once, with its effect
     assert queue.get(later).status is JobStatus.QUEUED  # not claimable yet: left alone
+
+
+def test_a_cli_worker_runs_process_handlers_in_its_children(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn
+) -> None:
+    queue = setup_tables
+    ids = queue.enqueue_many("cpu", [{} for _ in range(6)])
+    process = spawn_worker("--burst", "--queues", "cpu", "--concurrency", "2")
+    assert process.wait(90) == 0, output_of(process)
+    assert _effects(queue) == dict.fromkeys(ids, 1)
+    pids = {queue.result(job_id) for job_id in ids}
+    assert process.pid not in pids
+    assert 1 <= len(pids) <= 2  # a child per slot, reused

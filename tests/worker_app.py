@@ -51,6 +51,17 @@ def work(job: leaseq.JobContext) -> None:
         )
 
 
+@app.task("cpu", executor="process")
+def cpu(job: leaseq.JobContext) -> int:
+    """Runs in a child process of the worker: its effect and completion from there."""
+    with job.transaction() as conn:
+        conn.execute(
+            f'INSERT INTO "{SCHEMA}".effect (idempotency_key, job_id) VALUES (%s, %s)',
+            (job.idempotency_key, job.job_id),
+        )
+    return os.getpid()
+
+
 # Periodic jobs, for tests/test_periodic_processes.py only: LEASEQ_TEST_SCHEDULES
 # schedules ticking every second into "ticks", each tick's effect written with
 # its completion.
