@@ -62,7 +62,7 @@ def test_hooks_see_each_job_where_its_handler_runs(
     app = _recording_app(schema, events)
     handler_threads: dict[str, str] = {}
 
-    @app.task("plain", max_attempts=2, backoff=(5, 5))
+    @app.task("plain", max_attempts=2, backoff=(600, 600))  # never due within a drain
     def plain(job: leaseq.JobContext) -> int:
         handler_threads["plain"] = threading.current_thread().name
         if job.payload["n"] == 1:
@@ -107,7 +107,7 @@ def test_hooks_see_each_job_where_its_handler_runs(
     assert ("exit with", "ValueError('no')") in failing
     assert failing[-1] == ("failure", "ValueError('no')", True)  # a retry is coming
 
-    set_clock_offset(queue, 60)
+    set_clock_offset(queue, 1000)  # past the backoff
     events.clear()
     drain(app, dsn=database_url)
     assert of("plain", 1)[-1] == ("failure", "ValueError('no')", False)  # failed for good

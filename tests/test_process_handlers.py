@@ -143,7 +143,8 @@ def test_a_childs_exceptions_keep_their_meaning(
     retry, permanent, value = (
         queue.enqueue("raises", {"raise": kind}) for kind in ("retry", "permanent", "value")
     )
-    drain(_app(schema, max_attempts=2), dsn=database_url, concurrency=3)
+    # A long backoff: the retried job must not come due while the drain runs.
+    drain(_app(schema, max_attempts=2, backoff=(600, 600)), dsn=database_url, concurrency=3)
 
     job = queue.get(retry)  # job.retry(delay=600): queued again, ten minutes out
     assert job.status is JobStatus.QUEUED

@@ -50,7 +50,8 @@ def test_drain_takes_the_workers_retry_and_failure_path(
 ) -> None:
     app = leaseq.App(schema=schema)
 
-    @app.task("flaky", max_attempts=3, backoff=(10, 10))
+    # Full jitter draws a delay in [0, 600] s: it never comes due within a drain.
+    @app.task("flaky", max_attempts=3, backoff=(600, 600))
     def flaky(job: leaseq.JobContext) -> None:
         raise ValueError(f"attempt {job.attempts} failed")
 
@@ -63,7 +64,7 @@ def test_drain_takes_the_workers_retry_and_failure_path(
     assert "attempt 1 failed" in (job.last_error or "")
 
     for attempt in (2, 3):
-        set_clock_offset(queue, 60 * attempt)  # past the backoff
+        set_clock_offset(queue, 1000 * attempt)  # past the backoff
         drain(app, dsn=database_url)
         assert queue.get(job_id).attempts == attempt
     job = queue.get(job_id)
