@@ -91,7 +91,9 @@ def connection(using: str | None = None) -> psycopg.Connection[Any]:
     if wrapper.in_atomic_block and raw.info.transaction_status == pq.TransactionStatus.IDLE:
         # A savepoint opens the transaction the way Django itself does (BEGIN is
         # implicit before the first statement on a non-autocommit connection).
-        savepoint = transaction.savepoint(using=alias)
+        # savepoint_create() from Django 6.1 (savepoint() is deprecated there).
+        create = getattr(transaction, "savepoint_create", transaction.savepoint)
+        savepoint = create(using=alias)
         transaction.savepoint_commit(savepoint, using=alias)
     return raw
 
