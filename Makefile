@@ -30,7 +30,7 @@ types: install
 	$(BIN)/mypy --strict src
 
 pytest: install
-	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # The side-by-side bench (bench/README.md): leaseq, procrastinate and pgqueuer on
 # the PostgreSQL of DATABASE_URL (leaseq's embedded server if unset), in a
