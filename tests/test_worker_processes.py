@@ -195,13 +195,15 @@ def test_maintenance_as_its_own_process(queue: leaseq.Queue, clock: Any, databas
             process.stdout.close()
 
 
+@pytest.mark.parametrize("processes", ["1", "2"])
 def test_burst_worker_runs_what_is_claimable_and_exits(
-    setup_tables: leaseq.Queue, spawn_worker: Spawn
+    setup_tables: leaseq.Queue, spawn_worker: Spawn, processes: str
 ) -> None:
     queue = setup_tables
     ids = queue.enqueue_many("work", [{} for _ in range(25)])
     later = queue.enqueue("work", {}, delay=3600)
-    process = spawn_worker("--burst", "--concurrency", "4")
+    # Under --processes a child that is done is not restarted: the whole exits.
+    process = spawn_worker("--burst", "--concurrency", "4", "--processes", processes)
     assert process.wait(60) == 0, output_of(process)
     assert _effects(queue) == dict.fromkeys(ids, 1)  # each ran once, with its effect
     assert queue.get(later).status is JobStatus.QUEUED  # not claimable yet: left alone

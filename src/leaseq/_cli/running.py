@@ -142,6 +142,7 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
         _run_worker_process,
         (app_reference, options),
         shutdown_timeout=options["shutdown_grace"] + 30,
+        done_on_clean_exit=options["burst"],  # a burst child is done once idle
     )
     sys.exit(supervisor.run())
 

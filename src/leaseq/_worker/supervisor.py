@@ -3,7 +3,8 @@
 Children are started with the ``spawn`` method (no inherited connections or
 threads). SIGTERM/SIGINT are forwarded to them so each stops gracefully; a
 second signal kills them. A child that exits on its own is restarted after a
-backoff that grows while it keeps crashing. A child runs ``target(*args, slot)``:
+backoff that grows while it keeps crashing (under ``--burst`` one that exits
+with 0 is done). A child runs ``target(*args, slot)``:
 its slot (0..N-1) stays the same across restarts (its metrics port is PORT+slot).
 
 A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
@@ -37,8 +38,12 @@ class Supervisor:
         args: tuple[Any, ...],
         *,
         shutdown_timeout: float = 60.0,
+        done_on_clean_exit: bool = False,
     ) -> None:
         self.processes = processes
+        #: A child that exits with 0 is done, not restarted (``--burst``); the
+        #: supervisor returns once every child is done.
+        self.done_on_clean_exit = done_on_clean_exit
         self.target = target
         self.args = args
         self.shutdown_timeout = shutdown_timeout
@@ -89,10 +94,14 @@ class Supervisor:
             for slot in range(self.processes):
                 self._start(slot)
             restart_at: dict[int, float] = {}
-            while not self._stopping:
+            while not self._stopping and self._children:
                 time.sleep(0.2)
                 for slot, child in list(self._children.items()):
                     if child.is_alive() or self._stopping:
+                        continue
+                    if self.done_on_clean_exit and child.exitcode == 0:
+                        log.info("worker %d (pid %s) is done", slot, child.pid)
+                        del self._children[slot]
                         continue
                     if slot not in restart_at:
                         restart_at[slot] = time.monotonic() + self._backoff(slot, child)
