@@ -157,19 +157,8 @@ def _call_sync(hook: Callable[..., Any], job: JobContext) -> None:
         _log_failure(hook, job)
 
 
-async def _enter(manager: Any, job: JobContext) -> bool:
-    try:
-        if _is_async(manager):
-            await manager.__aenter__()
-        else:
-            manager.__enter__()
-    except Exception:
-        _log_failure(manager, job)
-        return False
-    return True
-
-
 def _enter_sync(manager: Any, job: JobContext) -> bool:
+    """Enter a context manager; False (logged) if that raised."""
     try:
         manager.__enter__()
     except Exception:
@@ -178,27 +167,51 @@ def _enter_sync(manager: Any, job: JobContext) -> bool:
     return True
 
 
+async def _enter(manager: Any, job: JobContext) -> bool:
+    """:func:`_enter_sync`, awaiting an async context manager."""
+    if not _is_async(manager):
+        return _enter_sync(manager, job)
+    try:
+        await manager.__aenter__()
+    except Exception:
+        _log_failure(manager, job)
+        return False
+    return True
+
+
+Details: TypeAlias = tuple[Any, Any, Any]
+
+
+def _details(error: BaseException | None) -> Details:
+    return (None, None, None) if error is None else (type(error), error, error.__traceback__)
+
+
+def _exit_sync(manager: Any, details: Details, job: JobContext) -> None:
+    """Exit one; what the exit returns is ignored (it cannot swallow the handler's
+    exception), what it raises is logged."""
+    try:
+        manager.__exit__(*details)
+    except Exception:
+        _log_failure(manager, job)
+
+
 async def _exit_all(entered: Entered, error: BaseException | None, job: JobContext) -> None:
-    """Exit in reverse order; what an exit returns is ignored (it cannot swallow
-    the handler's exception), what it raises is logged."""
-    details = (None, None, None) if error is None else (type(error), error, error.__traceback__)
+    """Exit in reverse order, as :func:`_exit_sync` does, awaiting async ones."""
+    details = _details(error)
     for manager in reversed(entered):
+        if not _is_async(manager):
+            _exit_sync(manager, details, job)
+            continue
         try:
-            if isinstance(manager, AbstractAsyncContextManager) or _is_async(manager):
-                await manager.__aexit__(*details)  # type: ignore[union-attr]
-            else:
-                manager.__exit__(*details)
+            await manager.__aexit__(*details)  # type: ignore[union-attr]
         except Exception:
             _log_failure(manager, job)
 
 
 def _exit_all_sync(entered: Entered, error: BaseException | None, job: JobContext) -> None:
-    details = (None, None, None) if error is None else (type(error), error, error.__traceback__)
+    details = _details(error)
     for manager in reversed(entered):
-        try:
-            manager.__exit__(*details)  # type: ignore[union-attr]
-        except Exception:
-            _log_failure(manager, job)
+        _exit_sync(manager, details, job)
 
 
 def _log_failure(hook: object, job: JobContext) -> None:
