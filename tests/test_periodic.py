@@ -174,6 +174,34 @@ async def test_a_full_queue_leaves_the_tick_due(
     assert (info.enqueued, info.skipped) == (1, 0)
 
 
+async def test_a_queue_filling_up_during_a_catch_up_keeps_the_ticks_before(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    """Three ticks due after a downtime, room for two: the two oldest get their
+    jobs, the third stays due (not skipped, not lost) and gets its job once
+    there is room."""
+    app = _app(schema, s={"every": 60, "catch_up": 600})
+    await aqueue.configure_queue("ticks", max_queued_jobs=2)
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    (info,) = await aqueue.schedules()
+    first = info.next_tick
+    await aclock.advance((first - await _now(aqueue)).total_seconds() + 120.5)
+    ticks = [first + timedelta(seconds=60 * n) for n in range(3)]
+    assert await scheduler.run_once() == 2
+    assert set(await _jobs_by_tick(aqueue)) == {_tick("s", t) for t in ticks[:2]}
+    (info,) = await aqueue.schedules()
+    assert (info.enqueued, info.skipped, info.next_tick) == (2, 0, ticks[2])
+    assert await scheduler.run_once() == 0  # still full
+    (claim, _) = await aqueue.claim("ticks", limit=2)
+    await aqueue.complete(claim)
+    assert await scheduler.run_once() == 1
+    assert await _jobs_by_tick(aqueue) == Counter({_tick("s", t): 1 for t in ticks})
+    (info,) = await aqueue.schedules()
+    assert (info.enqueued, info.skipped) == (3, 0)
+    assert info.next_tick > await _now(aqueue)
+
+
 async def test_jobs_carry_their_declaration(
     aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
 ) -> None:

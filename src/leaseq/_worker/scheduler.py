@@ -9,18 +9,20 @@ of it commits together. A worker that dies mid-pass rolls back its ticks and
 their jobs together, and the next pass of any worker does them. A paused queue
 keeps its schedules' bookkeeping going (ticks are counted as paused) but gets
 no job. A full queue (BacklogFull) leaves the tick due: it is tried again at the
-next pass, and skipped once it is older than the catch-up window.
+next pass, and skipped once it is older than the catch-up window. Each tick's
+enqueue is a savepoint, so a queue that fills up during a catch-up keeps the
+jobs of the ticks before the refused one.
 """
 
 from __future__ import annotations
 
 import random
 
-from .._async_client import AsyncQueue
+from .._async_client import AsyncConnection, AsyncQueue
 from .._errors import BacklogFull, TransientError
 from .._logs import get_logger
 from .._waiting import pause
-from .schedules import Schedule
+from .schedules import Due, Schedule
 
 log = get_logger("leaseq.worker")
 
@@ -75,9 +77,41 @@ class Scheduler:
                 return 0  # another worker has it, or it is no longer due
             first, now, paused = taken
             due = schedule.due(first, now)
-            fired: list[int] = []
-            if not paused:
-                for tick in due.enqueue:
+            handled, fired = (
+                (len(due.enqueue), []) if paused else await self._fire(schedule, due, conn)
+            )
+            last_tick = due.enqueue[handled - 1] if handled else first
+            # A tick a full queue refused is the next one due; else the first after the latest.
+            next_tick = due.enqueue[handled] if handled < len(due.enqueue) else due.next_tick
+            await self._queue._run(
+                store.advance_schedule(
+                    schedule.name,
+                    last_tick=last_tick,
+                    next_tick=next_tick,
+                    enqueued=len(fired),
+                    skipped=due.skipped,
+                    paused=handled if paused else 0,
+                    last_job_id=fired[-1] if fired else None,
+                ),
+                conn,
+            )
+        return len(fired)
+
+    async def _fire(
+        self, schedule: Schedule, due: Due, conn: AsyncConnection
+    ) -> tuple[int, list[int]]:
+        """Enqueue the due ticks in order: how many were handled, and the new
+        jobs' ids (a tick that already has its job is handled without one).
+
+        Each tick's enqueue is a savepoint: when the queue fills up during a
+        catch-up, the ticks before keep their jobs and the refused tick stays
+        due. A full queue at the first tick raises BacklogFull, and nothing of
+        the pass is written."""
+        store = self._queue._store
+        fired: list[int] = []
+        for handled, tick in enumerate(due.enqueue):
+            try:
+                async with conn.transaction():
                     job_id = await self._queue._run(
                         store.fire_tick(
                             schedule.name,
@@ -91,19 +125,16 @@ class Scheduler:
                         ),
                         conn,
                     )
-                    if job_id is not None:
-                        fired.append(job_id)
-            last_tick = due.enqueue[-1] if due.enqueue else first
-            await self._queue._run(
-                store.advance_schedule(
+            except BacklogFull as exc:
+                if handled == 0:
+                    raise
+                log.warning(
+                    "schedule %s: %s; %d of its due ticks stay due",
                     schedule.name,
-                    last_tick=last_tick,
-                    next_tick=due.next_tick,
-                    enqueued=len(fired),
-                    skipped=due.skipped,
-                    paused=len(due.enqueue) if paused else 0,
-                    last_job_id=fired[-1] if fired else None,
-                ),
-                conn,
-            )
-        return len(fired)
+                    exc,
+                    len(due.enqueue) - handled,
+                )
+                return handled, fired
+            if job_id is not None:
+                fired.append(job_id)
+        return len(due.enqueue), fired
