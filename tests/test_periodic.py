@@ -48,6 +48,15 @@ async def _now(queue: leaseq.AsyncQueue) -> datetime:
     return await queue._run(queue._store.clock_now())
 
 
+async def _past_the_next_tick(queue: leaseq.AsyncQueue, clock: AsyncClock, ticks: int = 1) -> None:
+    """Move the clock half a second past the schedule's ``ticks``-th due tick
+    (of one `every=60` schedule): exactly that many ticks are due, whatever
+    the real time a pass takes (a step of 61 s may cross two tick times)."""
+    (info,) = await queue.schedules()
+    target = info.next_tick + timedelta(seconds=60 * (ticks - 1) + 0.5)
+    await clock.advance((target - await _now(queue)).total_seconds())
+
+
 async def test_concurrent_schedulers_enqueue_each_tick_once(
     aqueue: leaseq.AsyncQueue, aclock: AsyncClock, database_url: str, schema: str
 ) -> None:
@@ -127,13 +136,13 @@ async def test_a_paused_queue_keeps_the_bookkeeping_and_gets_no_job(
     scheduler = Scheduler(aqueue, app.schedules)
     await scheduler.run_once()
     await aqueue.configure_queue("ticks", paused=True)
-    await aclock.advance(61)
+    await _past_the_next_tick(aqueue, aclock)
     assert await scheduler.run_once() == 0
     (info,) = await aqueue.schedules()
     assert (info.enqueued, info.paused_ticks, info.queue_paused) == (0, 1, True)
     assert info.last_tick is not None
     await aqueue.configure_queue("ticks", paused=False)
-    await aclock.advance(60)
+    await _past_the_next_tick(aqueue, aclock)
     assert await scheduler.run_once() == 1  # the next tick only: no burst of old ones
     (info,) = await aqueue.schedules()
     assert (info.enqueued, info.paused_ticks, info.queue_paused) == (1, 1, False)
@@ -163,7 +172,7 @@ async def test_a_full_queue_leaves_the_tick_due(
     await aqueue.enqueue("ticks", {"filler": True})
     scheduler = Scheduler(aqueue, app.schedules)
     await scheduler.run_once()
-    await aclock.advance(61)
+    await _past_the_next_tick(aqueue, aclock)
     assert await scheduler.run_once() == 0
     (info,) = await aqueue.schedules()
     assert info.enqueued == 0
@@ -186,7 +195,7 @@ async def test_a_queue_filling_up_during_a_catch_up_keeps_the_ticks_before(
     await scheduler.run_once()
     (info,) = await aqueue.schedules()
     first = info.next_tick
-    await aclock.advance((first - await _now(aqueue)).total_seconds() + 120.5)
+    await _past_the_next_tick(aqueue, aclock, ticks=3)
     ticks = [first + timedelta(seconds=60 * n) for n in range(3)]
     assert await scheduler.run_once() == 2
     assert set(await _jobs_by_tick(aqueue)) == {_tick("s", t) for t in ticks[:2]}
