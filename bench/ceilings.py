@@ -9,6 +9,9 @@ own job table, measured beside leaseq in the same run.
   fence, no worker), against the same loop on the minimal table.
 * Start latency: a durable commit of a one-row UPDATE, p50/p95/p99; no claim
   starts a job sooner than its own commit comes back.
+* One enqueue per transaction, taken apart: the minimal INSERT, leaseq's own
+  enqueue statement sent on a bare connection (what the statement costs), and
+  `Queue.enqueue` (what the library adds: validation, the pool, the span).
 
 Alternating rounds, medians: the machine is shared and noisy.
 
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 import leaseq
 
@@ -101,6 +105,29 @@ def lifecycle_on_minimal(conn: psycopg.Connection[object]) -> int:
     return done
 
 
+ONE_BY_ONE = 2000  # enqueues per measurement of each form
+
+
+def insert_minimal(conn: psycopg.Connection[object]) -> int:
+    sql = f"INSERT INTO {MINIMAL_SCHEMA}.job (queue, payload) VALUES (%s, %s)"
+    for n in range(ONE_BY_ONE):
+        conn.execute(sql, ("bench", Jsonb({"n": n})))
+    return ONE_BY_ONE
+
+
+def enqueue_statement_bare(queue: leaseq.Queue, conn: psycopg.Connection[object]) -> int:
+    for n in range(ONE_BY_ONE):
+        (statement,) = queue._store.enqueue("bench", {"n": n}).statements
+        conn.execute(statement.sql, statement.params)
+    return ONE_BY_ONE
+
+
+def enqueue_one_by_one(queue: leaseq.Queue) -> int:
+    for n in range(ONE_BY_ONE):
+        queue.enqueue("bench", {"n": n})
+    return ONE_BY_ONE
+
+
 def commit_latencies(conn: psycopg.Connection[object], count: int = 3000) -> list[float]:
     conn.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA}.one (id int PRIMARY KEY, v int)")
     conn.execute(f"INSERT INTO {SCHEMA}.one VALUES (1, 0) ON CONFLICT DO NOTHING")
@@ -145,6 +172,20 @@ def main() -> None:
             record("enqueue_many, 1,000 per call", timed(bulk_enqueue, queue))
             record("COPY into leaseq's job table", timed(copy_into_job_table, conn))
             record("COPY into the minimal table", timed(copy_into_minimal, conn))
+        queue.close()
+        queue = reset(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            queue.enqueue("bench", {"n": -1})  # the queue's settings row exists
+            for _ in range(2):  # each form twice, alternating
+                record(
+                    "one per transaction: INSERT into the minimal table",
+                    timed(insert_minimal, conn),
+                )
+                record(
+                    "one per transaction: leaseq's statement, bare connection",
+                    timed(enqueue_statement_bare, queue, conn),
+                )
+                record("one per transaction: Queue.enqueue", timed(enqueue_one_by_one, queue))
         queue.close()
         queue = reset(url)
         with psycopg.connect(url, autocommit=True) as conn:

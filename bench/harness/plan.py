@@ -59,6 +59,7 @@ def one_rep(s: Sizes) -> list[list[Step]]:
     # The batched raw loop drains 20,000 jobs in a few tenths of a second, too short
     # a span to time against process start-up jitter: it gets five times the jobs.
     raw_drain = {"case": "drain", "jobs": 5 * s.w2}
+    latency = {"case": "latency", "rate": 200, "seconds": s.w3_seconds, "concurrency": 10}
     groups = [
         [Step("w1_one", n, {"case": "enqueue", "jobs": s.w1_one}) for n in (*PEERS, "raw")],
         [
@@ -79,12 +80,9 @@ def one_rep(s: Sizes) -> list[list[Step]]:
             Step("raw_b100_2p", "raw", {**raw_drain, "concurrency": 100, "processes": 2}),
         ],
         [
-            Step(
-                "w3",
-                n,
-                {"case": "latency", "rate": 200, "seconds": s.w3_seconds, "concurrency": 10},
-            )
-            for n in PEERS
+            *(Step("w3", n, latency) for n in PEERS),
+            # The floor: a LISTEN-woken raw claim loop, notified by the producer's INSERT.
+            Step("w3", "raw", {**latency, "notify": True}),
         ],
         [
             Step(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from .machine import one_line
@@ -20,7 +21,23 @@ THROUGHPUT = [
     ("w4", "W4 drain c=10, big backlog", "raw_b100", "claim/complete 100 per statement"),
     ("w4_1m", "W4 drain c=10, 1,000,000 queued", "raw_b100", "claim/complete 100 per statement"),
 ]
-METRICS = ("rate", "p50_ms", "p95_ms", "p99_ms", "max_ms", "cpu_us_per_job", "machine_busy_pct")
+METRICS = (
+    "rate",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "cpu_us_per_job",
+    "machine_busy_pct",
+    "machine_cpu_us_per_job",
+)
+# The drain targets of issue 11: (workload, what the target is, processes, its rate).
+TARGETS: list[tuple[str, str, int, Callable[[dict[str, Any]], float | None]]] = [
+    ("w2_c1", "≥ best peer", 1, lambda s: best_peer(s, "w2_c1", "rate")),
+    ("w2_c10", "≥ 2 x best peer", 1, lambda s: _times(2, best_peer(s, "w2_c10", "rate"))),
+    ("w2_c50", "≥ 2 x best peer", 1, lambda s: _times(2, best_peer(s, "w2_c50", "rate"))),
+    ("w2_2p", "≥ 0.5 x raw", 2, lambda s: _times(0.5, med(s, "raw_b100_2p", "raw", "rate"))),
+]
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
@@ -70,6 +87,39 @@ def best_peer(
     return min(vs) if lower else max(vs)
 
 
+def _times(factor: float, value: float | None) -> float | None:
+    return None if value is None else factor * value
+
+
+def budget_table(summary: dict[str, Any], cpus: int) -> list[str]:
+    """What the CPU allows: a drain cannot run faster than the machine's CPUs
+    divided by the CPU all processes spend per job, nor faster than its worker
+    processes (one core each, the GIL) divided by the worker's CPU per job,
+    however well it overlaps its claims with its handlers. Each at the cost per
+    job measured in this run."""
+    lines = [
+        f"| drain (CPU budget, {cpus} CPUs) | leaseq jobs/s | target | target jobs/s | "
+        "machine CPU µs/job: leaseq / pgqueuer | the CPUs allow | worker CPU µs/job | "
+        "its processes allow | target ÷ the lower bound |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, goal, processes, target_of in TARGETS:
+        machine = med(summary, workload, "leaseq", "machine_cpu_us_per_job")
+        worker = med(summary, workload, "leaseq", "cpu_us_per_job")
+        target = target_of(summary)
+        if machine is None or worker is None or target is None:
+            continue
+        peer = med(summary, workload, "pgqueuer", "machine_cpu_us_per_job")
+        by_cpus, by_processes = cpus * 1e6 / machine, processes * 1e6 / worker
+        lines.append(
+            f"| {workload} | {med(summary, workload, 'leaseq', 'rate'):,.0f} | {goal} | "
+            f"{target:,.0f} | {machine:,.0f} / {'-' if peer is None else f'{peer:,.0f}'} | "
+            f"{by_cpus:,.0f} | {worker:,.0f} | {by_processes:,.0f} | "
+            f"{target / min(by_cpus, by_processes):.2f} |"
+        )
+    return lines
+
+
 def throughput_table(summary: dict[str, Any]) -> list[str]:
     lines = [
         "| workload (jobs/s) | leaseq | procrastinate | pgqueuer | raw ceiling | "
@@ -95,15 +145,17 @@ def latency_table(summary: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "| W3 start latency (ms), 200 jobs/s, c=10 | leaseq | procrastinate | pgqueuer | "
-        "leaseq ÷ best peer (lower is better) |",
-        "| --- | --- | --- | --- | --- |",
+        "raw floor (LISTEN-woken claim) | leaseq ÷ best peer (lower is better) | "
+        "leaseq ÷ raw floor |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for metric in ("p50_ms", "p95_ms", "p99_ms", "max_ms"):
-        cells = [fmt(summary["w3"].get(p, {}).get(metric), 1) for p in PEERS]
+        cells = [fmt(summary["w3"].get(p, {}).get(metric), 1) for p in (*PEERS, "raw")]
         ours = med(summary, "w3", "leaseq", metric)
         lines.append(
             f"| {metric[:-3]} | {' | '.join(cells)} | "
-            f"{ratio(ours, best_peer(summary, 'w3', metric, lower=True))} |"
+            f"{ratio(ours, best_peer(summary, 'w3', metric, lower=True))} | "
+            f"{ratio(ours, med(summary, 'w3', 'raw', metric))} |"
         )
     return lines
 
@@ -198,6 +250,7 @@ def markdown(doc: dict[str, Any]) -> str:
         throughput_table(summary),
         latency_table(summary),
         cpu_table(summary),
+        budget_table(summary, doc["machine"]["cpus"]),
         backlog_table(summary, doc.get("backlog", 0)),
         notify_table(summary),
         soak_table(runs),

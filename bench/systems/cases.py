@@ -212,7 +212,10 @@ async def case_latency(p: dict[str, Any], system: System, script: str) -> dict[s
     await system.reset(dsn)
     workdir = Path(p["workdir"])
     workers = Workers(script, workdir)
-    workers.start(1, dsn=dsn, schema=system.schema, concurrency=p["concurrency"])
+    # `notify`: the raw floor's worker listens (the peers' workers do by their defaults).
+    workers.start(
+        1, dsn=dsn, schema=system.schema, concurrency=p["concurrency"], notify=p.get("notify")
+    )
     await system.open(dsn)
     try:
         # Job 0 is the warm-up: once it ran, the worker is up and listening.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -30,12 +31,21 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: Jiffies per second of /proc/stat.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def machine_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs from /proc/stat; busy excludes idle and iowait."""
+    """(busy, total) jiffies of all CPUs from /proc/stat. Busy is the work done on
+    this machine (user, nice, system, irq, softirq); idle, iowait and steal (the
+    time a hypervisor gave to other guests) are not. Guest time is already in
+    user, so its fields are not added again."""
     with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
+        user, nice, system, idle, iowait, irq, softirq, steal = (
+            int(v) for v in stat.readline().split()[1:9]
+        )
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait + steal
 
 
 def rss_kib(pid: int) -> int | None:
@@ -235,6 +245,10 @@ def drain_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rate": jobs / (last - first),
         "cpu_us_per_job": 1e6 * cpu / jobs,
         "machine_busy_pct": 100.0 * (busy1 - busy0) / max(total1 - total0, 1),
+        # Every process's CPU per job over the same span: the workers', PostgreSQL's
+        # (its backends, WAL writer, ...) and the driver's probe. The CPUs allow at
+        # most cpus / this jobs per second, whatever the pipelining.
+        "machine_cpu_us_per_job": 1e6 * (busy1 - busy0) / CLOCK_TICKS / jobs,
     }
 
 

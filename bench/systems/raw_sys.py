@@ -6,7 +6,9 @@ INSERT per transaction, with or without pg_notify in it; bulk: COPY. Lifecycle:
 claim = UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)
 RETURNING, complete = UPDATE ... WHERE id = ANY(...), `concurrency` jobs per
 statement, in one or more processes. Finished rows are kept (status 'done'),
-as leaseq keeps them until retention.
+as leaseq keeps them until retention. Start latency (W3's floor): the same loop
+woken by LISTEN on a connection of its own, the producer's INSERT notifying in
+its transaction; a job "starts" when its claim's commit comes back.
 
     .venv/bin/python bench/systems/raw_sys.py case '<json>'
 """
@@ -14,6 +16,7 @@ as leaseq keeps them until retention.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from typing import Any
@@ -106,20 +109,46 @@ class Raw:
 
 async def work(options: dict[str, Any], recorder: Recorder) -> None:
     """The batched claim/complete loop: claim `concurrency`, "run" them, complete
-    them in one statement, until told to stop."""
+    them in one statement, until told to stop. With `notify`, an empty claim
+    waits for a notification (or 1 s) instead of sleeping 10 ms."""
     batch, schema = options["concurrency"], options["schema"]
     claim, complete = CLAIM.format(schema=schema), COMPLETE.format(schema=schema)
+    wake = asyncio.Event()
     async with await psycopg.AsyncConnection.connect(options["dsn"], autocommit=True) as conn:
-        while not recorder.stop.is_set():
-            rows = await (await conn.execute(claim, (QUEUE, batch))).fetchall()
-            if not rows:
-                await asyncio.sleep(0.01)
-                continue
-            await recorder.admit()
-            for _, payload in rows:
-                recorder.started(payload["n"])
-            await conn.execute(complete, ([job_id for job_id, _ in rows],))
-            recorder.finished()
+        listener = (
+            asyncio.create_task(listen(options["dsn"], wake)) if options.get("notify") else None
+        )
+        try:
+            while not recorder.stop.is_set():
+                wake.clear()  # a notification during the claim sets it again
+                rows = await (await conn.execute(claim, (QUEUE, batch))).fetchall()
+                if not rows:
+                    if listener is None:
+                        await asyncio.sleep(0.01)
+                    else:
+                        await wait_for(wake, 1.0)
+                    continue
+                await recorder.admit()
+                for _, payload in rows:
+                    recorder.started(payload["n"])
+                await conn.execute(complete, ([job_id for job_id, _ in rows],))
+                recorder.finished()
+        finally:
+            if listener is not None:
+                listener.cancel()
+
+
+async def listen(dsn: str, wake: asyncio.Event) -> None:
+    """LISTEN on the producers' channel; each notification wakes the claim loop."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("LISTEN bench_raw")
+        async for _ in conn.notifies():
+            wake.set()
+
+
+async def wait_for(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
 
 
 def main() -> None:
