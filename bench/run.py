@@ -37,13 +37,32 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--soak-seconds", type=float, default=600.0)
     parser.add_argument("--database", default="leaseq_bench")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated workloads (w2_c10,w3,...): a partial run, saved beside "
+        "the results but never as latest",
+    )
+    parser.add_argument(
+        "--systems", default=None, help="comma-separated systems (leaseq,pgqueuer,raw,...)"
+    )
     return parser.parse_args()
 
 
 def steps_for(args: argparse.Namespace) -> list[plan.Step]:
-    if args.mode == "soak":
-        return plan.soak_plan(args.soak_seconds)
-    return plan.bench_plan(args.mode)
+    steps = plan.soak_plan(args.soak_seconds) if args.mode == "soak" else plan.bench_plan(args.mode)
+    if args.only:
+        workloads = set(args.only.split(","))
+        # A backlog's load goes with the drain that reads it (w4_load with w4).
+        steps = [s for s in steps if s.workload.removesuffix("_load") in workloads]
+    if args.systems:
+        systems = set(args.systems.split(","))
+        steps = [s for s in steps if s.system in systems]
+    return steps
+
+
+def partial(args: argparse.Namespace) -> bool:
+    return bool(args.only or args.systems)
 
 
 def params_for(step: plan.Step, runs: list[dict[str, Any]]) -> plan.Step:
@@ -63,6 +82,8 @@ def save(doc: dict[str, Any]) -> None:
     text = json.dumps(doc, indent=1)
     stem = "latest" if doc["mode"] != "soak" else "latest-soak"
     (RESULTS / f"results-{doc['mode']}-{doc['started']}.json").write_text(text)
+    if doc.get("partial"):
+        return  # a partial run never stands in for the whole table
     (RESULTS / f"{stem}.json").write_text(text)
     (RESULTS / f"{stem}.md").write_text(report.markdown(doc))
 
@@ -97,6 +118,7 @@ def main() -> int:
         "backlog": plan.SIZES[args.mode].w4_backlog if args.mode in plan.SIZES else 0,
         "runs": [],
         "checked_only": [],
+        "partial": partial(args),
     }
     origin = time.monotonic()
     try:
@@ -125,7 +147,8 @@ def main() -> int:
     finally:
         drop_bench_schemas(dsn)
     save(doc)
-    plot(doc)
+    if not doc["partial"]:
+        plot(doc)
     print()
     print(report.markdown({**doc, "summary": report.summarise(doc["runs"])}))
     return 0

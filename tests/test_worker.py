@@ -13,6 +13,7 @@ import pytest
 
 import leaseq
 from leaseq import JobStatus
+from leaseq._worker.context import JobContext
 from leaseq._worker.registry import acknowledgement_backlog
 from leaseq.testing import aset_clock_offset
 
@@ -206,6 +207,42 @@ async def test_cpu_bound_sync_handler_keeps_its_lease(
     await running.stop()
     job = await aqueue.get(job_id)
     assert (job.status, job.attempts, job.lease_version) == (JobStatus.DONE, 1, 1)
+    assert running.worker.stats.lost_leases == 0
+
+
+async def test_a_short_lease_claimed_beside_long_ones_is_renewed_in_time(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The renewal and deadline loops sleep up to a second while they keep only
+    long leases; a job with a much shorter lease, claimed meanwhile, must still
+    get its renewals before its deadline (each period, many times over)."""
+    app = _app(schema)
+    long_started = asyncio.Event()
+    release_long = asyncio.Event()
+    lost_seen: list[bool] = []
+
+    @app.task("long", lease=60)
+    async def long_handler(job: leaseq.JobContext) -> None:
+        long_started.set()
+        await release_long.wait()
+
+    @app.task("short", lease=0.6)
+    async def short_handler(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(3.0)  # five lease periods
+        lost_seen.append(job.lost.is_set())
+
+    await aqueue.enqueue("long", {})
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1))
+    await asyncio.wait_for(long_started.wait(), 20)
+    await asyncio.sleep(0.3)  # both lease loops now asleep on the 60 s lease's tick
+    short_id = await aqueue.enqueue("short", {})
+    await _until(lambda: _all_finished(aqueue, "short"))
+    release_long.set()
+    await _until(lambda: _all_finished(aqueue, "long"))
+    await running.stop()
+    job = await aqueue.get(short_id)
+    assert (job.status, job.attempts, job.lease_version) == (JobStatus.DONE, 1, 1)
+    assert lost_seen == [False]
     assert running.worker.stats.lost_leases == 0
 
 
@@ -442,3 +479,55 @@ async def test_a_stalled_acknowledgement_holds_a_bounded_number_of_claims(
         await _until(lambda: _all_finished(aqueue, "work"))
         await running.stop()
     assert sorted(ran) == sorted(ids)
+
+
+@pytest.mark.parametrize("looked_first", [True, False])
+async def test_job_lost_is_set_whether_the_handler_looked_before_or_after(
+    queue: leaseq.Queue, aqueue: leaseq.AsyncQueue, looked_first: bool
+) -> None:
+    """``job.lost`` is made on first use: a mark that came before must show in it,
+    one that comes after must set it, and a lost job's transaction is refused."""
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    job = JobContext(claim, queue, aqueue)
+    if looked_first:
+        event = job.lost
+        assert not event.is_set()
+    job.mark_lost("timed out")
+    job.mark_lost("worker shutting down")  # the first reason stands
+    assert job.lost.is_set()
+    assert job.lost.wait(0)
+    assert job.lost_reason == "timed out"
+    if looked_first:
+        assert job.lost is event
+    with pytest.raises(leaseq.LeaseLost), job.transaction():
+        pass
+
+
+async def test_job_lost_made_by_racing_threads_is_one_event(
+    queue: leaseq.Queue, aqueue: leaseq.AsyncQueue
+) -> None:
+    queue.enqueue("reports", {})
+    (claim,) = queue.claim("reports")
+    for _ in range(50):
+        job = JobContext(claim, queue, aqueue)
+        seen: list[threading.Event] = []
+        barrier = threading.Barrier(4)
+
+        def look(
+            job: JobContext = job,
+            seen: list[threading.Event] = seen,
+            barrier: threading.Barrier = barrier,
+        ) -> None:
+            barrier.wait()
+            seen.append(job.lost)
+
+        threads = [threading.Thread(target=look) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        marker = threading.Thread(target=job.mark_lost, args=("lost",))
+        marker.start()
+        for thread in [*threads, marker]:
+            thread.join()
+        assert len({id(event) for event in seen}) == 1
+        assert seen[0].is_set()

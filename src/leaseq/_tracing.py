@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 try:
@@ -113,12 +113,21 @@ class Process:
             self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
 
 
-@contextmanager
-def process(claim: Claim, trace_context: Mapping[str, str] | None) -> Iterator[Process]:
-    """A CONSUMER span around one attempt's handler, a child of the job's ``send``."""
+def process(
+    claim: Claim, trace_context: Mapping[str, str] | None
+) -> AbstractContextManager[Process]:
+    """A CONSUMER span around one attempt's handler, a child of the job's ``send``.
+
+    With nothing to trace, one shared no-op (no generator per job: the worker
+    runs this for every job).
+    """
     if trace is None or _nothing_to_trace(trace_context or None):
-        yield Process(None)
-        return
+        return _NOT_TRACED
+    return _process_span(claim, trace_context)
+
+
+@contextmanager
+def _process_span(claim: Claim, trace_context: Mapping[str, str] | None) -> Iterator[Process]:
     parent = propagate.extract(dict(trace_context)) if trace_context else None
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -140,3 +149,7 @@ def process(claim: Claim, trace_context: Mapping[str, str] | None) -> Iterator[P
         set_status_on_exception=False,
     ) as span:
         yield Process(span)
+
+
+#: What :func:`process` gives when there is nothing to trace.
+_NOT_TRACED = nullcontext(Process(None))

@@ -318,12 +318,13 @@ class Worker:
         self.stats.claimed += len(claims)
         if self.metrics is not None:
             _count_claim(self.metrics, name, elapsed, claims)
+        started_now = []
         for claim in claims:
             context = JobContext(claim, self._clients.handlers, self._clients.handlers_async)
             attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
             self._runner.start(attempt, task)
-        if claims:
-            self._leases.attempt_started()
+            started_now.append(attempt)
+        self._leases.attempts_started(started_now)
         return claims
 
 
