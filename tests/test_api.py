@@ -208,3 +208,35 @@ def test_the_database_twins_agree() -> None:
             inspect.signature(twin).parameters
         ), name
         assert member.__doc__ == twin.__doc__, name
+
+
+def test_a_claim_carries_each_of_its_jobs_fields(queue: leaseq.Queue) -> None:
+    """Every field of a Claim, decoded from the claim's row, is its own job's."""
+    plain = queue.enqueue("fields", {"n": 1}, max_attempts=4)
+    keyed = queue.enqueue(
+        "fields",
+        {"n": 2},
+        key="customer-9",
+        idempotency_key="report-77",
+        timeout=12.5,
+        priority=5,
+    )
+    first, second = queue.claim("fields", limit=2, lease=45)
+    assert (first.job_id, second.job_id) == (keyed, plain)  # by priority
+    job = queue.get(keyed)
+    assert (first.queue, first.payload, first.lease_version, first.attempts) == (
+        "fields",
+        {"n": 2},
+        1,
+        1,
+    )
+    assert (first.max_attempts, first.key, first.seq) == (job.max_attempts, "customer-9", job.seq)
+    assert first.seq is not None
+    assert (first.idempotency_key, first.timeout, first.group) == ("report-77", 12.5, None)
+    assert (first.lease_seconds, first.recovered) == (45, False)
+    assert first.lease_until == job.lease_until
+    assert first.claimed_at == job.claimed_at
+    assert first.ready_at == job.available_at
+    assert (second.max_attempts, second.key, second.seq, second.timeout) == (4, None, None, None)
+    assert second.idempotency_key == f"{queue.schema}:{plain}"
+    assert second.payload == {"n": 1}

@@ -113,15 +113,26 @@ class Process:
             self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
 
 
+def active() -> bool:
+    """Whether a span started here now could record or continue a trace (an SDK is
+    configured, or a span is current). The worker asks once per claim, not per job:
+    its attempts start in the claim loop's context, and the provider check reads
+    the environment (~2 µs)."""
+    return trace is not None and not _nothing_to_trace(None)
+
+
 def process(
-    claim: Claim, trace_context: Mapping[str, str] | None
+    claim: Claim, trace_context: Mapping[str, str] | None, *, active: bool | None = None
 ) -> AbstractContextManager[Process]:
     """A CONSUMER span around one attempt's handler, a child of the job's ``send``.
 
-    With nothing to trace, one shared no-op (no generator per job: the worker
-    runs this for every job).
+    ``active``: what :func:`active` said for this claim (None: ask now). With
+    nothing to trace, one shared no-op (no generator per job: the worker runs
+    this for every job).
     """
-    if trace is None or _nothing_to_trace(trace_context or None):
+    if trace is None or (active is False and not trace_context):
+        return _NOT_TRACED
+    if active is None and _nothing_to_trace(trace_context or None):
         return _NOT_TRACED
     return _process_span(claim, trace_context)
 

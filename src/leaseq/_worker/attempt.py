@@ -75,8 +75,10 @@ class AttemptRunner:
         self._metrics = metrics
         self._threads = DaemonThreads(slots, "leaseq-job")  # sync handlers: one per slot
 
-    def start(self, attempt: Attempt, task: Task) -> None:
-        attempt.task = asyncio.create_task(self._run(attempt, task))
+    def start(self, attempt: Attempt, task: Task, *, traced: bool | None = None) -> None:
+        """Run the attempt in a task of its own; ``traced``: what ``_tracing.active()``
+        said for its claim (None: ask for this attempt)."""
+        attempt.task = asyncio.create_task(self._run(attempt, task, traced))
 
     def close(self) -> None:
         """Let the threads end once free; never waits (one still running ends with the
@@ -85,12 +87,12 @@ class AttemptRunner:
         if self._processes is not None:
             self._processes.close()
 
-    async def _run(self, attempt: Attempt, task: Task) -> None:
+    async def _run(self, attempt: Attempt, task: Task, traced: bool | None) -> None:
         claim = attempt.claim
         instruments = None if self._metrics is None else self._metrics.queue(claim.queue)
         label = LOST_HERE
         try:
-            with _tracing.process(claim, claim.trace_context) as span:
+            with _tracing.process(claim, claim.trace_context, active=traced) as span:
                 if log.isEnabledFor(logging.DEBUG):  # its fields are built per job
                     log.debug(
                         "job %d (%s) attempt %d started",

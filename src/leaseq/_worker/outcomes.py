@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from .._errors import TransientError
 from .._logs import get_logger
 from .._types import Claim, JobStatus
 from .._validate import EncodedPayload
-from .._waiting import pause
+from .._waiting import pause, wait_for_event
 
 log = get_logger("leaseq.worker")
 
@@ -117,7 +118,10 @@ class Outcomes:
 
     def __init__(self, queue: AsyncQueue, *, max_batch: int = 500) -> None:
         self._queue = queue
-        self._pending: asyncio.Queue[_Pending] = asyncio.Queue()
+        # A deque and an event, not an asyncio.Queue: one append and one set per
+        # outcome, no getter futures to wake per item.
+        self._pending: deque[_Pending] = deque()
+        self._arrived = asyncio.Event()
         self._max_batch = max_batch
 
     async def report(self, outcome: Outcome) -> Answer:
@@ -126,27 +130,28 @@ class Outcomes:
         Raises what prevented this outcome (and only this one) from being sent.
         """
         pending = _Pending(outcome, asyncio.get_running_loop().create_future())
-        self._pending.put_nowait(pending)
+        self._pending.append(pending)
+        self._arrived.set()
         return await pending.answered
 
     async def run(self) -> None:
+        pending = self._pending
         while True:
-            batch = [await self._pending.get()]
+            while not pending:
+                await wait_for_event(self._arrived, None)
             # No linger: a flush starts at once and whatever finishes while it is
             # in flight joins the next one, so batches grow with the load and a
             # lone outcome waits for nothing (a 2 ms linger held every job at
             # concurrency 1 for 2 ms). The yield lets the handlers that are
             # already done this turn of the loop join this flush.
             await asyncio.sleep(0)
-            while len(batch) < self._max_batch and not self._pending.empty():
-                batch.append(self._pending.get_nowait())
+            batch = [pending.popleft() for _ in range(min(len(pending), self._max_batch))]
             await self._flush(batch)
 
     async def drain(self) -> None:
         """Flush whatever is pending (at shutdown, after run() was cancelled)."""
-        batch: list[_Pending] = []
-        while not self._pending.empty():
-            batch.append(self._pending.get_nowait())
+        batch = list(self._pending)
+        self._pending.clear()
         if batch:
             await self._flush(batch)
 

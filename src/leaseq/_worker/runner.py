@@ -31,7 +31,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from .. import _metrics
+from .. import _metrics, _tracing
 from .._config import database_url
 from .._errors import InvalidArgument, TransientError
 from .._logs import get_logger
@@ -319,10 +319,11 @@ class Worker:
         if self.metrics is not None:
             _count_claim(self.metrics, name, elapsed, claims)
         started_now = []
+        traced = _tracing.active() if claims else False
         for claim in claims:
             context = JobContext(claim, self._clients.handlers, self._clients.handlers_async)
             attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
-            self._runner.start(attempt, task)
+            self._runner.start(attempt, task, traced=traced)
             started_now.append(attempt)
         self._leases.attempts_started(started_now)
         return claims
