@@ -195,8 +195,10 @@ class AttemptRunner:
         self, task: Task, context: JobContext, timeout: float | None, attempt: Attempt
     ) -> Any:
         """The handler's return value: under its timeout, inside the app's hooks if any."""
-        timed_out = functools.partial(self._timed_out, attempt)
         hooks = self._hooks
+        if task.is_async and timeout is None and not hooks.wrap_handlers:
+            return await task.handler(context)  # the common case, without wrappers
+        timed_out = functools.partial(self._timed_out, attempt)
         if task.is_async:
             if hooks.wrap_handlers:
                 return await run_on_loop(
