@@ -303,3 +303,71 @@ def test_fenced_writes_find_each_claim_by_its_key_whatever_the_statistics_say(
         # lease index of 5,000 running jobs alone spans more than 30 pages.
         assert not lease_scans, (name, lease_scans)
         assert touched < 300, (name, touched)
+
+
+def test_the_workers_plans_made_on_a_young_table_still_read_by_key_once_it_grew(
+    queue: leaseq.Queue,
+) -> None:
+    """The worker's sessions keep one generic plan per statement, made at its
+    first call: often on a new, nearly empty job table. Once the table holds
+    20,000 more rows (no VACUUM or ANALYZE since: nothing replans), each of
+    those plans must still read a handful of pages, never the whole table."""
+    schema = queue.schema
+    with queue.connection() as conn:  # nothing may replan behind the test's back
+        conn.execute(f'ALTER TABLE "{schema}".job SET (autovacuum_enabled = false)')
+    queue.enqueue_many("reports", [{"n": n} for n in range(14)])
+    claims = queue.claim("reports", limit=12, lease=600)
+    store = queue._store
+    operations = {
+        "claim": store.claim("reports", limit=2, lease=None),
+        "renew": store.renew(claims[:2]),
+        "complete": store.complete(claims[2:4]),
+        "retry": store.retry(claims[4:6], delays=[1.0] * 2, errors=["e"] * 2),
+        "fail": store.fail(claims[6:8], ["e"] * 2),
+        "release": store.release(claims[8:10]),
+    }
+    with psycopg.connect(queue.dsn, **SERVICE_OPTIONS) as session:
+        prepared: dict[str, tuple[str, Any]] = {}
+        for name, operation in operations.items():
+            (statement,) = operation.statements
+            # Run once (for real: the claims are the test's own), as the worker's
+            # session does: its generic plan is made now, on the young table, and kept.
+            session.execute(statement.sql, statement.params, prepare=True)
+            (prepared_name,) = session.execute(
+                "SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1"
+            ).fetchone() or (None,)
+            # The driver numbers the placeholders in the order they first appear.
+            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)[sb]", statement.sql)))
+            prepared[name] = (prepared_name, _execute(prepared_name, statement, names))
+        queue.enqueue_many("reports", [{"n": n} for n in range(20_000)])
+        with queue.connection() as conn:  # most of them finished, as in a busy queue
+            conn.execute(
+                f"UPDATE \"{schema}\".job SET status = 'done', finished_at = now()"
+                " WHERE status = 'queued' AND (payload->>'n')::int >= 1000"
+            )
+        plans = {}
+        # One transaction, rolled back: the driver forgets its prepared
+        # statements at a rollback (the server's stay; it would prepare anew).
+        with session.transaction(force_rollback=True):
+            for name, (_, execute) in prepared.items():
+                explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + execute
+                row = session.execute(explain).fetchone()
+                assert row is not None
+                plans[name] = row[0][0]["Plan"]
+        for name, plan in plans.items():
+            whole_table = [
+                n["Node Type"]
+                for n in _nodes(plan)
+                if n.get("Relation Name") == "job" and n["Node Type"] == "Seq Scan"
+            ]
+            touched = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+            assert not whole_table, (name, whole_table)
+            # The table now spans hundreds of pages; a keyed read, tens.
+            assert touched < 300, (name, touched)
+
+
+def _execute(prepared_name: str, statement: Any, names: list[str]) -> psycopg.sql.Composed:
+    """``EXECUTE name(...)`` with the statement's values as literals."""
+    arguments = psycopg.sql.SQL(", ").join(psycopg.sql.Literal(statement.params[n]) for n in names)
+    name = psycopg.sql.Identifier(prepared_name)
+    return psycopg.sql.SQL("EXECUTE {}({})").format(name, arguments)
