@@ -54,6 +54,7 @@ class Supervisor:
         self._started_at: dict[int, float] = {}
         self._stopping = False
         self._signals = 0
+        self._signum: int = signal.SIGTERM  # the stop signal received, forwarded as it came
 
     def _start(self, slot: int) -> None:
         child = self._context.Process(
@@ -65,6 +66,11 @@ class Supervisor:
         self._children[slot] = child
         self._started_at[slot] = time.monotonic()
         log.info("started worker %d (pid %s)", slot, child.pid)
+        if self._stopping and child.pid is not None:
+            # The stop signal came while this child was being started (a restart
+            # after a crash): the handler forwarded it to the children it knew,
+            # not to this one, which would then run until the shutdown timeout.
+            os.kill(child.pid, signal.SIGKILL if self._signals > 1 else self._signum)
 
     def _backoff(self, slot: int, child: BaseProcess) -> float:
         """Restart at once after a long run; back off while a child keeps crashing."""
@@ -83,6 +89,7 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _: FrameType | None) -> None:
         self._signals += 1
+        self._signum = signum
         self._stopping = True
         for child in self._children.values():
             if child.pid is not None and child.is_alive():
