@@ -57,22 +57,13 @@ def _generic_plan(queue: leaseq.Queue, operation: Any) -> dict[str, Any]:
     generic plan, no JIT), measured by EXPLAIN ANALYZE, then rolled back: the
     whole EXPLAIN document (its "Plan", and "JIT" when it compiled)."""
     (statement,) = operation.statements
-    # The driver numbers the named placeholders in the order they first appear.
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement.sql)))
     with (
         psycopg.connect(queue.dsn, **SERVICE_OPTIONS) as conn,
         conn.transaction(force_rollback=True),
     ):
         conn.execute(statement.sql, statement.params, prepare=True)
-        (name,) = conn.execute(
-            "SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1"
-        ).fetchone() or (None,)
-        # EXPLAIN EXECUTE takes no bound parameters: the values go in as literals.
-        arguments = psycopg.sql.SQL(", ").join(
-            psycopg.sql.Literal(statement.params[n]) for n in names
-        )
-        explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {}({})")
-        row = conn.execute(explain.format(psycopg.sql.Identifier(name), arguments)).fetchone()
+        explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ")
+        row = conn.execute(explain + _execute(_last_prepared(conn), statement)).fetchone()
     assert row is not None
     document: dict[str, Any] = row[0][0]
     return document
@@ -333,12 +324,8 @@ def test_the_workers_plans_made_on_a_young_table_still_read_by_key_once_it_grew(
             # Run once (for real: the claims are the test's own), as the worker's
             # session does: its generic plan is made now, on the young table, and kept.
             session.execute(statement.sql, statement.params, prepare=True)
-            (prepared_name,) = session.execute(
-                "SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1"
-            ).fetchone() or (None,)
-            # The driver numbers the placeholders in the order they first appear.
-            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)[sb]", statement.sql)))
-            prepared[name] = (prepared_name, _execute(prepared_name, statement, names))
+            prepared_name = _last_prepared(session)
+            prepared[name] = (prepared_name, _execute(prepared_name, statement))
         queue.enqueue_many("reports", [{"n": n} for n in range(20_000)])
         with queue.connection() as conn:  # most of them finished, as in a busy queue
             conn.execute(
@@ -366,8 +353,21 @@ def test_the_workers_plans_made_on_a_young_table_still_read_by_key_once_it_grew(
             assert touched < 300, (name, touched)
 
 
-def _execute(prepared_name: str, statement: Any, names: list[str]) -> psycopg.sql.Composed:
-    """``EXECUTE name(...)`` with the statement's values as literals."""
+def _last_prepared(conn: psycopg.Connection[Any]) -> str:
+    """The name of the statement the driver prepared last on ``conn``."""
+    row = conn.execute(
+        "SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1"
+    ).fetchone()
+    assert row is not None
+    name: str = row[0]
+    return name
+
+
+def _execute(prepared_name: str, statement: Any) -> psycopg.sql.Composed:
+    """``EXECUTE name(...)``: EXPLAIN EXECUTE takes no bound parameters, so the
+    statement's values go in as literals, in the order the driver numbered its
+    placeholders (the order they first appear)."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)[sb]", statement.sql)))
     arguments = psycopg.sql.SQL(", ").join(psycopg.sql.Literal(statement.params[n]) for n in names)
     name = psycopg.sql.Identifier(prepared_name)
     return psycopg.sql.SQL("EXECUTE {}({})").format(name, arguments)

@@ -66,11 +66,11 @@ class Supervisor:
         self._children[slot] = child
         self._started_at[slot] = time.monotonic()
         log.info("started worker %d (pid %s)", slot, child.pid)
-        if self._stopping and child.pid is not None:
+        if self._stopping:
             # The stop signal came while this child was being started (a restart
             # after a crash): the handler forwarded it to the children it knew,
             # not to this one, which would then run until the shutdown timeout.
-            os.kill(child.pid, signal.SIGKILL if self._signals > 1 else self._signum)
+            self._forward_stop(child)
 
     def _backoff(self, slot: int, child: BaseProcess) -> float:
         """Restart at once after a long run; back off while a child keeps crashing."""
@@ -92,8 +92,12 @@ class Supervisor:
         self._signum = signum
         self._stopping = True
         for child in self._children.values():
-            if child.pid is not None and child.is_alive():
-                os.kill(child.pid, signal.SIGKILL if self._signals > 1 else signum)
+            self._forward_stop(child)
+
+    def _forward_stop(self, child: BaseProcess) -> None:
+        """The stop signal as it came; SIGKILL once a second one came."""
+        if child.pid is not None and child.is_alive():
+            os.kill(child.pid, signal.SIGKILL if self._signals > 1 else self._signum)
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
