@@ -54,6 +54,26 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("priority out of range", {"priority": 40000}, InvalidJob),
     ("zero max_attempts", {"max_attempts": 0}, InvalidJob),
     ("over-long idempotency key", {"idempotency_key": "i" * 256}, InvalidJob),
+    # The job table no longer repeats these checks (migration 0010): the client
+    # is what refuses them, before anything is written.
+    ("max_attempts over 1000", {"max_attempts": 1001}, InvalidJob),
+    ("negative max_attempts", {"max_attempts": -1}, InvalidJob),
+    ("zero timeout", {"timeout": 0}, InvalidJob),
+    ("negative timeout", {"timeout": -1.5}, InvalidJob),
+    ("NaN timeout", {"timeout": math.nan}, InvalidJob),
+    ("over-long unique key", {"unique_key": "u" * 256}, InvalidJob),
+    ("negative unique_for", {"unique_key": "u", "unique_for": -1}, InvalidJob),
+    ("over-long group", {"group": "g" * 256}, InvalidJob),
+    ("over-long multibyte key", {"key": "é" * 128}, InvalidJob),
+]
+
+BAD_BATCHES: list[tuple[str, dict[str, Any]]] = [
+    ("over-long key", {"key": "k" * 256}),
+    ("max_attempts over 1000", {"max_attempts": 1001}),
+    ("zero timeout", {"timeout": 0}),
+    ("over-long unique key", {"unique_keys": ["u", "u" * 256]}),
+    ("negative unique_for", {"unique_keys": ["u", "v"], "unique_for": -1}),
+    ("over-long group", {"group": "g" * 256}),
 ]
 
 
@@ -66,6 +86,13 @@ def test_bad_enqueue_is_refused_and_writes_nothing(
     arguments: dict[str, Any] = {"queue": "reports", "payload": {"report_id": 1}, **given}
     with pytest.raises(error):
         client.enqueue(arguments.pop("queue"), arguments.pop("payload"), **arguments)
+    _nothing_written(client)
+
+
+@pytest.mark.parametrize("given", [b[1] for b in BAD_BATCHES], ids=[b[0] for b in BAD_BATCHES])
+def test_bad_batch_is_refused_and_writes_nothing(client: Client, given: dict[str, Any]) -> None:
+    with pytest.raises(InvalidJob):
+        client.enqueue_many("reports", [{"n": 1}, {"n": 2}], **given)
     _nothing_written(client)
 
 
