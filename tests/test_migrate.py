@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import psycopg
+import pytest
 
 import leaseq
 from leaseq import _migrate as migrate
@@ -74,3 +75,32 @@ def test_migrations_are_numbered_without_gaps() -> None:
 
     versions = [version for version, _, _ in migration_files()]
     assert versions == list(range(1, len(versions) + 1))
+
+
+def test_a_migration_cut_short_by_a_statement_timeout_writes_nothing(
+    database_url: str, schema: str
+) -> None:
+    """A client's statement_timeout bounds migrate() too (the README says so): a
+    migration that waits past it (here for another migrator's lock, as on a busy
+    server) fails as StatementTimeout, leaves no trace, and a client without the
+    timeout then applies every migration."""
+    with psycopg.connect(database_url) as other_migrator:  # holds the lock until rollback
+        # Should migrate() wait on regardless, the server ends this session (and the
+        # lock) after 10 s, so that the test fails instead of hanging.
+        other_migrator.execute("SET idle_in_transaction_session_timeout = '10s'")
+        other_migrator.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('leaseq.migrate'), hashtext(%s))", (schema,)
+        )
+        with (
+            leaseq.Queue(database_url, schema=schema, statement_timeout=0.3) as hurried,
+            pytest.raises(leaseq.StatementTimeout),
+        ):
+            hurried.migrate()
+        other_migrator.rollback()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)
+        ).fetchone()
+    assert found == (0,)
+    with leaseq.Queue(database_url, schema=schema) as patient:
+        assert patient.migrate() == list(range(1, migrate.latest_version() + 1))
