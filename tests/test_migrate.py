@@ -88,9 +88,9 @@ def test_a_migration_cut_short_by_a_statement_timeout_writes_nothing(
         # Should migrate() wait on regardless, the server ends this session (and the
         # lock) after 10 s, so that the test fails instead of hanging.
         other_migrator.execute("SET idle_in_transaction_session_timeout = '10s'")
-        other_migrator.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('leaseq.migrate'), hashtext(%s))", (schema,)
-        )
+        with leaseq.Queue(database_url, schema=schema) as client:
+            lock = client._store.migration_lock()  # the lock migrate() takes first
+        other_migrator.execute(lock.sql, lock.params)
         with (
             leaseq.Queue(database_url, schema=schema, statement_timeout=0.3) as hurried,
             pytest.raises(leaseq.StatementTimeout),
