@@ -296,6 +296,47 @@ def test_fenced_writes_find_each_claim_by_its_key_whatever_the_statistics_say(
         assert touched < 300, (name, touched)
 
 
+def test_a_fenced_batch_does_a_few_rows_of_work_per_claim_whatever_its_size(
+    queue: leaseq.Queue,
+) -> None:
+    """A batch of N claims (the worker acknowledges up to 500 at once) must cost
+    each claim a handful of rows in every plan node, never a pass over the whole
+    batch: work of N x N rows in one node makes the batch's cost grow with the
+    square of its size. Measured as the worker's sessions run these statements
+    (generic plans; no hash or merge joins)."""
+    size = 200
+    queue.enqueue_many("reports", [{"n": n} for n in range(size)])
+    batch = queue.claim("reports", limit=size, lease=600)
+    assert len(batch) == size
+    # For the claim, run twice (its generic plan is made by a first, real call).
+    queue.enqueue_many("reports", [{"n": n} for n in range(2 * size)])
+    store = queue._store
+    operations = {
+        "claim": store.claim("reports", limit=size, lease=None),
+        "enqueue_many": store.enqueue_many("reports", [{"n": n} for n in range(size)]),
+        "renew": store.renew(batch),
+        "complete": store.complete(batch),
+        "complete, strict": store.complete(batch, strict=True),
+        "retry": store.retry(batch, delays=[1.0] * size, errors=["e"] * size),
+        "fail": store.fail(batch, ["e"] * size),
+        "release": store.release(batch),
+    }
+    quadratic = []
+    for name, operation in operations.items():
+        plan = _generic_plan(queue, operation)["Plan"]
+        for node in _nodes(plan):
+            # Per-loop figures (EXPLAIN averages them over the node's loops).
+            per_loop = (
+                node["Actual Rows"]
+                + node.get("Rows Removed by Filter", 0)
+                + node.get("Rows Removed by Join Filter", 0)
+            )
+            rows = per_loop * node["Actual Loops"]
+            if rows > 4 * size:
+                quadratic.append((name, node["Node Type"], node.get("Alias"), rows))
+    assert not quadratic
+
+
 def test_the_workers_plans_made_on_a_young_table_still_read_by_key_once_it_grew(
     queue: leaseq.Queue,
 ) -> None:

@@ -214,7 +214,7 @@ class JobOperations(StoreBase):
             "complete.sql",
             claims,
             self._completion(results, claims, strict),
-            lambda row: bool(row[1]),
+            lambda row: bool(row[2]),
         )
 
     def _completion(
@@ -237,7 +237,7 @@ class JobOperations(StoreBase):
             "renew.sql",
             claims,
             {"leases": leases},
-            lambda row: RENEWAL_BUSY if row[2] else row[1],
+            lambda row: RENEWAL_BUSY if row[3] else row[2],
         )
 
     def retry(
@@ -263,7 +263,7 @@ class JobOperations(StoreBase):
             "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
         }
         return self._fenced(
-            "retry.sql", claims, extra, lambda row: None if row[1] is None else JobStatus(row[1])
+            "retry.sql", claims, extra, lambda row: None if row[2] is None else JobStatus(row[2])
         )
 
     def fail(
@@ -279,13 +279,13 @@ class JobOperations(StoreBase):
             "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
             "results_channel": self.results_channel if self._notify_channel else None,
         }
-        return self._fenced("fail.sql", claims, extra, lambda row: bool(row[1]))
+        return self._fenced("fail.sql", claims, extra, lambda row: bool(row[2]))
 
     def release(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
         """Give unfinished claims back at once (shutdown); the attempt is not counted.
 
         Per claim: True if released (now or by an earlier commit of this claim)."""
-        return self._fenced("release.sql", claims, {}, lambda row: bool(row[1]))
+        return self._fenced("release.sql", claims, {}, lambda row: bool(row[2]))
 
     def _fenced(
         self,
@@ -303,8 +303,13 @@ class JobOperations(StoreBase):
         }
 
         def decode(rows: list[Rows]) -> list[tuple[Claim, T]]:
-            by_id = {row[0]: result(row) for row in rows[0]}
-            return [(c, by_id[c.job_id]) for c in claims]
+            # Rows (job_id, written, verdict...): one per job the write changed,
+            # one per claim as the statement's snapshot saw it; the written wins.
+            verdicts: dict[int, T] = {}
+            for row in rows[0]:
+                if row[1] or row[0] not in verdicts:
+                    verdicts[row[0]] = result(row)
+            return [(c, verdicts[c.job_id]) for c in claims]
 
         return Operation((Statement(self.sql(name), params),), decode)
 
@@ -319,7 +324,7 @@ class JobOperations(StoreBase):
             "complete.sql",
             [claim],
             self._completion([result], [claim], strict),
-            lambda row: (bool(row[1]), bool(row[2])),
+            lambda row: (bool(row[2]), bool(row[3])),
         )
 
         def decode(rows: list[Rows]) -> None:

@@ -43,12 +43,16 @@ notified AS (
     FROM failed
     WHERE failed.result_awaited AND %(results_channel)s::text IS NOT NULL
 )
-SELECT c.job_id,
-       failed.job_id IS NOT NULL
-           OR (NOT %(strict)s AND coalesce(before.history @> jsonb_build_array(
-               jsonb_build_object('write', 'fail', 'lease_version', c.lease_version)), false))
-           AS accepted
-FROM claimed AS c
-LEFT JOIN failed ON failed.job_id = c.job_id
-LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id
+-- Rows as every fenced batch write returns them (see complete.sql): one per
+-- job this statement changed (written), then one per claim as the statement's
+-- snapshot saw it: accepted when this claim's own fail had committed before
+-- (a resend), unless strict. A written row wins.
+SELECT failed.job_id, true AS written, true AS accepted
+FROM failed
 CROSS JOIN notified
+UNION ALL
+SELECT c.job_id, false,
+       NOT %(strict)s AND coalesce(before.history @> jsonb_build_array(
+           jsonb_build_object('write', 'fail', 'lease_version', c.lease_version)), false)
+FROM claimed AS c
+LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id

@@ -35,11 +35,15 @@ released AS (
                    'write', 'release', 'lease_version', c.lease_version)))
     RETURNING j.job_id
 )
-SELECT c.job_id,
-       released.job_id IS NOT NULL
-           OR coalesce(before.history @> jsonb_build_array(
-               jsonb_build_object('write', 'release', 'lease_version', c.lease_version)), false)
-           AS accepted
+-- Rows as every fenced batch write returns them (see complete.sql): one per
+-- job this statement changed (written), then one per claim as the statement's
+-- snapshot saw it: accepted when this claim's own release had committed before
+-- (a resend). A written row wins.
+SELECT released.job_id, true AS written, true AS accepted
+FROM released
+UNION ALL
+SELECT c.job_id, false,
+       coalesce(before.history @> jsonb_build_array(
+           jsonb_build_object('write', 'release', 'lease_version', c.lease_version)), false)
 FROM claimed AS c
-LEFT JOIN released ON released.job_id = c.job_id
 LEFT JOIN {schema}.job AS before ON before.job_id = c.job_id

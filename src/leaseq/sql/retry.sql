@@ -49,21 +49,26 @@ retried AS (
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'retry', 'lease_version', c.lease_version)))
     RETURNING j.job_id, j.status
-),
--- This claim's own retry in the history of a job that has moved on since.
-earlier AS (
-    SELECT c.job_id, entry ->> 'outcome' AS outcome
-    FROM claimed AS c
-    JOIN {schema}.job AS before ON before.job_id = c.job_id
-    CROSS JOIN LATERAL jsonb_array_elements(before.history) AS entry
-    WHERE NOT %(strict)s
-      AND before.history @> jsonb_build_array(
-          jsonb_build_object('write', 'retry', 'lease_version', c.lease_version))
-      AND entry @> jsonb_build_object('write', 'retry', 'lease_version', c.lease_version)
 )
-SELECT c.job_id,
-       coalesce(retried.status,
-                CASE earlier.outcome WHEN 'retry' THEN 'queued' WHEN 'failed' THEN 'failed' END)
+-- Rows as every fenced batch write returns them (see complete.sql): one per
+-- job retried (written: its new status), then one per claim as the statement's
+-- snapshot saw it: not strict, the status this claim's own earlier retry
+-- produced, found in the history of a job that has moved on since; else NULL
+-- (lost). A written row wins.
+SELECT retried.job_id, true AS written, retried.status
+FROM retried
+UNION ALL
+SELECT c.job_id, false,
+       CASE earlier.outcome WHEN 'retry' THEN 'queued' WHEN 'failed' THEN 'failed' END
 FROM claimed AS c
-LEFT JOIN retried ON retried.job_id = c.job_id
-LEFT JOIN earlier ON earlier.job_id = c.job_id
+LEFT JOIN {schema}.job AS before
+    ON before.job_id = c.job_id
+   AND NOT %(strict)s
+   AND before.history @> jsonb_build_array(
+       jsonb_build_object('write', 'retry', 'lease_version', c.lease_version))
+LEFT JOIN LATERAL (
+    SELECT entry ->> 'outcome' AS outcome
+    FROM jsonb_array_elements(before.history) AS entry
+    WHERE entry @> jsonb_build_object('write', 'retry', 'lease_version', c.lease_version)
+    LIMIT 1
+) AS earlier ON true
