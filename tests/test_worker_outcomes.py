@@ -76,3 +76,72 @@ async def test_a_retry_the_database_turns_into_a_failure_counts_as_failed(
     assert (entry["write"], entry["outcome"]) == ("retry", "failed")  # sent as a retry
     stats = running.worker.stats
     assert (stats.retried, stats.failed) == (0, 1)
+
+
+async def _synchronous_commit(client: leaseq.AsyncQueue) -> str:
+    async with client.connection() as conn:
+        row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_only_acknowledgements_may_skip_the_wal_flush_and_only_when_told(
+    database_url: str, schema: str, durable: bool
+) -> None:
+    """A claim must be durable before its job starts: one lost in a crash would hand
+    its lease_version out again. So must renewals (they extend a lease someone may
+    rely on). Acknowledgements may commit without waiting for the flush, and only
+    when the application opts out of durable ones."""
+    from leaseq._worker.connections import WorkerClients
+
+    async with leaseq.AsyncQueue(database_url, schema=schema) as plain:
+        server_default = await _synchronous_commit(plain)
+    assert server_default != "off"  # or this test could not tell anything apart
+    clients = WorkerClients.open(
+        database_url,
+        schema,
+        concurrency=2,
+        listen_dsn=None,
+        durable_acknowledgements=durable,
+    )
+    try:
+        assert await _synchronous_commit(clients.claims) == server_default
+        assert await _synchronous_commit(clients.renewals) == server_default
+        acknowledgements = await _synchronous_commit(clients.acknowledgements)
+        assert acknowledgements == (server_default if durable else "off")
+    finally:
+        await clients.close()
+
+
+async def test_a_worker_without_durable_acknowledgements_finishes_every_job_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+
+    @app.task("work", backoff=(0, 0))
+    async def handler(job: leaseq.JobContext) -> str:
+        ran.append(job.payload["n"])
+        if job.payload["n"] % 10 == 0 and job.attempts == 1:
+            raise RuntimeError("once")  # a retry, acknowledged the same way
+        return "ok"
+
+    ids = (await aqueue.enqueue_many("work", [{"n": n} for n in range(60)])).inserted
+    worker = leaseq.Worker(
+        app,
+        dsn=database_url,
+        concurrency=8,
+        poll_interval=0.1,
+        maintenance=False,
+        durable_acknowledgements=False,
+    )
+    running = Running(worker)
+    await _until(lambda: _all_finished(aqueue, "work"))
+    assert await _synchronous_commit(worker._clients.acknowledgements) == "off"
+    await running.stop()
+    jobs = [await aqueue.get(job_id) for job_id in ids]
+    assert {job.status for job in jobs} == {JobStatus.DONE}
+    assert sorted(ran) == sorted(list(range(60)) + list(range(0, 60, 10)))
+    assert [await aqueue.result(job_id) for job_id in ids] == ["ok"] * 60
+    assert (worker.stats.completed, worker.stats.retried) == (60, 6)

@@ -220,3 +220,14 @@ def test_a_cli_worker_runs_process_handlers_in_its_children(
     pids = {queue.result(job_id) for job_id in ids}
     assert process.pid not in pids
     assert 1 <= len(pids) <= 2  # a child per slot, reused
+
+
+def test_a_cli_worker_without_durable_acknowledgements_runs_each_job_once(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn
+) -> None:
+    queue = setup_tables
+    ids = queue.enqueue_many("work", [{} for _ in range(12)])
+    process = spawn_worker("--burst", "--concurrency", "4", "--no-durable-acknowledgements")
+    assert process.wait(60) == 0, output_of(process)
+    assert _effects(queue) == dict.fromkeys(ids, 1)
+    assert {queue.get(job_id).status for job_id in ids} == {JobStatus.DONE}

@@ -25,6 +25,7 @@ from . import _validate as validate
 from ._async_operators import AsyncOperatorCalls
 from ._client_base import ClientBase
 from ._db import (
+    ASYNC_ACKNOWLEDGEMENT_OPTIONS,
     SERVICE_OPTIONS,
     WORKER_OPTIONS,
     AsyncConnection,
@@ -345,4 +346,6 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
 WORKER_CONNECTIONS = WORKER_OPTIONS
 #: The same, for the worker's sessions that send leaseq's statements only.
 SERVICE_CONNECTIONS = SERVICE_OPTIONS
+#: The acknowledgement session's, with durable acknowledgements turned off.
+ASYNC_ACKNOWLEDGEMENT_CONNECTIONS = ASYNC_ACKNOWLEDGEMENT_OPTIONS
 # async-only: end

@@ -121,6 +121,13 @@ def migrate(database_url: str | None, schema: str) -> None:
 )
 @click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
 @click.option(
+    "--durable-acknowledgements/--no-durable-acknowledgements",
+    default=True,
+    show_default=True,
+    help="Wait for the WAL flush when acknowledging outcomes; --no-...: faster, and a "
+    "database crash may run the last acknowledged jobs again.",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Exit once no job is claimable now and none runs (no periodic jobs).",
@@ -174,6 +181,7 @@ def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> N
         shutdown_grace=options["shutdown_grace"],
         maintenance=options["maintenance"],
         maintenance_interval=options["maintenance_interval"],
+        durable_acknowledgements=options["durable_acknowledgements"],
     )
     port = options["metrics_port"]
     if port:  # port 0 (any free port) stays 0 in every process

@@ -29,6 +29,7 @@ from .._waiting import raise_if_cancelling
 from .errors import translated_errors, unreachable
 from .listening import anotified, notified
 from .options import (
+    ASYNC_ACKNOWLEDGEMENT_OPTIONS,
     CONNECTION_OPTIONS,
     SERVICE_OPTIONS,
     WORKER_OPTIONS,
@@ -37,6 +38,7 @@ from .options import (
 
 # Re-exported: what the clients need of the connections' settings.
 __all__ = [
+    "ASYNC_ACKNOWLEDGEMENT_OPTIONS",
     "SERVICE_OPTIONS",
     "WORKER_OPTIONS",
     "AsyncConnection",

@@ -6,13 +6,22 @@ their own (they send one statement at a time): none of them ever waits for a
 handler to give one back. Every client carries ``WORKER_CONNECTIONS``
 (keepalives, a TCP user timeout, no long idle transactions); the services'
 own sessions keep one generic plan per statement (``SERVICE_CONNECTIONS``).
+With durable acknowledgements off, the acknowledgement session commits without
+waiting for the WAL flush (``ASYNC_ACKNOWLEDGEMENT_CONNECTIONS``); the claims
+never do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .._async_client import SERVICE_CONNECTIONS, WORKER_CONNECTIONS, AsyncQueue
+from .._async_client import (
+    ASYNC_ACKNOWLEDGEMENT_CONNECTIONS,
+    SERVICE_CONNECTIONS,
+    WORKER_CONNECTIONS,
+    AsyncQueue,
+)
 from .._sync_client import Queue
 
 
@@ -27,14 +36,18 @@ class WorkerClients:
 
     @classmethod
     def open(
-        cls, dsn: str, schema: str, *, concurrency: int, listen_dsn: str | None
+        cls,
+        dsn: str,
+        schema: str,
+        *,
+        concurrency: int,
+        listen_dsn: str | None,
+        durable_acknowledgements: bool = True,
     ) -> WorkerClients:
         """The clients (their pools open on first use); ``listen_dsn`` None: no listener."""
 
-        def own(on: str = dsn) -> AsyncQueue:
-            return AsyncQueue(
-                on, schema=schema, pool_size=1, connection_options=SERVICE_CONNECTIONS
-            )
+        def own(on: str = dsn, options: dict[str, Any] = SERVICE_CONNECTIONS) -> AsyncQueue:
+            return AsyncQueue(on, schema=schema, pool_size=1, connection_options=options)
 
         return cls(
             # One connection per slot: every sync handler may hold one at once.
@@ -46,7 +59,11 @@ class WorkerClients:
             ),
             claims=own(),
             renewals=own(),
-            acknowledgements=own(),
+            acknowledgements=own(
+                options=SERVICE_CONNECTIONS
+                if durable_acknowledgements
+                else ASYNC_ACKNOWLEDGEMENT_CONNECTIONS
+            ),
             listener=None if listen_dsn is None else own(listen_dsn),
         )
 
