@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PEERS = ("leaseq", "procrastinate", "pgqueuer")
+#: leaseq's opt-in Worker(durable_acknowledgements=False), measured beside its default.
+ASYNC_ACKS = {"durable_acknowledgements": False}
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,13 @@ def one_rep(s: Sizes) -> list[list[Step]]:
         [
             *(Step("w2_c10", n, {**drain, "concurrency": 10}) for n in PEERS),
             Step("raw_b100", "raw", {**raw_drain, "concurrency": 100}),
+            # leaseq's opt-in, beside its default in the same rotation (not a target row).
+            Step("w2_c10_async_acks", "leaseq", {**drain, **ASYNC_ACKS, "concurrency": 10}),
         ],
-        [Step("w2_c50", n, {**drain, "concurrency": 50}) for n in PEERS],
+        [
+            *(Step("w2_c50", n, {**drain, "concurrency": 50}) for n in PEERS),
+            Step("w2_c50_async_acks", "leaseq", {**drain, **ASYNC_ACKS, "concurrency": 50}),
+        ],
         [
             *(Step("w2_2p", n, {**drain, "concurrency": 10, "processes": 2}) for n in PEERS),
             Step("raw_b100_2p", "raw", {**raw_drain, "concurrency": 100, "processes": 2}),

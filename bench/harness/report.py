@@ -212,6 +212,31 @@ def notify_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def async_acks_table(summary: dict[str, Any]) -> list[str]:
+    """leaseq's opt-in Worker(durable_acknowledgements=False), beside its default in
+    the same rotation: what it buys, and where it puts leaseq against the peers."""
+    lines = [
+        "| leaseq's opt-in `durable_acknowledgements=False` (jobs/s) | durable (default) | "
+        "opt-in | opt-in ÷ default | opt-in ÷ best peer |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for workload, title in (
+        ("w2_c10", "W2 drain, concurrency 10"),
+        ("w2_c50", "W2 drain, concurrency 50"),
+    ):
+        opt_in = f"{workload}_async_acks"
+        if opt_in not in summary:
+            continue
+        default = med(summary, workload, "leaseq", "rate")
+        fast = med(summary, opt_in, "leaseq", "rate")
+        lines.append(
+            f"| {title} | {fmt(summary.get(workload, {}).get('leaseq', {}).get('rate'))} | "
+            f"{fmt(summary[opt_in].get('leaseq', {}).get('rate'))} | {ratio(fast, default)} | "
+            f"{ratio(fast, best_peer(summary, workload, 'rate'))} |"
+        )
+    return lines
+
+
 def soak_table(runs: list[dict[str, Any]]) -> list[str]:
     soaks = [r["result"] for r in runs if r["workload"] == "w5"]
     if not soaks:
@@ -253,6 +278,7 @@ def markdown(doc: dict[str, Any]) -> str:
         budget_table(summary, doc["machine"]["cpus"]),
         backlog_table(summary, doc.get("backlog", 0)),
         notify_table(summary),
+        async_acks_table(summary),
         soak_table(runs),
     ):
         if len(table) > 2:

@@ -3,7 +3,8 @@
 Knobs (why in bench/README.md): Worker(concurrency=N, maintenance=False) with the
 defaults otherwise (LISTEN on, poll 1 s, metrics on, as a user gets them);
 AsyncQueue(pool_size=10, notify=True) for producers. The soak turns retention
-and the maintenance leader on.
+and the maintenance leader on. The *_async_acks drains run the opt-in
+Worker(durable_acknowledgements=False), beside the default.
 
     .venv/bin/python bench/systems/leaseq_sys.py case '<json>'
 """
@@ -81,6 +82,7 @@ async def work(options: dict[str, Any], recorder: Recorder) -> None:
         dsn=options["dsn"],
         concurrency=options["concurrency"],
         maintenance=options.get("maintenance", False),
+        durable_acknowledgements=options.get("durable_acknowledgements", True),
     )
     task = asyncio.create_task(worker.run())
     await recorder.stop.wait()
