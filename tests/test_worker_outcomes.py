@@ -90,9 +90,10 @@ async def test_only_acknowledgements_may_skip_the_wal_flush_and_only_when_told(
     database_url: str, schema: str, durable: bool
 ) -> None:
     """A claim must be durable before its job starts: one lost in a crash would hand
-    its lease_version out again. So must renewals (they extend a lease someone may
-    rely on). Acknowledgements may commit without waiting for the flush, and only
-    when the application opts out of durable ones."""
+    its lease_version out again. So must renewals: the worker runs on under a
+    confirmed renewal, and one lost in a crash would let another worker claim the
+    job meanwhile. Acknowledgements may commit without waiting for the flush, and
+    only when the application opts out of durable ones."""
     from leaseq._worker.connections import WorkerClients
 
     async with leaseq.AsyncQueue(database_url, schema=schema) as plain:
