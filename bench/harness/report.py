@@ -220,18 +220,14 @@ def async_acks_table(summary: dict[str, Any]) -> list[str]:
         "opt-in | opt-in ÷ default | opt-in ÷ best peer |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for workload, title in (
-        ("w2_c10", "W2 drain, concurrency 10"),
-        ("w2_c50", "W2 drain, concurrency 50"),
-    ):
+    for workload, title, _, _ in THROUGHPUT:
         opt_in = f"{workload}_async_acks"
         if opt_in not in summary:
             continue
-        default = med(summary, workload, "leaseq", "rate")
-        fast = med(summary, opt_in, "leaseq", "rate")
+        cells = [summary.get(w, {}).get("leaseq", {}).get("rate") for w in (workload, opt_in)]
+        default, fast = (None if c is None else c["median"] for c in cells)
         lines.append(
-            f"| {title} | {fmt(summary.get(workload, {}).get('leaseq', {}).get('rate'))} | "
-            f"{fmt(summary[opt_in].get('leaseq', {}).get('rate'))} | {ratio(fast, default)} | "
+            f"| {title} | {' | '.join(fmt(c) for c in cells)} | {ratio(fast, default)} | "
             f"{ratio(fast, best_peer(summary, workload, 'rate'))} |"
         )
     return lines
