@@ -169,7 +169,9 @@ class Database:
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
-        self._pool = ConnectionPool(**_pool_settings(dsn, min_size, max_size, options))
+        self._settings = _pool_settings(dsn, min_size, max_size, options)
+        self._pool = ConnectionPool(**self._settings)
+        #: True once the pool is open: only then may a caller go to it without the lock.
         self._opened = False
         self._lock = threading.Lock()
 
@@ -177,12 +179,16 @@ class Database:
         if not self._opened:
             with self._lock:
                 if not self._opened:
-                    # The pool stays open on a timeout and keeps trying in the background.
-                    self._opened = True
                     try:
                         self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
                         raise unreachable(self.dsn) from None
+                    finally:
+                        # Set once open, never before: a caller that sees it set
+                        # asks the pool directly, and a pool not open yet refuses.
+                        # (On a timeout the pool stays open and keeps trying in
+                        # the background; after a cancellation it may not be.)
+                        self._opened = not self._pool.closed
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -229,10 +235,13 @@ class Database:
         return notified(self.dsn, self._options, statement)
 
     def close(self) -> None:
-        """Close the pool (it opens again on the next use)."""
-        if self._opened:
-            self._pool.close()
-            self._opened = False
+        """Close the pool (a new one opens on the next use)."""
+        with self._lock:
+            if self._opened:
+                self._pool.close()
+                # A psycopg pool once closed cannot open again.
+                self._pool = ConnectionPool(**self._settings)
+                self._opened = False
 
 
 class AsyncDatabase:
@@ -250,7 +259,9 @@ class AsyncDatabase:
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
-        self._pool = AsyncConnectionPool(**_pool_settings(dsn, min_size, max_size, options))
+        self._settings = _pool_settings(dsn, min_size, max_size, options)
+        self._pool = AsyncConnectionPool(**self._settings)
+        #: True once the pool is open: only then may a caller go to it without the lock.
         self._opened = False
         self._lock = asyncio.Lock()
 
@@ -258,12 +269,16 @@ class AsyncDatabase:
         if not self._opened:
             async with self._lock:
                 if not self._opened:
-                    # The pool stays open on a timeout and keeps trying in the background.
-                    self._opened = True
                     try:
                         await self._pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:
                         raise unreachable(self.dsn) from None
+                    finally:
+                        # Set once open, never before: a caller that sees it set
+                        # asks the pool directly, and a pool not open yet refuses.
+                        # (On a timeout the pool stays open and keeps trying in
+                        # the background; after a cancellation it may not be.)
+                        self._opened = not self._pool.closed
                     # The pool waits with asyncio.wait_for, which on Python 3.11
                     # returns when the first connection and a cancellation of this
                     # task arrive together: the cancellation must not be lost.
@@ -317,10 +332,13 @@ class AsyncDatabase:
         return anotified(self.dsn, self._options, statement)
 
     async def close(self) -> None:
-        """Close the pool (it opens again on the next use)."""
-        if self._opened:
-            await self._pool.close()
-            self._opened = False
+        """Close the pool (a new one opens on the next use)."""
+        async with self._lock:
+            if self._opened:
+                await self._pool.close()
+                # A psycopg pool once closed cannot open again.
+                self._pool = AsyncConnectionPool(**self._settings)
+                self._opened = False
 
     # -- sessions outside the pool (asyncio only: the worker's) --------------------
 
