@@ -84,6 +84,9 @@ def test_find_jobs_reports_the_lease_remaining_of_running_jobs(client: Client) -
         {"status": "nope"},
         {"payload": ["not", "a", "mapping"]},
         {"payload": {}},
+        {"payload": {"customer": "a\x00b"}},  # jsonb has no NUL
+        {"payload": {"a\x00": 1}},
+        {"payload": {"nested": [{"x": "\x00"}]}},
         {"error": ""},
         {"limit": 0},
         {"limit": 1001},

@@ -9,16 +9,23 @@ pool's open (rare, but seen in CI: a burst worker's first handlers got "the pool
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import socket
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import leaseq
 from leaseq import JobStatus
+from leaseq._worker import connections
 
 #: How long the pool's open is held up: long enough for every other caller to arrive.
 SLOW_OPEN = 0.2
@@ -138,3 +145,198 @@ async def test_a_closed_async_queue_opens_again_on_its_next_use(
         assert await (await conn.execute("SELECT 2")).fetchone() == (2,)
     await queue.close()
     await queue.close()
+
+
+# -- a database that is not there at first --------------------------------------------
+
+
+@pytest.fixture
+def later_database(database_url: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A DSN of a database that does not exist yet, and ``create()`` to make it."""
+    name = f"t_later_{uuid.uuid4().hex[:12]}"
+
+    def create() -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+    yield make_conninfo(database_url, dbname=name), create
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_queue_whose_first_use_found_no_database_works_once_there_is_one(
+    later_database: tuple[str, Callable[[], None]],
+) -> None:
+    dsn, create = later_database
+    queue = leaseq.Queue(dsn, connect_timeout=1)
+    for _ in range(2):  # each use while it is missing says so, typed
+        with pytest.raises(leaseq.DatabaseUnavailable, match="does not exist"):
+            queue.stats()
+    create()
+    queue.migrate()
+    job_id = queue.enqueue("reports", {})
+    assert queue.get(job_id).status is JobStatus.QUEUED
+    queue.close()
+
+
+async def test_an_async_queue_whose_first_use_found_no_database_works_once_there_is_one(
+    later_database: tuple[str, Callable[[], None]],
+) -> None:
+    dsn, create = later_database
+    queue = leaseq.AsyncQueue(dsn, connect_timeout=1)
+    for _ in range(2):
+        with pytest.raises(leaseq.DatabaseUnavailable, match="does not exist"):
+            await queue.stats()
+    create()
+    await queue.migrate()
+    job_id = await queue.enqueue("reports", {})
+    assert (await queue.get(job_id)).status is JobStatus.QUEUED
+    await queue.close()
+
+
+async def test_a_worker_started_while_its_database_refuses_connections_works_once_it_accepts(
+    later_database: tuple[str, Callable[[], None]],
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It keeps trying (its pools fail to open, more than once), and runs the job once
+    the database takes connections again."""
+    dsn, create = later_database
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    create()
+    async with leaseq.AsyncQueue(dsn) as queue:
+        await queue.migrate()
+        job_id = await queue.enqueue("reports", {})
+
+    def allow_connections(allowed: bool) -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
+
+    # The worker's pools give up opening after 1 s instead of 30: several fail in a test.
+    monkeypatch.setattr(connections, "Queue", functools.partial(leaseq.Queue, connect_timeout=1))
+    monkeypatch.setattr(
+        connections, "AsyncQueue", functools.partial(leaseq.AsyncQueue, connect_timeout=1)
+    )
+    app = leaseq.App()
+    ran: list[int] = []
+
+    @app.task("reports")
+    async def handler(job: leaseq.JobContext) -> None:
+        ran.append(job.job_id)
+
+    allow_connections(False)
+    worker = leaseq.Worker(app, dsn=dsn, concurrency=2, poll_interval=0.1)
+    running = asyncio.create_task(worker.run())
+    await asyncio.sleep(4)  # several pools fail to open meanwhile
+    assert not running.done(), running.exception()
+    assert ran == []
+    allow_connections(True)
+    async with leaseq.AsyncQueue(dsn) as queue:
+        deadline = time.monotonic() + 60
+        while (await queue.get(job_id)).status is not JobStatus.DONE:
+            assert time.monotonic() < deadline, "the worker never ran the job"
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.1)
+    worker.request_stop()
+    await asyncio.wait_for(running, 30)
+    assert ran == [job_id]
+
+
+# -- a server that accepts and never answers -------------------------------------------
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A DSN of a loopback socket that accepts connections and never says a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(100)
+    yield f"postgresql://postgres@127.0.0.1:{server.getsockname()[1]}/postgres"
+    server.close()
+
+
+async def test_an_async_queue_that_cannot_connect_never_stops_its_event_loop(
+    silent_server: str,
+) -> None:
+    """While its connections time out, the loop's other tasks (a worker's renewals)
+    keep running: no blocking connect on the loop."""
+    longest_gap = 0.0
+
+    async def ticker() -> None:
+        nonlocal longest_gap
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            longest_gap, last = max(longest_gap, now - last), now
+
+    ticking = asyncio.create_task(ticker())
+    queue = leaseq.AsyncQueue(silent_server, connect_timeout=1)
+    with pytest.raises(leaseq.DatabaseUnavailable):
+        await queue.stats()
+    await asyncio.sleep(0.05)  # the ticker's next tick records a stall just ended
+    ticking.cancel()
+    # a connect attempt is 2 s at least (libpq's minimum): a blocked loop shows it
+    assert longest_gap < 1.0
+
+
+def test_wait_result_against_a_server_that_never_answers_ends(silent_server: str) -> None:
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            leaseq.Queue(silent_server, connect_timeout=1).wait_result(1, timeout=1)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=call, daemon=True)
+    waiting.start()
+    waiting.join(60)
+    assert not waiting.is_alive(), "wait_result still waiting for a connection"
+    assert [type(exc) for exc in outcome] == [leaseq.DatabaseUnavailable]
+
+
+# -- cancellations ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3, 4])
+async def test_a_close_cancelled_midway_leaves_a_queue_that_opens_again(
+    database_url: str, turns: int
+) -> None:
+    queue = leaseq.AsyncQueue(database_url)
+    async with queue.connection() as conn:
+        await conn.execute("SELECT 1")
+    closing = asyncio.create_task(queue.close())
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    async with queue.connection() as conn:
+        assert await (await conn.execute("SELECT 2")).fetchone() == (2,)
+    await queue.close()
+
+
+async def test_wait_result_keeps_a_cancellation_that_arrives_as_it_stops_listening(
+    aqueue: leaseq.AsyncQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job is done; the caller is cancelled while wait_result closes its LISTEN
+    connection: the caller must end cancelled, not with the result."""
+    job_id = await aqueue.enqueue("reports", {})
+    (claim,) = await aqueue.claim("reports")
+    await aqueue.complete(claim, result={"answer": 42})
+    closing = asyncio.Event()
+    close = psycopg.AsyncConnection.close
+
+    async def observed_close(conn: psycopg.AsyncConnection[Any]) -> None:
+        if not closing.is_set():
+            closing.set()
+            await asyncio.sleep(0)  # a close takes a loop turn at least
+        await close(conn)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "close", observed_close)
+    waiting = asyncio.create_task(aqueue.wait_result(job_id, timeout=10))
+    await closing.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting

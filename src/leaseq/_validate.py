@@ -300,9 +300,14 @@ def payload_filter(value: object) -> str | None:
     if not isinstance(value, Mapping) or not value:
         raise InvalidArgument(f"payload filter must be a non-empty mapping, got {value!r}")
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"payload filter is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise InvalidArgument(
+            "payload filter contains a NUL character, which PostgreSQL's jsonb refuses"
+        )
+    return text
 
 
 def search_window(value: object) -> int:

@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._statement import Operation, Plan, Rows, Statement, Steps
 from .._waiting import raise_if_cancelling
-from .errors import translated_errors, unreachable
+from .errors import aunreachable, translated_errors, unreachable
 from .listening import anotified, notified
 from .options import (
     ASYNC_ACKNOWLEDGEMENT_OPTIONS,
@@ -155,7 +155,13 @@ def _pool_settings(
 
 
 class Database:
-    """A lazily opened pool of autocommit connections (sync)."""
+    """A lazily opened pool of autocommit connections (sync).
+
+    The pool is made and opened by its first user, under a lock: callers that
+    arrive meanwhile wait for it, and none sees a pool that is not open yet. A
+    pool that could not open (psycopg closes it) or that :meth:`close` closed is
+    dropped, and the next use opens a new one: a psycopg pool cannot reopen.
+    """
 
     def __init__(
         self,
@@ -170,31 +176,32 @@ class Database:
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
         self._settings = _pool_settings(dsn, min_size, max_size, options)
-        self._pool = ConnectionPool(**self._settings)
-        #: True once the pool is open: only then may a caller go to it without the lock.
-        self._opened = False
+        #: The open pool; None until the first use, and again after a close.
+        self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
 
-    def _ensure_open(self) -> None:
-        if not self._opened:
+    def _open_pool(self) -> ConnectionPool:
+        pool = self._pool
+        if pool is None:
             with self._lock:
-                if not self._opened:
+                pool = self._pool
+                if pool is None:
+                    pool = ConnectionPool(**self._settings)
                     try:
-                        self._pool.open(wait=True, timeout=self.open_timeout)
-                    except PoolTimeout:
-                        raise unreachable(self.dsn) from None
-                    finally:
-                        # Set once open, never before: a caller that sees it set
-                        # asks the pool directly, and a pool not open yet refuses.
-                        # (On a timeout the pool stays open and keeps trying in
-                        # the background; after a cancellation it may not be.)
-                        self._opened = not self._pool.closed
+                        pool.open(wait=True, timeout=self.open_timeout)
+                    except PoolTimeout:  # the pool closed itself
+                        raise unreachable(self.dsn, self.open_timeout) from None
+                    except BaseException:
+                        pool.close()
+                        raise
+                    self._pool = pool  # only once open: callers without the lock use it
+        return pool
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A connection of the pool (autocommit), back in the pool afterwards."""
-        self._ensure_open()
-        with translated_errors(), self._pool.connection() as conn:
+        pool = self._open_pool()
+        with translated_errors(), pool.connection() as conn:
             yield conn
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
@@ -237,15 +244,14 @@ class Database:
     def close(self) -> None:
         """Close the pool (a new one opens on the next use)."""
         with self._lock:
-            if self._opened:
-                self._pool.close()
-                # A psycopg pool once closed cannot open again.
-                self._pool = ConnectionPool(**self._settings)
-                self._opened = False
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
 
 class AsyncDatabase:
-    """A lazily opened pool of autocommit connections (asyncio)."""
+    """A lazily opened pool of autocommit connections (asyncio); opened, dropped
+    and opened again as :class:`Database`'s."""
 
     def __init__(
         self,
@@ -260,36 +266,37 @@ class AsyncDatabase:
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
         self._settings = _pool_settings(dsn, min_size, max_size, options)
-        self._pool = AsyncConnectionPool(**self._settings)
-        #: True once the pool is open: only then may a caller go to it without the lock.
-        self._opened = False
+        #: The open pool; None until the first use, and again after a close.
+        self._pool: AsyncConnectionPool | None = None
         self._lock = asyncio.Lock()
 
-    async def _ensure_open(self) -> None:
-        if not self._opened:
+    async def _open_pool(self) -> AsyncConnectionPool:
+        pool = self._pool
+        if pool is None:
             async with self._lock:
-                if not self._opened:
+                pool = self._pool
+                if pool is None:
+                    pool = AsyncConnectionPool(**self._settings)
                     try:
-                        await self._pool.open(wait=True, timeout=self.open_timeout)
-                    except PoolTimeout:
-                        raise unreachable(self.dsn) from None
-                    finally:
-                        # Set once open, never before: a caller that sees it set
-                        # asks the pool directly, and a pool not open yet refuses.
-                        # (On a timeout the pool stays open and keeps trying in
-                        # the background; after a cancellation it may not be.)
-                        self._opened = not self._pool.closed
-                    # The pool waits with asyncio.wait_for, which on Python 3.11
-                    # returns when the first connection and a cancellation of this
-                    # task arrive together: the cancellation must not be lost.
-                    raise_if_cancelling()
+                        await pool.open(wait=True, timeout=self.open_timeout)
+                        # The pool waits with asyncio.wait_for, which on Python 3.11
+                        # returns when the first connection and a cancellation of
+                        # this task arrive together: the cancellation must not be lost.
+                        raise_if_cancelling()
+                    except PoolTimeout:  # the pool closed itself
+                        raise await aunreachable(self.dsn, self.open_timeout) from None
+                    except BaseException:
+                        await pool.close()
+                        raise
+                    self._pool = pool  # only once open: callers without the lock use it
+        return pool
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
         """A connection of the pool (autocommit), back in the pool afterwards."""
-        await self._ensure_open()
+        pool = await self._open_pool()
         with translated_errors():
-            async with self._pool.connection() as conn:
+            async with pool.connection() as conn:
                 yield conn
 
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
@@ -334,11 +341,11 @@ class AsyncDatabase:
     async def close(self) -> None:
         """Close the pool (a new one opens on the next use)."""
         async with self._lock:
-            if self._opened:
-                await self._pool.close()
-                # A psycopg pool once closed cannot open again.
-                self._pool = AsyncConnectionPool(**self._settings)
-                self._opened = False
+            # Dropped before the wait: a close cancelled midway leaves no closed
+            # pool behind for the next use.
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
 
     # -- sessions outside the pool (asyncio only: the worker's) --------------------
 

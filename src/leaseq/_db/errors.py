@@ -7,6 +7,7 @@ query interrupted by its task's cancellation the task's cancellation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -61,6 +62,10 @@ def translated_errors() -> Iterator[None]:
     """
     try:
         yield
+    except PoolTimeout as exc:  # a psycopg.Error too: caught first, for its own type
+        raise DatabaseUnavailable(
+            redact(f"cannot reach the database: no connection in time ({exc})")
+        ) from exc
     except psycopg.Error as exc:
         _scrub(exc)
         raise_if_cancelling(exc)
@@ -75,8 +80,6 @@ def translated_errors() -> Iterator[None]:
         if kind is NotMigrated:
             message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
         raise kind(message) from exc
-    except PoolTimeout as exc:
-        raise DatabaseUnavailable(redact(f"no database connection in time: {exc}")) from exc
     except OSError as exc:
         raise_if_cancelling(exc)
         raise TransientError(redact(f"{type(exc).__name__}: {exc}")) from exc
@@ -94,14 +97,40 @@ def _scrub(error: BaseException) -> None:
         current = current.__cause__ or current.__context__
 
 
-def unreachable(dsn: str) -> DatabaseUnavailable:
+def unreachable(dsn: str, open_timeout: float) -> DatabaseUnavailable:
     """Why the pool could not open: one direct attempt tells the real reason.
 
     The reason is scrubbed (sanitize): libpq may quote the DSN's password in it.
     """
     try:
-        psycopg.connect(dsn, connect_timeout=5, **CONNECTION_OPTIONS).close()
+        psycopg.connect(
+            dsn, connect_timeout=_diagnosis_timeout(open_timeout), **CONNECTION_OPTIONS
+        ).close()
     except psycopg.Error as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return DatabaseUnavailable(f"cannot connect to the database: {sanitize(reason)}")
+        return _unavailable(exc)
     return DatabaseUnavailable("cannot connect to the database: timed out")
+
+
+async def aunreachable(dsn: str, open_timeout: float) -> DatabaseUnavailable:
+    """The async twin of :func:`unreachable`: its attempt must not stop the event
+    loop (the worker's renewals run on it)."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(
+            dsn, connect_timeout=_diagnosis_timeout(open_timeout), **CONNECTION_OPTIONS
+        )
+        await conn.close()
+    except psycopg.Error as exc:
+        raise_if_cancelling(exc)
+        return _unavailable(exc)
+    return DatabaseUnavailable("cannot connect to the database: timed out")
+
+
+def _diagnosis_timeout(open_timeout: float) -> int:
+    """Seconds for the diagnosis's connection: at most 5, at most the caller's own
+    timeout, and at least libpq's minimum of 2."""
+    return max(2, min(5, math.ceil(open_timeout)))
+
+
+def _unavailable(exc: psycopg.Error) -> DatabaseUnavailable:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnavailable(f"cannot connect to the database: {sanitize(reason)}")

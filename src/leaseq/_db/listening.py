@@ -20,9 +20,12 @@ from typing import Any
 import psycopg
 
 from .._statement import Statement
+from .._waiting import raise_if_cancelling
 
 #: How long ``anotified`` waits for its LISTEN before it yields all the same.
 LISTEN_READY_SECONDS = 5.0
+#: The sync twin's bound on its connection (libpq counts whole seconds).
+LISTEN_CONNECT_SECONDS = 5
 
 
 @contextlib.contextmanager
@@ -31,7 +34,11 @@ def notified(
 ) -> Iterator[Callable[[float], None]]:
     conn: psycopg.Connection[Any] | None = None
     with contextlib.suppress(psycopg.Error, OSError):
-        conn = psycopg.Connection.connect(dsn, **{**options, "autocommit": True})
+        # Bounded as the async twin's readiness wait: a server that accepts and
+        # never answers must not hold wait_result past its timeout.
+        conn = psycopg.Connection.connect(
+            dsn, **{"connect_timeout": LISTEN_CONNECT_SECONDS, **options, "autocommit": True}
+        )
         conn.execute(statement.sql)
 
     def wait(seconds: float) -> None:
@@ -92,3 +99,6 @@ async def anotified(
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listener
+        # A cancellation of the caller that arrived while the listener ended was
+        # swallowed with the listener's own just above: it must still propagate.
+        raise_if_cancelling()

