@@ -50,6 +50,10 @@ class Leaseq:
         self.queue = leaseq.AsyncQueue(
             dsn, schema=self.schema, notify=self.notify, pool_size=self.pool_size
         )
+        # Its pool opens on first use: opened here, before the clock starts, as
+        # the other systems connect in their open().
+        async with self.queue.connection():
+            pass
 
     async def close(self) -> None:
         if self.queue is not None:
