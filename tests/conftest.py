@@ -21,6 +21,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 import leaseq
 from leaseq.testing import aset_clock_offset
@@ -181,3 +182,42 @@ def connect(database_url: str) -> Iterator[Callable[..., psycopg.Connection[tupl
     yield open_connection
     for conn in opened:
         conn.close()
+
+
+class SpareDatabase:
+    """A database of the test's own on the session's server, which the test may
+    create late, and close to connections (as a server that is down would be)."""
+
+    def __init__(self, server_url: str) -> None:
+        self.name = f"t_spare_{uuid.uuid4().hex[:12]}"
+        self._server_url = server_url
+        self.dsn = make_conninfo(server_url, dbname=self.name)
+
+    def _run(self, statement: str) -> None:
+        with psycopg.connect(self._server_url, autocommit=True) as conn:
+            conn.execute(statement)
+
+    def create(self) -> None:
+        self._run(f'CREATE DATABASE "{self.name}"')
+
+    def refuse_connections(self) -> None:
+        """New connections are refused, and the open ones are ended."""
+        self._run(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS false')
+        self._run(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{self.name}' AND pid <> pg_backend_pid()"
+        )
+
+    def accept_connections(self) -> None:
+        self._run(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS true')
+
+    def drop(self) -> None:
+        self._run(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def spare_database(database_url: str) -> Iterator[SpareDatabase]:
+    """A :class:`SpareDatabase`, not created yet; dropped after the test."""
+    spare = SpareDatabase(database_url)
+    yield spare
+    spare.drop()

@@ -14,18 +14,18 @@ import functools
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import leaseq
 from leaseq import JobStatus
 from leaseq._worker import connections
+
+from .conftest import SpareDatabase
 
 #: How long the pool's open is held up: long enough for every other caller to arrive.
 SLOW_OPEN = 0.2
@@ -150,29 +150,14 @@ async def test_a_closed_async_queue_opens_again_on_its_next_use(
 # -- a database that is not there at first --------------------------------------------
 
 
-@pytest.fixture
-def later_database(database_url: str) -> Iterator[tuple[str, Callable[[], None]]]:
-    """A DSN of a database that does not exist yet, and ``create()`` to make it."""
-    name = f"t_later_{uuid.uuid4().hex[:12]}"
-
-    def create() -> None:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-    yield make_conninfo(database_url, dbname=name), create
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def test_a_queue_whose_first_use_found_no_database_works_once_there_is_one(
-    later_database: tuple[str, Callable[[], None]],
+    spare_database: SpareDatabase,
 ) -> None:
-    dsn, create = later_database
-    queue = leaseq.Queue(dsn, connect_timeout=1)
+    queue = leaseq.Queue(spare_database.dsn, connect_timeout=1)
     for _ in range(2):  # each use while it is missing says so, typed
         with pytest.raises(leaseq.DatabaseUnavailable, match="does not exist"):
             queue.stats()
-    create()
+    spare_database.create()
     queue.migrate()
     job_id = queue.enqueue("reports", {})
     assert queue.get(job_id).status is JobStatus.QUEUED
@@ -180,14 +165,13 @@ def test_a_queue_whose_first_use_found_no_database_works_once_there_is_one(
 
 
 async def test_an_async_queue_whose_first_use_found_no_database_works_once_there_is_one(
-    later_database: tuple[str, Callable[[], None]],
+    spare_database: SpareDatabase,
 ) -> None:
-    dsn, create = later_database
-    queue = leaseq.AsyncQueue(dsn, connect_timeout=1)
+    queue = leaseq.AsyncQueue(spare_database.dsn, connect_timeout=1)
     for _ in range(2):
         with pytest.raises(leaseq.DatabaseUnavailable, match="does not exist"):
             await queue.stats()
-    create()
+    spare_database.create()
     await queue.migrate()
     job_id = await queue.enqueue("reports", {})
     assert (await queue.get(job_id)).status is JobStatus.QUEUED
@@ -195,22 +179,15 @@ async def test_an_async_queue_whose_first_use_found_no_database_works_once_there
 
 
 async def test_a_worker_started_while_its_database_refuses_connections_works_once_it_accepts(
-    later_database: tuple[str, Callable[[], None]],
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
+    spare_database: SpareDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """It keeps trying (its pools fail to open, more than once), and runs the job once
     the database takes connections again."""
-    dsn, create = later_database
-    name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    create()
+    dsn = spare_database.dsn
+    spare_database.create()
     async with leaseq.AsyncQueue(dsn) as queue:
         await queue.migrate()
         job_id = await queue.enqueue("reports", {})
-
-    def allow_connections(allowed: bool) -> None:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}')
 
     # The worker's pools give up opening after 1 s instead of 30: several fail in a test.
     monkeypatch.setattr(connections, "Queue", functools.partial(leaseq.Queue, connect_timeout=1))
@@ -224,13 +201,13 @@ async def test_a_worker_started_while_its_database_refuses_connections_works_onc
     async def handler(job: leaseq.JobContext) -> None:
         ran.append(job.job_id)
 
-    allow_connections(False)
+    spare_database.refuse_connections()
     worker = leaseq.Worker(app, dsn=dsn, concurrency=2, poll_interval=0.1)
     running = asyncio.create_task(worker.run())
     await asyncio.sleep(4)  # several pools fail to open meanwhile
     assert not running.done(), running.exception()
     assert ran == []
-    allow_connections(True)
+    spare_database.accept_connections()
     async with leaseq.AsyncQueue(dsn) as queue:
         deadline = time.monotonic() + 60
         while (await queue.get(job_id)).status is not JobStatus.DONE:

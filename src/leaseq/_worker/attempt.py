@@ -157,24 +157,21 @@ class AttemptRunner:
             return _retry_or_fail(task, claim, request.delay, request.reason)
         except LeaseLost:
             return None
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if attempt.lost:
                 return None
             if self._attempts.releasing:
                 return Outcome(Kind.RELEASE, claim)
-            raise
-        except Exception as exc:  # a TimeoutError the handler raised itself included
-            if context.completed:  # the job's transaction already completed it
-                log.warning(
-                    "job %d raised after completing: %r",
-                    claim.job_id,
-                    exc,
-                    extra=job_fields(claim, error=repr(exc)),
-                )
-                return None
-            if task.errors.classify(exc) is Verdict.FAIL:
-                return Outcome(Kind.FAIL, claim, error=exc)
-            return _retry_or_fail(task, claim, None, exc)
+            if _cancelling():
+                raise  # this attempt's task was cancelled: not the handler's outcome
+            # the handler's own CancelledError (it awaited something cancelled)
+            return _raised(task, context, exc)
+        except BaseException as exc:  # every error of a handler is its outcome
+            # An Exception (a TimeoutError the handler raised itself included), and
+            # what is not one: a SystemExit (argparse's parser.error), a
+            # KeyboardInterrupt, a BaseException of its own. Left to propagate, those
+            # stopped the event loop, the whole worker with it, its claims running.
+            return _raised(task, context, exc)
         if context.completed:
             if returned is not None:  # its transaction's completion committed without it
                 log.warning(
@@ -220,6 +217,29 @@ class AttemptRunner:
     def _timed_out(self, attempt: Attempt) -> None:
         self._stats.timeouts += 1
         attempt.context.mark_lost("timed out")  # job.transaction() now refuses
+
+
+def _raised(task: Task, context: JobContext, exc: BaseException) -> Outcome | None:
+    """The outcome of a handler that raised ``exc``: its task's ErrorPolicy says."""
+    claim = context.claim
+    if context.completed:  # the job's transaction already completed it
+        log.warning(
+            "job %d raised after completing: %r",
+            claim.job_id,
+            exc,
+            extra=job_fields(claim, error=repr(exc)),
+        )
+        return None
+    if task.errors.classify(exc) is Verdict.FAIL:
+        return Outcome(Kind.FAIL, claim, error=exc)
+    return _retry_or_fail(task, claim, None, exc)
+
+
+def _cancelling() -> bool:
+    """Whether the current task was asked to cancel (a CancelledError may also come
+    from something a handler awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _retry_or_fail(task: Task, claim: Claim, delay: float | None, error: object) -> Outcome:

@@ -12,6 +12,7 @@ notification, a stop request all set it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 from .._logs import get_logger, job_fields
@@ -119,15 +120,24 @@ class AttemptRegistry:
         if attempt.cancellable and attempt.task is not None and not attempt.acknowledging:
             attempt.task.cancel()
 
-    async def release_all(self) -> None:
+    async def release_all(self, timeout: float) -> None:
         """Stop every attempt whose handler still runs; each task then releases its job.
 
         Async handlers first: cancelled, they stop (and clean up) before their release.
         A sync handler's thread cannot be stopped: its job is released while the thread
         runs on; it is a daemon and ends with the process, and job.lost fences it.
         Acknowledged attempts just wait for their flush.
+
+        Waits ``timeout`` seconds at most: with the database away, the releases (and
+        flushes) would be retried forever. What is not acknowledged by then is left
+        to its lease's expiry, as after a crash.
         """
         self.releasing = True
+        deadline = time.monotonic() + timeout
+        # Attempts of a claim that returned just before the stop may not have
+        # started: a task cancelled before its first step never runs its body, so
+        # its job would be neither run nor released. One turn of the loop starts them.
+        await asyncio.sleep(0)
         left = list(self._by_claim.values())
         for cancellable in (True, False):
             tasks = [a.task for a in left if a.task is not None and a.cancellable is cancellable]
@@ -136,7 +146,19 @@ class AttemptRegistry:
                     attempt.context.mark_lost("worker shutting down")
                     if attempt.task is not None:
                         attempt.task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if tasks:
+                await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0.0))
+        unsettled = [a.task for a in left if a.task is not None and not a.task.done()]
+        if unsettled:
+            log.warning(
+                "%d jobs not acknowledged within %gs of the stop (is the database "
+                "reachable?); their leases will expire and they will run again",
+                len(unsettled),
+                timeout,
+            )
+            for task in unsettled:
+                task.cancel()
+            await asyncio.gather(*unsettled, return_exceptions=True)
 
     def wake(self) -> None:
         self._wakeup.set()

@@ -54,6 +54,11 @@ from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
 
+#: How long a stopping worker waits for its last acknowledgements (the releases,
+#: then whatever is still unflushed) when the database does not take them; then
+#: it leaves them to their leases' expiry, as a crash would.
+ACKNOWLEDGEMENT_WAIT = 10.0
+
 
 class Worker:
     """Runs an :class:`App`'s handlers until told to stop.
@@ -201,7 +206,7 @@ class Worker:
             await asyncio.gather(*background, return_exceptions=True)
             # Bounded: with the database away, pending outcomes are left to lease expiry.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(outcomes.drain(), 10)
+                await asyncio.wait_for(outcomes.drain(), ACKNOWLEDGEMENT_WAIT)
             self._runner.close()
             if untrack is not None:
                 untrack()
@@ -263,7 +268,7 @@ class Worker:
             await self._attempts.sleep_until_woken(deadline - time.monotonic())
         if self._attempts:
             log.warning("releasing %d unfinished jobs", len(self._attempts))
-            await self._attempts.release_all()
+            await self._attempts.release_all(ACKNOWLEDGEMENT_WAIT)
 
     # -- claiming ------------------------------------------------------------------
 

@@ -1,0 +1,164 @@
+"""Edge paths of the worker runtime, each against the real database: what a handler
+may raise, what a handler's process may be sent, how a stop ends."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+from leaseq._worker import runner
+
+from .conftest import SpareDatabase
+
+pytestmark = pytest.mark.asyncio
+
+
+class OwnBaseException(BaseException):
+    """Not an Exception: what some libraries raise to unwind."""
+
+
+def _raise_system_exit() -> None:
+    sys.exit(2)  # argparse's parser.error does this
+
+
+def _raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def _raise_own_base_exception() -> None:
+    raise OwnBaseException("unwound")
+
+
+async def _await_something_cancelled() -> None:
+    inner = asyncio.ensure_future(asyncio.sleep(10))
+    inner.cancel()
+    await inner  # raises CancelledError in the handler: not the worker's cancellation
+
+
+RAISERS: dict[str, Callable[[], Any]] = {
+    "system_exit": _raise_system_exit,
+    "keyboard_interrupt": _raise_keyboard_interrupt,
+    "own_base_exception": _raise_own_base_exception,
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "raised"),
+    [
+        *[(kind, raised) for kind in ("sync", "async") for raised in RAISERS],
+        ("async", "cancelled_error"),  # a sync handler has nothing cancelled to await
+    ],
+)
+async def test_a_handler_that_raises_what_is_not_an_exception_is_retried_and_the_worker_goes_on(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, kind: str, raised: str
+) -> None:
+    """Its first attempt raised; the job runs again and completes, and the worker
+    neither dies nor leaves the job running."""
+    app = leaseq.App(schema=schema)
+
+    if kind == "sync":
+
+        @app.task("work", backoff=(0, 0), max_attempts=3)
+        def sync_handler(job: leaseq.JobContext) -> str:
+            if job.attempts == 1:
+                RAISERS[raised]()
+            return "ok"
+
+    else:
+
+        @app.task("work", backoff=(0, 0), max_attempts=3)
+        async def async_handler(job: leaseq.JobContext) -> str:
+            if job.attempts == 1:
+                if raised == "cancelled_error":
+                    await _await_something_cancelled()
+                else:
+                    RAISERS[raised]()
+            return "ok"
+
+    ids = await aqueue.enqueue_many("work", [{} for _ in range(3)])
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=3, poll_interval=0.1)
+    await asyncio.wait_for(worker.run(burst=True), 60)
+    for job_id in ids:
+        job = await aqueue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.DONE, 2), job.history
+        assert await aqueue.result(job_id) == "ok"
+        assert job.history[0]["outcome"] == "retry"
+    assert (worker.stats.retried, worker.stats.completed) == (3, 3)
+
+
+# -- stopping ---------------------------------------------------------------------------
+
+
+async def test_a_stop_with_the_database_away_ends_and_leaves_the_jobs_to_their_leases(
+    spare_database: SpareDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The releases cannot be sent: the worker still stops (after its grace and a
+    bounded wait for them), and the jobs stay running until their leases expire."""
+    spare_database.create()
+    async with leaseq.AsyncQueue(spare_database.dsn) as queue:
+        await queue.migrate()
+        ids = await queue.enqueue_many("work", [{}, {}])
+    monkeypatch.setattr(runner, "ACKNOWLEDGEMENT_WAIT", 1.0)
+    app = leaseq.App()
+    started: list[int] = []
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        started.append(job.job_id)
+        await asyncio.sleep(3600)
+
+    worker = leaseq.Worker(
+        app, dsn=spare_database.dsn, concurrency=2, poll_interval=0.1, shutdown_grace=0.5
+    )
+    running = asyncio.create_task(worker.run())
+    deadline = time.monotonic() + 30
+    while len(started) < 2:
+        assert time.monotonic() < deadline
+        assert not running.done()
+        await asyncio.sleep(0.05)
+    spare_database.refuse_connections()
+    worker.request_stop()
+    done, _ = await asyncio.wait({running}, timeout=90)
+    assert done, "the worker did not stop while its database was away"
+    spare_database.accept_connections()
+    async with leaseq.AsyncQueue(spare_database.dsn) as queue:
+        for job_id in ids:
+            job = await queue.get(job_id)
+            assert job.status is JobStatus.RUNNING  # its lease runs on; then it is recovered
+
+
+async def test_a_stop_that_arrives_while_a_claim_is_in_flight_releases_what_it_claimed(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no grace, the claim's attempts are released at once: none stays claimed
+    by a worker that is gone."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(3600)
+
+    ids = await aqueue.enqueue_many("work", [{}, {}, {}])
+    worker = leaseq.Worker(
+        app, dsn=database_url, concurrency=3, poll_interval=0.1, lease=60, shutdown_grace=0
+    )
+    claim = leaseq.AsyncQueue.claim
+
+    async def claim_then_stop(self: leaseq.AsyncQueue, *args: Any, **kwargs: Any) -> Any:
+        claims = await claim(self, *args, **kwargs)
+        if claims:
+            worker.request_stop()  # the signal came while the claim was on its way
+        return claims
+
+    monkeypatch.setattr(leaseq.AsyncQueue, "claim", claim_then_stop)
+    await asyncio.wait_for(worker.run(), 60)
+    jobs = [await aqueue.get(job_id) for job_id in ids]
+    assert [job.status for job in jobs] == [JobStatus.QUEUED] * 3, [job.history for job in jobs]
+    assert worker.stats.released == 3
