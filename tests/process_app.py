@@ -77,3 +77,10 @@ def raises(job: leaseq.JobContext) -> None:
             raise leaseq.PermanentError("not worth a retry")
         case _:
             raise ValueError("bad value")
+
+
+def patient(job: leaseq.JobContext) -> None:
+    """Say it started (with its pid), take two seconds, then the effect, completed."""
+    _record(job, "started")
+    time.sleep(2)
+    effect(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from typing import Any
 
 import pytest
@@ -178,3 +179,56 @@ def test_process_handlers_are_checked_when_declared(schema: str) -> None:
     with pytest.raises(leaseq.InvalidArgument, match="executor"):
         app.task("c", executor="fork")
     assert app.tasks == {}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_a_signal_sent_to_the_whole_process_group_does_not_end_a_childs_job(
+    tables: leaseq.Queue, database_url: str, schema: str, signum: int
+) -> None:
+    """Ctrl-C in a terminal (SIGINT) and a service manager's stop (SIGTERM) reach
+    every process of the group, the handlers' children too. The worker decides how
+    its jobs end (it finishes them within its grace, or releases them); a child
+    must not die of it (the job failed) nor send it back as the handler's error."""
+    queue = tables
+    job_id = queue.enqueue("patient", {"schema": schema})
+    app = leaseq.App(schema=schema)
+    app.task("patient", executor="process")(process_app.patient)
+    draining = asyncio.create_task(adrain(app, dsn=database_url, timeout=60))
+    while not (started := _rows(queue, "SELECT pid FROM {schema}.seen WHERE what = 'started'")):
+        await asyncio.sleep(0.05)
+    ((child,),) = started
+    os.kill(child, signum)  # what the group's signal does to the child
+    stats = await draining
+    job = queue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.DONE, 1), job.history
+    assert _rows(queue, "SELECT job_id FROM {schema}.effect") == [(job_id,)]
+    assert stats.completed == 1
+
+
+@pytest.mark.asyncio
+async def test_an_idle_child_that_died_is_replaced_before_it_is_handed_a_job(
+    tables: leaseq.Queue, aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Its job must run, at its first attempt (one attempt is all it has)."""
+    queue = tables
+    first = queue.enqueue("patient", {"schema": schema})
+    app = leaseq.App(schema=schema)
+    app.task("patient", executor="process", max_attempts=1)(process_app.patient)
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=1, poll_interval=0.1)
+    running = asyncio.create_task(worker.run())
+    try:
+        while (await aqueue.get(first)).status is not JobStatus.DONE:
+            assert not running.done()
+            await asyncio.sleep(0.05)
+        ((child,),) = _rows(queue, "SELECT pid FROM {schema}.seen WHERE job_id = %s", first)
+        os.kill(child, signal.SIGKILL)  # the OOM killer, say, while it was idle
+        await asyncio.sleep(0.5)
+        second = await aqueue.enqueue("patient", {"schema": schema})
+        while (job := await aqueue.get(second)).status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            assert not running.done()
+            await asyncio.sleep(0.05)
+        assert (job.status, job.attempts) == (JobStatus.DONE, 1), job.history
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)

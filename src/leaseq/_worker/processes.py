@@ -16,6 +16,9 @@ the timeout, the hooks and the acknowledgement are the same as for a thread.
   transaction, on the child's own connection), and ``job.lost``, a
   ``threading.Event`` set from a flag the worker raises when the attempt is lost
   (lease lost, timeout, shutdown).
+* Children ignore SIGINT and SIGTERM (sent to the whole process group by a
+  terminal's Ctrl-C or a service manager): the worker stops them itself, after
+  its grace. An idle child found dead is replaced before it is handed a job.
 * A child that does not return within ``KILL_AFTER`` seconds of being told is
   killed and replaced: unlike a thread, a process can be stopped. Its open
   transaction dies with its connection (rolled back). A child that dies on its
@@ -29,6 +32,7 @@ import contextlib
 import importlib
 import multiprocessing
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -87,11 +91,9 @@ class ProcessPool:
 
     def call(self, handler: Callable[[JobContext], Any], context: JobContext) -> Any:
         """Run ``handler(context)`` in a child; blocks the calling (daemon) thread."""
-        child = self._acquire()
+        child = self._hand_over((handler.__module__, handler.__qualname__, context.claim))
         reusable = False
         try:
-            child.lost.value = 0
-            child.pipe.send((handler.__module__, handler.__qualname__, context.claim))
             answer = self._wait(child, context)
             reusable = True
         finally:
@@ -120,18 +122,45 @@ class ProcessPool:
                 child.process.join(1.0)
             child.pipe.close()
 
-    def _acquire(self) -> _Child:
-        with self._lock:
-            if self._closed:
-                raise ProcessHandlerDied("the worker is stopping")
-            if self._idle:
-                return self._idle.pop()
+    def _hand_over(self, work: tuple[str, str, Any]) -> _Child:
+        """A child that took ``work``: an idle one, else a new one.
+
+        An idle child may have died since its last call (killed from outside, the
+        OOM killer): it is replaced, and the job never counts an attempt for it.
+        """
+        while True:
+            child, new = self._acquire()
+            child.lost.value = 0
+            try:
+                child.pipe.send(work)
+            except OSError:  # its end of the pipe is gone: it died while idle
+                self._give_back(child, reusable=False)
+                if new:
+                    raise ProcessHandlerDied(_ended(child)) from None
+                continue
+            return child
+
+    def _acquire(self) -> tuple[_Child, bool]:
+        """An idle child that is still alive, else a new one (and True)."""
+        dead: list[_Child] = []
+        try:
+            with self._lock:
+                if self._closed:
+                    raise ProcessHandlerDied("the worker is stopping")
+                while self._idle:
+                    child = self._idle.pop()
+                    if child.process.is_alive():
+                        return child, False
+                    dead.append(child)
+        finally:
+            for child in dead:
+                self._give_back(child, reusable=False)
         # At most one call per slot is in flight, and the pool has a child per
         # slot: a new child is always within the size.
         child = self._spawn()
         with self._lock:
             self._children.append(child)
-        return child
+        return child, True
 
     def _give_back(self, child: _Child, reusable: bool) -> None:
         with self._lock:
@@ -191,6 +220,14 @@ def _ended(child: _Child) -> str:
 
 def _child_main(pipe: Pipe, lost: Flag, dsn: str, schema: str) -> None:
     """A child's life: handler calls, one at a time, until told to leave."""
+    # Ctrl-C in a terminal (SIGINT) and a service manager's stop (SIGTERM) reach
+    # the whole process group. The worker decides how its jobs end (finished
+    # within its grace, else released, then this process told and killed): a
+    # child must neither die of the signal mid-job (its job failed) nor send it
+    # back as the handler's KeyboardInterrupt. The worker ends its children
+    # itself (ProcessPool.close), or they leave when its end closes their pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sync_queue = Queue(dsn, schema=schema, pool_size=2)
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
     try:
@@ -208,7 +245,7 @@ def _child_main(pipe: Pipe, lost: Flag, dsn: str, schema: str) -> None:
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 unsent = ProcessHandlerError(f"its return value cannot be sent back: {exc}")
                 pipe.send(("error", unsent, answer[2], None))
-    except (EOFError, KeyboardInterrupt):
+    except EOFError:
         pass  # the worker went away
     finally:
         sync_queue.close()
