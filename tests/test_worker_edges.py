@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -162,3 +163,59 @@ async def test_a_stop_that_arrives_while_a_claim_is_in_flight_releases_what_it_c
     jobs = [await aqueue.get(job_id) for job_id in ids]
     assert [job.status for job in jobs] == [JobStatus.QUEUED] * 3, [job.history for job in jobs]
     assert worker.stats.released == 3
+
+
+# -- the handlers' connections ------------------------------------------------------------
+
+
+async def test_every_sync_handler_may_take_a_connection_inside_its_transaction_at_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """All slots busy, each handler holding its job.transaction() and asking for a
+    job.connection() (an audit row, say): none waits for another's connection."""
+    app = leaseq.App(schema=schema)
+    concurrency = 3
+    inside = threading.Barrier(concurrency, timeout=20)
+
+    @app.task("work")
+    def handler(job: leaseq.JobContext) -> None:
+        with job.transaction() as conn:
+            conn.execute("SELECT 1")
+            inside.wait()  # every slot holds its transaction now
+            with job.connection() as other:
+                other.execute("SELECT 1")
+
+    ids = await aqueue.enqueue_many("work", [{} for _ in range(concurrency)])
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=concurrency, poll_interval=0.1)
+    await asyncio.wait_for(worker.run(burst=True), 120)
+    jobs = [await aqueue.get(job_id) for job_id in ids]
+    assert [(job.status, job.attempts) for job in jobs] == [(JobStatus.DONE, 1)] * concurrency, [
+        job.history for job in jobs
+    ]
+
+
+async def test_every_async_handler_may_hold_its_transaction_at_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    concurrency = 8
+    holding = 0
+    everyone = asyncio.Event()
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        nonlocal holding
+        async with job.atransaction() as conn:
+            await conn.execute("SELECT 1")
+            holding += 1
+            if holding == concurrency:
+                everyone.set()
+            await asyncio.wait_for(everyone.wait(), 20)
+
+    ids = await aqueue.enqueue_many("work", [{} for _ in range(concurrency)])
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=concurrency, poll_interval=0.1)
+    await asyncio.wait_for(worker.run(burst=True), 120)
+    jobs = [await aqueue.get(job_id) for job_id in ids]
+    assert [(job.status, job.attempts) for job in jobs] == [(JobStatus.DONE, 1)] * concurrency, [
+        job.history for job in jobs
+    ]

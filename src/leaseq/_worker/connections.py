@@ -49,13 +49,24 @@ class WorkerClients:
         def own(on: str = dsn, options: dict[str, Any] = SERVICE_CONNECTIONS) -> AsyncQueue:
             return AsyncQueue(on, schema=schema, pool_size=1, connection_options=options)
 
+        # Two connections per slot: every handler may hold its job.transaction()
+        # and take a job.connection() inside it at once (with one per slot, a full
+        # worker's handlers waited for each other until the pool's timeout). The
+        # async pool also serves maintenance and the scheduler. Pools open their
+        # connections as they are asked for, so the room costs nothing unused.
+        handler_connections = 2 * concurrency
         return cls(
-            # One connection per slot: every sync handler may hold one at once.
             handlers=Queue(
-                dsn, schema=schema, pool_size=concurrency, connection_options=WORKER_CONNECTIONS
+                dsn,
+                schema=schema,
+                pool_size=handler_connections,
+                connection_options=WORKER_CONNECTIONS,
             ),
             handlers_async=AsyncQueue(
-                dsn, schema=schema, pool_size=4, connection_options=WORKER_CONNECTIONS
+                dsn,
+                schema=schema,
+                pool_size=handler_connections + 2,
+                connection_options=WORKER_CONNECTIONS,
             ),
             claims=own(),
             renewals=own(),
