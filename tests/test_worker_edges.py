@@ -219,3 +219,91 @@ async def test_every_async_handler_may_hold_its_transaction_at_once(
     assert [(job.status, job.attempts) for job in jobs] == [(JobStatus.DONE, 1)] * concurrency, [
         job.history for job in jobs
     ]
+
+
+# -- job.transaction() used twice ---------------------------------------------------------
+
+
+@pytest.fixture
+def effects(aqueue: leaseq.AsyncQueue, schema: str) -> Callable[[], Any]:
+    """``effects()``: the rows the handlers wrote to the test's ``effect`` table."""
+    table = f'"{schema}".effect'
+
+    async def read() -> list[str]:
+        async with aqueue.connection() as conn:
+            rows = await (await conn.execute(f"SELECT what FROM {table} ORDER BY what")).fetchall()
+        return [row[0] for row in rows]
+
+    return read
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_nested_job_transaction_is_refused_and_nothing_half_commits(
+    aqueue: leaseq.AsyncQueue,
+    database_url: str,
+    schema: str,
+    kind: str,
+    effects: Callable[[], Any],
+) -> None:
+    """A nested block would complete the job on its own; the outer block's
+    completion would then be refused and its writes rolled back, the job done."""
+    async with aqueue.connection() as conn:
+        await conn.execute(f'CREATE TABLE "{schema}".effect (what text)')
+    insert = f'INSERT INTO "{schema}".effect VALUES (%s)'
+    app = leaseq.App(schema=schema)
+
+    if kind == "sync":
+
+        @app.task("work")
+        def sync_handler(job: leaseq.JobContext) -> None:
+            with job.transaction() as outer:
+                outer.execute(insert, ("order row",))
+                with job.transaction() as inner:
+                    inner.execute(insert, ("audit row",))
+
+    else:
+
+        @app.task("work")
+        async def async_handler(job: leaseq.JobContext) -> None:
+            async with job.atransaction() as outer:
+                await outer.execute(insert, ("order row",))
+                async with job.atransaction() as inner:
+                    await inner.execute(insert, ("audit row",))
+
+    job_id = await aqueue.enqueue("work", {})
+    await asyncio.wait_for(
+        leaseq.Worker(app, dsn=database_url, poll_interval=0.1).run(burst=True), 60
+    )
+    job = await aqueue.get(job_id)
+    assert job.status is JobStatus.FAILED  # a mistake in the handler, said at once
+    assert "already open" in job.history[-1]["error"]
+    assert await effects() == []  # neither block committed
+
+
+async def test_a_second_job_transaction_after_the_first_is_refused(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, effects: Callable[[], Any]
+) -> None:
+    async with aqueue.connection() as conn:
+        await conn.execute(f'CREATE TABLE "{schema}".effect (what text)')
+    insert = f'INSERT INTO "{schema}".effect VALUES (%s)'
+    app = leaseq.App(schema=schema)
+    refused: list[BaseException] = []
+
+    @app.task("work")
+    def handler(job: leaseq.JobContext) -> None:
+        with job.transaction() as conn:
+            conn.execute(insert, ("first",))
+        try:
+            with job.transaction() as conn:
+                conn.execute(insert, ("second",))
+        except leaseq.InvalidArgument as exc:
+            refused.append(exc)
+
+    job_id = await aqueue.enqueue("work", {})
+    await asyncio.wait_for(
+        leaseq.Worker(app, dsn=database_url, poll_interval=0.1).run(burst=True), 60
+    )
+    assert (await aqueue.get(job_id)).status is JobStatus.DONE
+    assert await effects() == ["first"]
+    assert len(refused) == 1
+    assert "already completed" in str(refused[0])

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
 from .._async_client import AsyncConnection, AsyncQueue
-from .._errors import LeaseLost
+from .._errors import InvalidArgument, LeaseLost
 from .._retry import Retry
 from .._sync_client import Connection, Queue
 from .._types import Claim
@@ -43,6 +43,7 @@ class JobContext:
         self.result: Any = None
         self._sync = sync_queue
         self._async = async_queue
+        self._transaction_open = False
 
     @property
     def lost(self) -> threading.Event:
@@ -113,6 +114,23 @@ class JobContext:
         if self._lost_flag:
             raise LeaseLost(self.claim.job_id, self.claim.lease_version, "transaction")
 
+    def _check_may_open_transaction(self) -> None:
+        """One job.transaction() per attempt, its only completion: a second one
+        nested in the first would complete the job, and the first's completion
+        then be refused, rolling its writes back in silence."""
+        self._check_owned()
+        job_id = self.claim.job_id
+        if self._transaction_open:
+            raise InvalidArgument(
+                f"job {job_id}: its job.transaction() is already open; write on that "
+                "block's connection (a nested one would complete the job on its own)"
+            )
+        if self.completed:
+            raise InvalidArgument(
+                f"job {job_id}: its job.transaction() already completed it; "
+                "write what comes after on job.connection()"
+            )
+
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A pooled autocommit connection, for writes that are not the job's effect."""
@@ -129,22 +147,30 @@ class JobContext:
         effect rolls back with it: effects in this database happen once. Set
         ``job.result`` inside the block to store a result with that completion.
         """
-        self._check_owned()
-        with self._sync.connection() as conn:
-            with conn.transaction():
-                yield conn
-                self.complete_in(conn)
-            self.mark_completed()
+        self._check_may_open_transaction()
+        self._transaction_open = True
+        try:
+            with self._sync.connection() as conn:
+                with conn.transaction():
+                    yield conn
+                    self.complete_in(conn)
+                self.mark_completed()
+        finally:
+            self._transaction_open = False
 
     @asynccontextmanager
     async def atransaction(self) -> AsyncIterator[AsyncConnection]:
         """The async twin of :meth:`transaction`, for ``async def`` handlers."""
-        self._check_owned()
-        async with self._async.connection() as conn:
-            async with conn.transaction():
-                yield conn
-                await self.acomplete_in(conn)
-            self.mark_completed()
+        self._check_may_open_transaction()
+        self._transaction_open = True
+        try:
+            async with self._async.connection() as conn:
+                async with conn.transaction():
+                    yield conn
+                    await self.acomplete_in(conn)
+                self.mark_completed()
+        finally:
+            self._transaction_open = False
 
     def complete_in(self, conn: Connection) -> None:
         """Complete the job inside the transaction open on ``conn``, with ``job.result``.
