@@ -84,3 +84,10 @@ def patient(job: leaseq.JobContext) -> None:
     _record(job, "started")
     time.sleep(2)
     effect(job)
+
+
+def completes_then_works(job: leaseq.JobContext) -> None:
+    """The effect and the completion first, then three more seconds of work."""
+    effect(job)
+    time.sleep(3)
+    _record(job, "worked on")

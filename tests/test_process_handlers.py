@@ -232,3 +232,27 @@ async def test_an_idle_child_that_died_is_replaced_before_it_is_handed_a_job(
     finally:
         worker.request_stop()
         await asyncio.wait_for(running, 30)
+
+
+@pytest.mark.asyncio
+async def test_a_child_that_completed_its_job_may_work_on_after_its_transaction(
+    tables: leaseq.Queue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its job.transaction() committed the completion; what it does next (a clean-up,
+    a notification) runs to its end: the worker does not take the done job's
+    refused renewal for a lost lease, tell the child, and kill it."""
+    queue = tables
+    monkeypatch.setattr(processes, "KILL_AFTER", 1.0)  # a child told would die before its end
+    job_id = queue.enqueue("completes_then_works", {"schema": schema})
+    app = leaseq.App(schema=schema)
+    # Renewed every ~0.5 s: several renewals fall in the three seconds after the commit.
+    app.task("completes_then_works", executor="process", lease=1.0)(
+        process_app.completes_then_works
+    )
+    stats = await adrain(app, dsn=database_url, timeout=60)
+    assert queue.get(job_id).status is JobStatus.DONE
+    assert _rows(queue, "SELECT what FROM {schema}.seen WHERE job_id = %s", job_id) == [
+        ("worked on",)
+    ]
+    assert stats.lost_leases == 0
+    assert stats.completed == 1

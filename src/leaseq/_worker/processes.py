@@ -45,6 +45,7 @@ from typing import Any
 
 from .._async_client import AsyncQueue
 from .._sync_client import Queue
+from .._types import Claim
 from .context import JobContext
 
 #: A byte shared with a child (``multiprocessing.Value("b", lock=False)``): 1 once
@@ -73,7 +74,8 @@ class ProcessHandlerError(Exception):
 class _Child:
     process: SpawnProcess
     pipe: Pipe
-    lost: Flag
+    lost: Flag  # raised by the worker: the attempt is lost
+    completed: Flag  # raised by the child: its job.transaction() committed the completion
 
 
 class ProcessPool:
@@ -131,6 +133,7 @@ class ProcessPool:
         while True:
             child, new = self._acquire()
             child.lost.value = 0
+            child.completed.value = 0
             try:
                 child.pipe.send(work)
             except OSError:  # its end of the pipe is gone: it died while idle
@@ -176,15 +179,16 @@ class ProcessPool:
     def _spawn(self) -> _Child:
         ours, theirs = self._context.Pipe()
         lost = self._context.Value("b", 0, lock=False)
+        completed = self._context.Value("b", 0, lock=False)
         process = self._context.Process(
             target=_child_main,
-            args=(theirs, lost, self._dsn, self._schema),
+            args=(theirs, lost, completed, self._dsn, self._schema),
             name="leaseq-process-handler",
             daemon=True,
         )
         process.start()
         theirs.close()
-        return _Child(process, ours, lost)
+        return _Child(process, ours, lost, completed)
 
     def _wait(self, child: _Child, context: JobContext) -> tuple[str, Any, bool, Any]:
         """The child's answer; tells it when the attempt is lost, kills it if it stays."""
@@ -198,6 +202,14 @@ class ProcessPool:
                 return answer
             if not child.process.is_alive():
                 raise ProcessHandlerDied(_ended(child))
+            if child.completed.value:
+                # Its job.transaction() committed: the job is done, whatever the
+                # handler does next. The worker stops renewing its lease now (a
+                # renewal of a done job is refused, and read as a lost lease that
+                # would get this child told, then killed) and waits for its answer.
+                if not context.completed:
+                    context.mark_completed()
+                continue
             if context.lost.is_set():
                 if told_at is None:
                     child.lost.value = 1
@@ -218,7 +230,7 @@ def _ended(child: _Child) -> str:
 # -- in the child --------------------------------------------------------------------
 
 
-def _child_main(pipe: Pipe, lost: Flag, dsn: str, schema: str) -> None:
+def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) -> None:
     """A child's life: handler calls, one at a time, until told to leave."""
     # Ctrl-C in a terminal (SIGINT) and a service manager's stop (SIGTERM) reach
     # the whole process group. The worker decides how its jobs end (finished
@@ -239,7 +251,8 @@ def _child_main(pipe: Pipe, lost: Flag, dsn: str, schema: str) -> None:
             except Exception as exc:  # an import error of the user's module, say
                 answer = ("error", _sendable(exc), False, None)
             else:
-                answer = _run_one(handler, JobContext(claim, sync_queue, async_queue), lost)
+                context = _ChildJobContext(claim, sync_queue, async_queue, completed)
+                answer = _run_one(handler, context, lost)
             try:
                 pipe.send(answer)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -249,6 +262,21 @@ def _child_main(pipe: Pipe, lost: Flag, dsn: str, schema: str) -> None:
         pass  # the worker went away
     finally:
         sync_queue.close()
+
+
+class _ChildJobContext(JobContext):
+    """The handler's JobContext in a child: a completion its job.transaction()
+    committed is told to the worker at once, through a shared flag."""
+
+    def __init__(
+        self, claim: Claim, sync_queue: Queue, async_queue: AsyncQueue, completed: Flag
+    ) -> None:
+        super().__init__(claim, sync_queue, async_queue)
+        self._completed_flag = completed
+
+    def mark_completed(self) -> None:
+        super().mark_completed()
+        self._completed_flag.value = 1
 
 
 def _run_one(
