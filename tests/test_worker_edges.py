@@ -278,32 +278,3 @@ async def test_a_nested_job_transaction_is_refused_and_nothing_half_commits(
     assert job.status is JobStatus.FAILED  # a mistake in the handler, said at once
     assert "already open" in job.history[-1]["error"]
     assert await effects() == []  # neither block committed
-
-
-async def test_a_second_job_transaction_after_the_first_is_refused(
-    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, effects: Callable[[], Any]
-) -> None:
-    async with aqueue.connection() as conn:
-        await conn.execute(f'CREATE TABLE "{schema}".effect (what text)')
-    insert = f'INSERT INTO "{schema}".effect VALUES (%s)'
-    app = leaseq.App(schema=schema)
-    refused: list[BaseException] = []
-
-    @app.task("work")
-    def handler(job: leaseq.JobContext) -> None:
-        with job.transaction() as conn:
-            conn.execute(insert, ("first",))
-        try:
-            with job.transaction() as conn:
-                conn.execute(insert, ("second",))
-        except leaseq.InvalidArgument as exc:
-            refused.append(exc)
-
-    job_id = await aqueue.enqueue("work", {})
-    await asyncio.wait_for(
-        leaseq.Worker(app, dsn=database_url, poll_interval=0.1).run(burst=True), 60
-    )
-    assert (await aqueue.get(job_id)).status is JobStatus.DONE
-    assert await effects() == ["first"]
-    assert len(refused) == 1
-    assert "already completed" in str(refused[0])

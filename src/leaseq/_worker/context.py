@@ -115,20 +115,15 @@ class JobContext:
             raise LeaseLost(self.claim.job_id, self.claim.lease_version, "transaction")
 
     def _check_may_open_transaction(self) -> None:
-        """One job.transaction() per attempt, its only completion: a second one
-        nested in the first would complete the job, and the first's completion
-        then be refused, rolling its writes back in silence."""
+        """No job.transaction() inside another: the inner one would complete the
+        job, and the outer one's completion then be refused, rolling its writes
+        back in silence. (One after the first committed is refused by the
+        database: AlreadyCompleted, its writes rolled back.)"""
         self._check_owned()
-        job_id = self.claim.job_id
         if self._transaction_open:
             raise InvalidArgument(
-                f"job {job_id}: its job.transaction() is already open; write on that "
-                "block's connection (a nested one would complete the job on its own)"
-            )
-        if self.completed:
-            raise InvalidArgument(
-                f"job {job_id}: its job.transaction() already completed it; "
-                "write what comes after on job.connection()"
+                f"job {self.claim.job_id}: its job.transaction() is already open; write "
+                "on that block's connection (a nested one would complete the job on its own)"
             )
 
     @contextmanager
