@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 import pytest
@@ -26,6 +26,19 @@ class NotJson:
     pass
 
 
+class NoOffset(tzinfo):
+    """A tzinfo that knows no offset: Python counts such a datetime as naive."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> str | None:
+        return None
+
+
 BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("empty queue name", {"queue": ""}, InvalidJob),
     ("queue name with spaces", {"queue": "my queue"}, InvalidJob),
@@ -45,6 +58,14 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("absurd delay", {"delay": 10 * 365 * 24 * 3600 + 1}, InvalidJob),
     ("string delay", {"delay": "10"}, InvalidJob),
     ("naive run_at", {"run_at": datetime(2030, 1, 1)}, InvalidJob),
+    (
+        "run_at whose tzinfo has no offset",
+        {"run_at": datetime(2030, 1, 1, tzinfo=NoOffset())},
+        InvalidJob,
+    ),
+    ("delay too large for a float", {"delay": 10**400}, InvalidJob),
+    ("timeout too large for a float", {"timeout": 10**400}, InvalidJob),
+    ("unique_for too large for a float", {"unique_key": "u", "unique_for": 10**400}, InvalidJob),
     ("delay and run_at", {"delay": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)}, InvalidJob),
     ("over-long key", {"key": "k" * 256}, InvalidJob),
     ("empty key", {"key": ""}, InvalidJob),
@@ -73,6 +94,7 @@ BAD_BATCHES: list[tuple[str, dict[str, Any]]] = [
     ("zero timeout", {"timeout": 0}),
     ("over-long unique key", {"unique_keys": ["u", "u" * 256]}),
     ("negative unique_for", {"unique_keys": ["u", "v"], "unique_for": -1}),
+    ("delay too large for a float", {"delay": 10**400}),
     ("over-long group", {"group": "g" * 256}),
 ]
 
@@ -191,3 +213,12 @@ def test_error_text_is_short_and_has_no_secrets(client: Client) -> None:
     assert "hunter2" not in stored
     assert stored.startswith("ConnectionError: could not reach postgresql://app:***@db.internal")
     assert len(stored) <= 2000
+
+
+def test_an_empty_unique_batch_enqueues_nothing(client: Client) -> None:
+    """As an empty plain batch does; a bad unique_for is still refused."""
+    with pytest.raises(InvalidJob):
+        client.enqueue_many("reports", [], unique_keys=[], unique_for=-1)
+    _nothing_written(client)
+    assert client.enqueue_many("reports", [], unique_keys=[]) == []
+    assert client.enqueue_many("reports", []) == []

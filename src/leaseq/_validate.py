@@ -95,7 +95,10 @@ def integer(value: object, what: str, allowed: range) -> int:
 def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float: out of range all the same
+        number = math.inf
     low_ok = number >= 0 if allow_zero else number > 0
     if not math.isfinite(number) or not low_ok or number > maximum:
         bound = ">= 0" if allow_zero else "> 0"
@@ -133,18 +136,24 @@ def unique(key: object, window: object) -> tuple[str | None, float | None]:
         if window is not None:
             raise InvalidJob("unique_for needs a unique_key")
         return None, None
+    return text_key(key, "unique key"), unique_window(window)
+
+
+def unique_window(window: object) -> float | None:
+    """How long a done unique job keeps holding its key (``unique_for``)."""
+    if window is None:
+        return None
     try:
-        text = text_key(key, "unique key")
-        held_for = None if window is None else seconds(window, "unique_for", MAX_DELAY_SECONDS)
+        return seconds(window, "unique_for", MAX_DELAY_SECONDS)
     except InvalidArgument as exc:
         raise InvalidJob(str(exc)) from None
-    return text, held_for
 
 
 def run_at(value: object) -> datetime | None:
     if value is None:
         return None
-    if not isinstance(value, datetime) or value.tzinfo is None:
+    # Aware means an offset, not just a tzinfo: one whose utcoffset() is None is naive.
+    if not isinstance(value, datetime) or value.utcoffset() is None:
         raise InvalidJob("run_at must be a timezone-aware datetime")
     return value
 

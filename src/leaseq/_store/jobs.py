@@ -136,7 +136,9 @@ class JobOperations(StoreBase):
         if isinstance(unique_keys, str) or len(unique_keys) != len(encoded):
             raise InvalidJob("unique_keys must have one key per payload")
         keys = [validate.unique(k, unique_for)[0] for k in unique_keys]
-        params |= {"unique_keys": keys, "unique_for": validate.unique(keys[0], unique_for)[1]}
+        params |= {"unique_keys": keys, "unique_for": validate.unique_window(unique_for)}
+        if not keys:
+            return Operation((), lambda _: JobIds([]))
 
         def decode(r: list[Rows]) -> JobIds:
             rows = sorted(r[0])  # (position, job_id, existing), by input position
@@ -144,8 +146,6 @@ class JobOperations(StoreBase):
                 [job_id for _, job_id, _ in rows], existing=[found for _, _, found in rows]
             )
 
-        if not keys:
-            return Operation((), lambda _: JobIds([]))
         return Operation((Statement(self.sql("enqueue_many_unique.sql"), params),), decode)
 
     @staticmethod
