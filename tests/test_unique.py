@@ -154,6 +154,21 @@ def test_enqueue_many_skips_the_duplicates_of_a_batch(client: Client) -> None:
     assert client.stats("invoices")[0].queued == 3
 
 
+@pytest.mark.parametrize("key", [None, "customer-7"])
+def test_a_unique_batch_runs_in_the_order_it_was_given(client: Client, key: str | None) -> None:
+    """As a plain batch does: first in, first out (and, under an ordering key
+    without seqs, in enqueue order), whatever the order of its unique keys."""
+    client.enqueue_many(
+        "invoices", [{"n": n} for n in range(4)], unique_keys=["d", "b", "c", "a"], key=key
+    )
+    started = []
+    while claims := client.claim("invoices", limit=1):
+        (claim,) = claims
+        started.append(claim.payload["n"])
+        client.complete(claim)
+    assert started == [0, 1, 2, 3]
+
+
 def test_enqueue_many_without_unique_keys_reports_nothing_existing(client: Client) -> None:
     ids = client.enqueue_many("invoices", [{}, {}])
     assert ids.existing == (False, False)

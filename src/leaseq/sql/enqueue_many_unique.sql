@@ -1,16 +1,23 @@
 -- Enqueue many unique jobs of one queue: per input position, the job's id and
 -- whether it already existed (a job of the queue held its key, an earlier row
--- of this batch included). One enqueue_unique() per row, taken in key order,
--- so two batches that share keys take their locks in the same order and never
--- deadlock on each other.
+-- of this batch included). The batch first takes the advisory lock of every
+-- key in key order, so two batches that share keys take their locks in the
+-- same order and never deadlock on each other; then one enqueue_unique() per
+-- row in input order (its own lock of the key is taken again, at no cost), so
+-- the jobs get their ids, and run, in the order they were given.
 WITH input AS (
     SELECT *
     FROM unnest(%(payloads)b::text[], %(payload_bytes)b::integer[], %(seqs)b::bigint[],
                 %(unique_keys)s::text[])
         WITH ORDINALITY AS i (payload, payload_bytes, seq, unique_key, position)
 ),
+locked AS MATERIALIZED (
+    SELECT count(pg_advisory_xact_lock({schema}.unique_lock_class(),
+                                       hashtext(%(queue)s || E'\x1f' || k.unique_key))) AS keys
+    FROM (SELECT DISTINCT unique_key FROM input ORDER BY unique_key) AS k
+),
 ordered AS MATERIALIZED (
-    SELECT * FROM input ORDER BY unique_key, position
+    SELECT i.* FROM input AS i CROSS JOIN locked ORDER BY i.position
 )
 SELECT i.position, u.job_id, u.existing
 FROM ordered AS i
