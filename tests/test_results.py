@@ -154,6 +154,43 @@ def test_wait_result_raises_the_jobs_failure(client: Client) -> None:
         finisher.join()
 
 
+def test_wait_result_hears_a_retry_that_fails_the_job_on_its_last_attempt(
+    client: Client,
+) -> None:
+    job_id = client.enqueue("reports", {}, max_attempts=1)
+    claim = _claim(client)
+    finisher = threading.Timer(0.3, lambda: client.retry(claim, error="upstream down"))
+    finisher.start()
+    try:
+        # No poll within the wait: only the notification can wake it before its
+        # timeout (after it, the last look would find the failure all the same).
+        started = time.monotonic()
+        with pytest.raises(leaseq.JobFailed, match="upstream down"):
+            client.wait_result(job_id, timeout=60, poll_interval=3600)
+        assert time.monotonic() - started < 30
+    finally:
+        finisher.join()
+
+
+def test_wait_result_hears_the_reaper_fail_a_job_whose_last_lease_expired(
+    client: Client, clock: Clock
+) -> None:
+    job_id = client.enqueue("reports", {}, max_attempts=1)
+    claim = _claim(client)
+    clock.advance(claim.lease_seconds + 1)  # its worker died on the last attempt
+    reaper = threading.Timer(0.3, client.reap)
+    reaper.start()
+    try:
+        # No poll within the wait: only the notification can wake it before its
+        # timeout (after it, the last look would find the failure all the same).
+        started = time.monotonic()
+        with pytest.raises(leaseq.JobFailed, match="lease expired"):
+            client.wait_result(job_id, timeout=60, poll_interval=3600)
+        assert time.monotonic() - started < 30
+    finally:
+        reaper.join()
+
+
 def test_wait_result_times_out(client: Client) -> None:
     job_id = client.enqueue("reports", {})
     started = time.monotonic()

@@ -261,6 +261,7 @@ class JobOperations(StoreBase):
                 for d in validate.aligned(delays, claims, "delays")
             ],
             "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
+            "results_channel": self.results_channel if self._notify_channel else None,
         }
         return self._fenced(
             "retry.sql", claims, extra, lambda row: None if row[2] is None else JobStatus(row[2])

@@ -37,7 +37,10 @@ class OperatorOperations(StoreBase):
     """What operators (the CLI, the reaper, a dashboard) run."""
 
     def reap(self, *, limit: int = 1000) -> Operation[ReapResult]:
-        params = {"limit": validate.claim_limit(limit)}
+        params = {
+            "limit": validate.claim_limit(limit),
+            "results_channel": self.results_channel if self._notify_channel else None,
+        }
 
         def decode(rows: list[Rows]) -> ReapResult:
             return ReapResult(

@@ -40,6 +40,12 @@ reaped AS (
       AND j.attempts >= j.max_attempts
       AND (j.status = 'queued'
            OR (j.status = 'running' AND j.lease_until <= {schema}.clock()))
-    RETURNING j.job_id, doomed.was
+    RETURNING j.job_id, doomed.was, j.result_awaited
+),
+-- A job someone waits for (wait_result) is named on the results channel.
+notified AS (
+    SELECT count(pg_notify(%(results_channel)s::text, reaped.job_id::text)) AS sent
+    FROM reaped
+    WHERE reaped.result_awaited AND %(results_channel)s::text IS NOT NULL
 )
-SELECT job_id, was FROM reaped ORDER BY job_id
+SELECT job_id, was FROM reaped CROSS JOIN notified ORDER BY job_id

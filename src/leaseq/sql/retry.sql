@@ -48,7 +48,15 @@ retried AS (
            OR (NOT %(strict)s AND j.status IN ('queued', 'failed')
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'retry', 'lease_version', c.lease_version)))
-    RETURNING j.job_id, j.status
+    RETURNING j.job_id, j.status, j.result_awaited
+),
+-- A retry with no attempts left fails the job: one someone waits for
+-- (wait_result) is named on the results channel, as fail.sql does.
+notified AS (
+    SELECT count(pg_notify(%(results_channel)s::text, retried.job_id::text)) AS sent
+    FROM retried
+    WHERE retried.status = 'failed' AND retried.result_awaited
+      AND %(results_channel)s::text IS NOT NULL
 )
 -- Rows as every fenced batch write returns them (see complete.sql): one per
 -- job retried (written: its new status), then one per claim as the statement's
@@ -57,6 +65,7 @@ retried AS (
 -- (lost). A written row wins.
 SELECT retried.job_id, true AS written, retried.status
 FROM retried
+CROSS JOIN notified
 UNION ALL
 SELECT c.job_id, false,
        CASE earlier.outcome WHEN 'retry' THEN 'queued' WHEN 'failed' THEN 'failed' END
