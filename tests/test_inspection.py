@@ -267,6 +267,23 @@ def test_cancel_running_ends_the_claim_through_the_fence(client: Client, clock: 
     assert again.lease_version > job.lease_version
 
 
+def test_a_replay_cancelled_and_replayed_again_still_waits_for_the_cut_lease(
+    client: Client, clock: Clock
+) -> None:
+    """The replay's own cancel (of a queued job) cuts no lease: the wait for the
+    one an earlier cancel cut short must not be forgotten."""
+    job_id = client.enqueue("mail", {})
+    client.claim("mail", lease=600)
+    assert client.cancel(job_id, running=True)
+    assert client.replay(job_id)
+    assert client.cancel(job_id)  # queued now: cancelled at once
+    assert client.replay(job_id)
+    assert client.claim("mail") == []  # its old run may still be going
+    clock.advance(601)
+    (again,) = client.claim("mail")
+    assert again.job_id == job_id
+
+
 def test_cancel_running_keyed_job_lets_the_key_move_on(client: Client) -> None:
     first = client.enqueue("mail", {}, key="user:1")
     second = client.enqueue("mail", {}, key="user:1")

@@ -9,7 +9,7 @@
 -- and left as it is. The UPDATE re-checks each row's status after locking it,
 -- so concurrent replays never replay a job twice.
 -- A job cancelled while running becomes claimable only once the lease that
--- the cancel cut short would have ended (its history entry keeps that end):
+-- the cancel cut short would have ended (its history entries keep that end):
 -- by then its old handler has been told, so the replay never starts a second
 -- run beside a first one that has not noticed yet.
 -- One audit row per queue holds the replayed ids (none if nothing changed).
@@ -71,8 +71,11 @@ replayed AS (
     SET status = 'queued',
         attempts = 0,
         lease_version = j.lease_version + 1,
-        available_at = greatest({schema}.clock(),
-                                (j.history -> -1 ->> 'cut_lease_until')::timestamptz),
+        -- Every cut lease of its history, not only its last entry's: a replay
+        -- cancelled while queued (no lease cut) and replayed again still waits.
+        available_at = greatest({schema}.clock(), (
+            SELECT max((entry ->> 'cut_lease_until')::timestamptz)
+            FROM jsonb_array_elements(j.history) AS entry)),
         finished_at = NULL,
         -- Counted in the backlog from now on if its queue counts (the trigger
         -- job_backlog_count adds it).
