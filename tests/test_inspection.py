@@ -4,11 +4,14 @@ running job through the fence. Both client legs, against the real database."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from typing import Any
 
 import pytest
 
 import leaseq
-from leaseq import JobStatus, LeaseLost
+from leaseq import JobStatus, LeaseLost, _steps
 
 from .clients import Client
 from .conftest import Clock
@@ -282,6 +285,36 @@ def test_a_replay_cancelled_and_replayed_again_still_waits_for_the_cut_lease(
     clock.advance(601)
     (again,) = client.claim("mail")
     assert again.job_id == job_id
+
+
+def test_a_cancel_that_waited_for_a_claim_to_commit_tells_its_worker(
+    queue: leaseq.Queue, connect: Any
+) -> None:
+    """The job was queued when the cancel began and running when it got the row:
+    it is a running job's cancel all the same (its worker told at once, the audit
+    saying so), not a queued one's."""
+    job_id = queue.enqueue("mail", {})
+    listener = connect(autocommit=True)  # from here: the enqueue's own wake-up is not heard
+    listener.execute(f'LISTEN "{queue._store.channel}"')
+    claimer = connect()  # a claim on its way: done, not committed yet
+    queue._db.run_steps(_steps.claim(queue._store, "mail", limit=1, lease=60), claimer)
+    cancelling = threading.Thread(target=queue.cancel, args=(job_id,), kwargs={"running": True})
+    cancelling.start()
+    watcher = connect(autocommit=True)
+    while not watcher.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%%cancel%%'"
+    ).fetchone():
+        assert cancelling.is_alive()
+        time.sleep(0.01)
+    claimer.commit()
+    cancelling.join(30)
+    job = queue.get(job_id)
+    assert job.status is JobStatus.CANCELLED
+    assert job.history[-1]["previous_status"] == "running"
+    (entry,) = [e for e in queue.audit_log() if e.action == "cancel"]
+    assert entry.detail["previous_status"] == "running"
+    heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert heard == [f"!lost {job_id}"]
 
 
 def test_cancel_running_keyed_job_lets_the_key_move_on(client: Client) -> None:

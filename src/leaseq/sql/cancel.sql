@@ -26,7 +26,10 @@ cancelled AS (
     FROM target AS t
     WHERE j.job_id = t.job_id
       AND (j.status IN ('queued', 'failed') OR (%(running)s AND j.status = 'running'))
-    RETURNING j.job_id, j.queue, t.status AS previous_status
+    -- The status the row had when this UPDATE took it (its new history entry
+    -- says), not the statement snapshot's: a claim that committed while the
+    -- cancel waited for the row made a running job of a queued one.
+    RETURNING j.job_id, j.queue, j.history -> -1 ->> 'previous_status' AS previous_status
 ),
 audit AS (
     INSERT INTO {schema}.audit (at, actor, action, queue, job_ids, detail)
@@ -34,7 +37,7 @@ audit AS (
            ARRAY[c.job_id], jsonb_build_object('previous_status', c.previous_status)
     FROM cancelled AS c
 )
-SELECT t.job_id, t.status, cancelled.job_id IS NOT NULL AS changed,
+SELECT t.job_id, coalesce(cancelled.previous_status, t.status), cancelled.job_id IS NOT NULL AS changed,
        CASE WHEN cancelled.previous_status = 'running' AND %(channel)s::text IS NOT NULL
             THEN pg_notify(%(channel)s::text, '!lost ' || cancelled.job_id) END
 FROM target AS t LEFT JOIN cancelled ON cancelled.job_id = t.job_id
