@@ -401,3 +401,25 @@ def test_a_bad_group_is_refused_and_writes_nothing(client: Client, group: Any) -
     with pytest.raises(InvalidJob):
         client.enqueue_many("mail", [{}], group=group)
     assert client.list_jobs("queued", queue="mail") == []
+
+
+def test_a_rate_window_keeps_a_bounded_bookkeeping_whatever_the_claims(
+    client: Client, clock: Clock
+) -> None:
+    """Every claim reads and rewrites its queue's window: one entry per claim made a
+    long period's window, and each claim, grow without bound. The limit still holds."""
+    client.enqueue_many("api", [{}] * 400)
+    client.configure_queue("api", rate_limit=(100_000, 3600))
+    starts: list[float] = []
+    for _ in range(400):  # one start every 10 s: about 360 of them in each window
+        (claim,) = client.claim("api")
+        starts.append(clock.offset)
+        client.complete(claim)
+        clock.advance(10)
+    with client.connection() as conn:
+        (entries,) = conn.execute(
+            f'SELECT cardinality(started_at) FROM "{client.schema}".claim_turn'
+            " WHERE queue = 'api'"
+        ).fetchone()
+    assert entries <= 150
+    assert len(starts) == 400
