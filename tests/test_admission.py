@@ -112,6 +112,15 @@ def test_global_payload_cap_is_checked_before_sending(
         assert client.stats() == []  # nothing written, not even the queue row
 
 
+@pytest.mark.parametrize("cap", [0, -1, 1.5, "1000", True])
+def test_a_bad_global_payload_cap_is_refused(
+    client_class: type[Client], database_url: str, schema: str, cap: object
+) -> None:
+    """Not taken for "no cap" (0 became the 1 MiB default) nor let through."""
+    with pytest.raises(leaseq.InvalidArgument, match="max_payload_bytes"):
+        client_class(database_url, schema=schema, max_payload_bytes=cap)  # type: ignore[arg-type]
+
+
 def test_paused_queue_is_not_claimed(client: Client) -> None:
     client.enqueue("reports", {})
     client.configure_queue("reports", paused=True)

@@ -214,6 +214,12 @@ def results(values: Sequence[object] | None, count: int) -> list[str | None] | N
     return [None if e is None else e.text for e in encoded]
 
 
+def positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
 def claim_limit(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLAIM_LIMIT:
         raise InvalidArgument(f"limit must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")

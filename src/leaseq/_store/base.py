@@ -23,7 +23,11 @@ class StoreBase:
         self._notify_channel = self.channel if notify else None
         #: Where completions and failures name their queues, for wait_result.
         self.results_channel = notify_channel(self.schema, "results")
-        self.max_payload_bytes = max_payload_bytes or validate.DEFAULT_MAX_PAYLOAD_BYTES
+        self.max_payload_bytes = (
+            validate.DEFAULT_MAX_PAYLOAD_BYTES
+            if max_payload_bytes is None
+            else validate.positive_int(max_payload_bytes, "max_payload_bytes")
+        )
         self._quoted = f'"{self.schema}"'
         self._texts: dict[str, str] = {}
 
