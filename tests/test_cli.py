@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
@@ -179,3 +181,68 @@ def test_unmigrated_schema_is_one_clear_line(database_url: str) -> None:
     result = _leaseq("status", "--schema", "not_migrated_yet", database_url=database_url)
     assert result.returncode == 1
     assert "leaseq migrate" in result.stderr
+
+
+def test_health_prints_session_names_as_they_are(
+    invoke: Invoke, queue: leaseq.Queue, connect: Callable[..., psycopg.Connection[Any]]
+) -> None:
+    """Any client sets its application_name: brackets in it are text to print, not
+    markup (rich read "[/]" as a closing tag and crashed, and ate "[bold]")."""
+    for name in ("[/]etl", "[bold]nightly[/bold] [red]"):
+        holder = connect(autocommit=True, application_name=name)
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")  # holds a snapshot: it holds back cleanup
+        result = invoke("health")
+        holder.execute("ROLLBACK")
+        assert f"pid {holder.info.backend_pid} ({name})" in result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "setting"),
+    [
+        ("--max-queued", "max_queued_jobs"),
+        ("--max-queued-bytes", "max_queued_bytes"),
+        ("--max-payload-bytes", "max_payload_bytes"),
+        ("--max-running", "max_running"),
+    ],
+)
+def test_none_lifts_a_limit(invoke: Invoke, queue: leaseq.Queue, option: str, setting: str) -> None:
+    invoke("queue", "configure", "mail", option, "100")
+    assert getattr(queue.queue_settings("mail"), setting) == 100
+    invoke("queue", "configure", "mail", option, "none")
+    assert getattr(queue.queue_settings("mail"), setting) is None
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ("--max-running", "²"),
+        ("--max-running", "٣"),
+        ("--rate-limit", "²/1s"),
+        ("--max-queued", "²"),
+        ("--max-payload-bytes", "٣"),
+        ("--retain-done", "٣d"),
+    ],
+)
+def test_a_number_in_other_digits_is_a_usage_error(
+    invoke: Invoke, queue: leaseq.Queue, arguments: tuple[str, ...]
+) -> None:
+    """Only ASCII digits make a number: '²' (which int() refuses) and '٣' (which it
+    reads as 3) get a usage error naming the option, not a traceback; nothing is
+    written."""
+    result = invoke("queue", "configure", "mail", *arguments, ok=False)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{arguments[0]}'" in result.output
+    assert queue.queue_settings("mail") is None
+
+
+def test_replay_of_one_job_refuses_a_queue(invoke: Invoke, queue: leaseq.Queue) -> None:
+    """--queue selects --all-failed's jobs; given with a JOB_ID it would look like a
+    check of the job's queue that nothing makes: refused, nothing replayed."""
+    (job_id,) = queue.enqueue_many("reports", [{}], max_attempts=1)
+    (claim,) = queue.claim("reports")
+    queue.fail(claim, "boom")
+    result = invoke("replay", str(job_id), "--queue", "emails", ok=False)
+    assert result.exit_code == 1
+    assert "error: --queue goes with --all-failed" in result.output
+    assert queue.get(job_id).status is JobStatus.FAILED

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner
@@ -618,6 +619,71 @@ def test_cli_connection_errors_are_scrubbed(
     assert_clean(result.output, secured.secrets())
 
 
+#: Passwords written into a URL unencoded, with characters at which libpq cuts the
+#: URL elsewhere than urllib does: it reads the rest as hosts, ports, a database.
+RAW_PASSWORDS = [
+    "{a}@{b}",
+    "{a}@{b}@{c}",
+    "{a}:{b}@{c}",
+    "{a}@{b}:{c}",
+    "{a}/{b}@{c}",
+    "{a}@{b},{c}",
+]
+
+
+def _raw_password(shape: str) -> tuple[str, list[str]]:
+    parts = [_random(8) for _ in range(3)]
+    return shape.format(a=parts[0], b=parts[1], c=parts[2]), parts
+
+
+@pytest.mark.parametrize("shape", RAW_PASSWORDS)
+def test_a_password_libpq_cuts_short_is_scrubbed_from_its_errors(shape: str) -> None:
+    """libpq ends a URL's password at its first '@' (or a '/' before it) and quotes
+    the rest as a host or a port in its errors: no piece of it shows."""
+    from leaseq._redact import redact, remember_dsn
+
+    password, parts = _raw_password(shape)
+    dsn = f"postgresql://app:{password}@127.0.0.1:{_free_port()}/db"
+    remember_dsn(dsn)
+    with pytest.raises(psycopg.Error) as failure:
+        psycopg.connect(dsn, connect_timeout=2).close()
+    message = _exception_text(failure.value)
+    assert "127.0.0.1" in message or "port" in message, message  # libpq said something
+    assert_clean(redact(message), [password, *parts])
+
+
+def test_a_password_with_a_raw_at_sign_stays_out_of_the_cli_and_the_dashboard(
+    tmp_path: Path,
+) -> None:
+    password, parts = _raw_password("{a}@{b}")
+    dsn = f"postgresql://app:{password}@127.0.0.1:{_free_port()}/db"
+    given = _leaseq("status", "--database-url", dsn)
+    from_environment = _leaseq("status", env={"DATABASE_URL": dsn})
+    for process in (given, from_environment):
+        _, stderr = _finish(process)
+        assert process.returncode == 1
+        assert stderr.startswith("error: cannot connect to the database"), stderr
+        assert_clean(stderr, [password, *parts])
+
+    from leaseq.web import create_app
+
+    app = create_app(dsn, schema="nowhere")
+    dashboard = app.state.leaseq
+    # The same DSN on a client that gives up sooner (the dashboard's waits 10 s).
+    asyncio.run(dashboard.client.close())
+    dashboard.client = leaseq.AsyncQueue(dsn, schema="nowhere", connect_timeout=1)
+
+    async def page() -> str:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash.test") as http:
+            response = await http.get("/jobs/1")
+        await dashboard.client.close()
+        assert response.status_code == 503
+        return response.text
+
+    assert_clean(asyncio.run(page()), [password, *parts])
+
+
 # -- redact itself (no database) -----------------------------------------------------------
 
 
@@ -634,6 +700,12 @@ def test_cli_connection_errors_are_scrubbed(
         ("sslpassword=hunter2&x=1", "sslpassword=***"),
         ("RuntimeError('{\\'password\\': \\'hunter2\\'}')", "RuntimeError('{\\'password\\': ***"),
         ("postgresql://app:hunter2@db/prod", "postgresql://app:***@db/prod"),
+        # A raw '@' in the password: masked up to the last '@' of the authority.
+        ("postgresql://app:p@ss@w0rd@db/prod", "postgresql://app:***@db/prod"),
+        (
+            "see postgresql://app:p@ss@db:5432, mail ops@example.com",
+            "see postgresql://app:***@db:5432, mail ops@example.com",
+        ),
         ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
         ('{"password": "truncated…', '{"password": "***"'),
         # Texts that only look like it stay as they are.

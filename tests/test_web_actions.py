@@ -3,7 +3,10 @@ audit row; a running job is never retried."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import re
+from html import unescape
 
 import pytest
 
@@ -193,6 +196,10 @@ async def test_change_limits(browser: Browser, jobs: Jobs, queue: leaseq.Queue) 
         ("backoff_cap", "0.5", "backoff_cap must be >= backoff_base"),
         ("rate_limit", "fast", "rate_limit: 'fast' is not STARTS/DURATION"),
         ("max_running", "0", "max_running must be an integer in [1, 1000000]"),
+        # Only ASCII digits: int() refuses '²' and reads '٣' (Arabic-Indic) as 3.
+        ("rate_limit", "²/1s", "rate_limit: '²/1s' is not STARTS/DURATION"),
+        ("max_attempts", "٣", "max_attempts: '٣' is not a whole number"),
+        ("lease", "٣m", "lease: '٣m' is not a duration"),
     ],
 )
 async def test_bad_settings_are_refused_and_nothing_is_written(  # noqa: PLR0917
@@ -207,3 +214,166 @@ async def test_bad_settings_are_refused_and_nothing_is_written(  # noqa: PLR0917
     assert f'value="{value}"' in response.text  # the form keeps what was typed
     assert queue.queue_settings("reports") == before
     assert _audit(queue) == []
+
+
+def _failed(queue: leaseq.Queue, count: int, error: str | None) -> list[int]:
+    """``count`` jobs of queue ``work`` that failed with ``error``."""
+    ids = queue.enqueue_many("work", [{"n": n} for n in range(count)], max_attempts=1)
+    for claim in queue.claim("work", limit=count):
+        queue.fail(claim, error)
+    return ids
+
+
+def _group_forms(page: str) -> dict[str, dict[str, str]]:
+    """The Failed page's "Replay these…" forms, by the error they show: their fields."""
+    forms = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", page, re.S):
+        shown = re.search(r'<td class="error-text">(.*?)</td>', row, re.S)
+        form = re.search(r'<form method="post" action="/replay".*?</form>', row, re.S)
+        if shown and form:
+            fields = re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', form[0])
+            forms[unescape(shown[1])] = {name: unescape(value) for name, value in fields}
+    return forms
+
+
+def _confirmed_ids(confirm: str) -> set[int]:
+    ids = re.search(r'name="ids" value="([^"]*)"', confirm)
+    assert ids is not None, confirm
+    return {int(i) for i in ids[1].split(",") if i}
+
+
+async def test_a_failed_groups_replay_takes_exactly_that_group(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """ "Replay these…" of a Failed page's group selects that group's jobs only: not
+    those whose error merely holds its text (in any case), and the group without
+    an error text is those jobs, not every failed job. A group whose error spans
+    lines is found as a browser sends it back (line breaks as CRLF)."""
+    groups = {
+        "boom": _failed(queue, 2, "boom"),
+        "Disk BOOM: volume full": _failed(queue, 3, "Disk BOOM: volume full"),
+        "(no error text)": _failed(queue, 1, None),
+        "Traceback:\n boom": _failed(queue, 2, "Traceback:\n boom"),
+    }
+    forms = _group_forms((await browser.get("/failed")).text)
+    assert {" ".join(shown.split()) for shown in forms} == {
+        " ".join(error.split()) for error in groups
+    }
+    for shown, fields in forms.items():
+        (error,) = [e for e in groups if " ".join(e.split()) == " ".join(shown.split())]
+        sent = {**fields, "error": fields["error"].replace("\n", "\r\n")}
+        confirm = await browser.post("/replay", sent)
+        assert confirm.status_code == 200, shown
+        assert _confirmed_ids(confirm.text) == set(groups[error]), shown
+    boom = await browser.post("/replay", forms["boom"])
+    await browser.follow(
+        await browser.post(
+            "/replay/confirm", {"ids": ",".join(map(str, _confirmed_ids(boom.text)))}
+        )
+    )
+    assert {error: {queue.get(i).status for i in ids} for error, ids in groups.items()} == {
+        "boom": {JobStatus.QUEUED},
+        "Disk BOOM: volume full": {JobStatus.FAILED},
+        "(no error text)": {JobStatus.FAILED},
+        "Traceback:\n boom": {JobStatus.FAILED},
+    }
+
+
+async def test_confirming_a_bulk_replay_leaves_a_job_skipped_meanwhile_alone(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """Step two replays only the confirmed jobs that are still failed: a head another
+    operator skipped in between stays skipped, the others are replayed (even once
+    newer jobs push them out of the search window)."""
+    app = make_app(search_window=20)
+    alice, bob = Browser(app), Browser(app)
+    try:
+        confirm = await alice.post("/replay", {"queue": "emails"})
+        other = await alice.post("/replay", {"queue": "reports", "error": "template missing"})
+        await bob.follow(await bob.post(f"/jobs/{jobs.blocked_head}/skip"))
+        queue.enqueue_many("later", [{"n": n} for n in range(50)])
+        ids = ",".join(map(str, _confirmed_ids(confirm.text) | _confirmed_ids(other.text)))
+        done = await alice.follow(await alice.post("/replay/confirm", {"ids": ids}))
+    finally:
+        await alice.close()
+        await bob.close()
+    assert "Replayed 2 of 3 jobs (1 had changed meanwhile" in text_of(done.text)
+    assert queue.get(jobs.blocked_head).status is JobStatus.CANCELLED
+    assert [queue.get(i).status for i in jobs.failed[:2]] == [JobStatus.QUEUED] * 2
+
+
+async def test_a_skip_never_undoes_a_replay_made_meanwhile(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another operator replays the blocked head just after the skip looked at it:
+    the replay stands (the job is queued, not cancelled) and the skip says so."""
+    app = make_app()
+    client = app.state.leaseq.client
+    look = client.get
+    replays: list[bool] = []
+
+    async def look_then_someone_replays(job_id: int) -> leaseq.Job:
+        job: leaseq.Job = await look(job_id)
+        if not replays:
+            replays.append(await asyncio.to_thread(queue.replay, job_id, actor="someone"))
+        return job
+
+    monkeypatch.setattr(client, "get", look_then_someone_replays)
+    browser = Browser(app)
+    try:
+        page = await browser.follow(await browser.post(f"/jobs/{jobs.blocked_head}/skip"))
+    finally:
+        await browser.close()
+    assert replays == [True]
+    assert "was replayed by someone else just before your skip: not skipped" in text_of(page.text)
+    assert queue.get(jobs.blocked_head).status is JobStatus.QUEUED
+
+
+async def test_replaying_a_job_whose_unique_key_is_held_says_why(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """Not an outage page: back to the job with a message; the job stays failed."""
+    first = queue.enqueue("invoices", {"n": 1}, unique_key="invoice-7", max_attempts=1)
+    (claim,) = queue.claim("invoices")
+    queue.fail(claim, "boom")
+    holder = queue.enqueue("invoices", {"n": 2}, unique_key="invoice-7")
+    response = await browser.post(f"/jobs/{first}/replay")
+    assert response.headers["location"] == f"/jobs/{first}"
+    page = text_of((await browser.follow(response)).text)
+    assert f"Job {first} not replayed" in page
+    assert "holds its unique key" in page
+    assert queue.get(first).status is JobStatus.FAILED
+    assert queue.get(holder).status is JobStatus.QUEUED
+
+
+@pytest.mark.parametrize("ids", ["²", "٣", "0", "4,x", "99999999999999999999", "1;2"])
+async def test_a_malformed_list_of_jobs_to_replay_is_refused(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue, ids: str
+) -> None:
+    """A 400, nothing replayed: only ASCII digits make a job id ('²' is no number to
+    int(), and it reads '٣' as 3)."""
+    response = await browser.post("/replay/confirm", {"ids": ids})
+    assert response.status_code == 400
+    assert "Not done" in text_of(response.text)
+    assert _audit(queue) == []
+
+
+async def test_the_settings_form_saves_back_every_value_it_shows(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """Whatever a queue's settings, the form shows each in a form it reads back:
+    saving one field changes that field only."""
+    queue.configure_queue("odd", lease=1234.5678, retain_done=1_000_000.0, backoff_base=0.3)
+    before = queue.queue_settings("odd")
+    assert before is not None
+    page = (await browser.get("/queues/odd")).text
+    form = {
+        name: unescape(value)
+        for name, value in re.findall(r'<input name="(\w+)" value="([^"]*)"', page)
+    }
+    for name, options in re.findall(r'<select name="(\w+)">(.*?)</select>', page, re.S):
+        (form[name],) = re.findall(r"<option selected>([^<]*)<", options)
+    response = await browser.post("/queues/odd/settings", {**form, "max_attempts": "7"})
+    saved = text_of((await browser.follow(response)).text)
+    assert "Saved odd: max_attempts 20 → 7." in saved
+    assert queue.queue_settings("odd") == dataclasses.replace(before, max_attempts=7)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Callable
 from html import unescape
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 import leaseq
 from leaseq.web import create_app
+from leaseq.web.data import Aggregates, SharedCache
 from leaseq.web.security import CSP
 
 from .test_web_fixtures import (
@@ -373,3 +375,67 @@ async def test_no_page_shows_a_dsn_password(database_url: str, schema: str) -> N
     finally:
         await client.close()
         await app.state.leaseq.client.close()
+
+
+def _listed(page: str) -> set[int]:
+    """The job ids a Jobs page lists."""
+    return {int(job_id) for job_id in re.findall(r'href="/jobs/(\d+)"', page)}
+
+
+async def test_payload_values_are_searched_as_typed(browser: Browser, queue: leaseq.Queue) -> None:
+    """A quoted value is a string; an unquoted one is the JSON number or boolean it
+    spells, and a number JSON never writes (a leading zero: a zip code) is a
+    string too, not an error."""
+    texts = queue.enqueue("orders", {"zip": "01234", "code": "75001", "gift": "true"})
+    values = queue.enqueue("orders", {"code": 75001, "gift": True, "n": 0})
+    for typed, found in [
+        ("zip:01234", {texts}),
+        ('zip:"01234"', {texts}),
+        ("code:75001", {values}),
+        ('code:"75001"', {texts}),
+        ("code:'75001'", {texts}),
+        ("gift:true", {values}),
+        ('gift:"true"', {texts}),
+        ("n:0", {values}),
+        ("n:-00", set()),
+    ]:
+        page = await browser.get("/jobs", params={"payload": typed})
+        assert page.status_code == 200, typed
+        assert _listed(page.text) == found, typed
+    bulk = await browser.post("/replay", {"payload": "zip:01234"})
+    assert bulk.status_code == 200
+    assert "No failed jobs match" in text_of(bulk.text)
+
+
+@pytest.mark.parametrize("path", ["/jobs?before=%C2%B2", "/audit?before=%C2%B2", "/jobs?before=٣"])
+async def test_a_number_in_other_digits_is_a_clear_error(
+    browser: Browser, queue: leaseq.Queue, path: str
+) -> None:
+    """Only ASCII digits make an id: '²' (which int() refuses) and '٣' (which it
+    reads as 3) get a 400 saying what is wrong."""
+    response = await browser.get(path)
+    assert response.status_code == 400
+    assert "before must be" in text_of(response.text)
+
+
+async def test_with_the_database_down_a_page_leaves_no_load_behind(schema: str) -> None:
+    """A page that finds the database unreachable says so (503), and none of the loads
+    it started is still waiting for the database afterwards: the next page tries
+    the database itself, not behind the previous page's leftovers."""
+    app = create_app("postgresql://postgres@127.0.0.1:1/nowhere", schema=schema)
+    dashboard = app.state.leaseq
+    # The same dashboard on a client that gives up sooner (the app's waits 10 s).
+    dashboard.client = leaseq.AsyncQueue(
+        "postgresql://postgres@127.0.0.1:1/nowhere", schema=schema, connect_timeout=1
+    )
+    dashboard.aggregates = Aggregates(dashboard.client, SharedCache(2.0))
+    client = Browser(app)
+    try:
+        for path in ("/", "/live/overview", "/failed"):
+            response = await client.get(path)
+            assert response.status_code == 503, path
+            assert "cannot be reached" in text_of(response.text)
+            assert dashboard.aggregates.cache.loading == 0, path
+    finally:
+        await client.close()
+        await dashboard.client.close()

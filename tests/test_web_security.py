@@ -255,3 +255,35 @@ async def test_an_unexpected_error_is_a_page_with_the_headers(
     assert response.status_code == 500
     assert "a bug" not in response.text
     assert "content-security-policy" in response.headers
+
+
+async def test_tokens_and_cookies_of_any_text_are_refused_cleanly(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """A form token, flash cookie or login cookie that is not ASCII is a refusal (or
+    a cookie ignored) on a page of the dashboard with its headers, never a crash;
+    nothing is written."""
+    browser = Browser(make_app())
+    try:
+        refused = await browser.post(f"/jobs/{jobs.failed[0]}/replay", {"csrf": "é"})
+        assert refused.status_code == 403
+        assert "security token" in text_of(refused.text)
+        assert "content-security-policy" in refused.headers
+        session = browser.http.cookies["leaseq_session"]
+        for flash in ("abc.é", "é", "²."):
+            cookie = f"leaseq_session={session}; leaseq_flash={flash}".encode()
+            page = await browser.get("/", headers={b"cookie": cookie})
+            assert page.status_code == 200, flash
+            assert "content-security-policy" in page.headers
+    finally:
+        await browser.close()
+    _still_failed(queue, jobs)
+    signed_in = Browser(make_app(auth=TokenAuth(TOKEN)))
+    try:
+        for login in ("1700000000.é", "²²².abc", "é"):
+            page = await signed_in.get("/", headers={b"cookie": f"leaseq_login={login}".encode()})
+            assert page.status_code == 401, login
+            assert 'name="token"' in page.text  # the login form, not a crash
+            assert "content-security-policy" in page.headers
+    finally:
+        await signed_in.close()

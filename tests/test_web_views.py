@@ -11,7 +11,7 @@ import pytest
 import leaseq
 from leaseq.web.data import SharedCache
 from leaseq.web.forms import JobFilter, payload_filter, seconds
-from leaseq.web.views import MASK, SecretMask, age, chart, duration, size
+from leaseq.web.views import MASK, SecretMask, age, chart, duration, retention, size
 
 from .test_web_fixtures import AppFactory, Browser, Jobs, jobs, make_app
 
@@ -83,6 +83,41 @@ def test_payload_filter() -> None:
             payload_filter(bad, mask)
 
 
+@pytest.mark.parametrize(
+    ("typed", "document"),
+    [
+        ("zip:01234", {"zip": "01234"}),  # JSON writes no leading zero: a string
+        ('zip:"75001"', {"zip": "75001"}),
+        ("zip:'75001'", {"zip": "75001"}),
+        ('"zip:75001"', {"zip": "75001"}),  # the value inside the quotes too
+        ('zip:""', {"zip": ""}),
+        ("n:-00 m:1.50 k:-0", {"n": "-00", "m": 1.5, "k": 0}),
+        ('flag:"true" gone:null', {"flag": "true", "gone": None}),
+        ('note:"say \\"hi\\"" a\\ b:c', {"note": 'say "hi"', "a b": "c"}),
+    ],
+)
+def test_payload_filter_values_are_strings_when_quoted(typed: str, document: object) -> None:
+    """Quoting makes a value a string; unquoted, only what JSON would write as a
+    number, boolean or null is one."""
+    assert payload_filter(typed, SecretMask()) == document
+
+
+@pytest.mark.parametrize("typed", ['"unclosed', "a:b\\", "n:" + "9" * 5000])
+def test_a_payload_filter_that_cannot_be_read_is_an_invalid_argument(typed: str) -> None:
+    with pytest.raises(leaseq.InvalidArgument, match="payload filter"):
+        payload_filter(typed, SecretMask())
+
+
+@pytest.mark.parametrize(
+    "value", [1_000_000.0, 1234.5678, 0.1 + 0.2, 1e16, 1e-5, 90.0, 5400.0, 86400.0, 3.1536e9]
+)
+def test_settings_are_shown_exactly_in_a_form_the_settings_form_reads(value: float) -> None:
+    """No exponent and no rounding: what the form shows, it reads back as it was."""
+    shown = retention(value)
+    assert "e" not in shown
+    assert seconds(shown, "x") == value
+
+
 def test_job_filter_round_trips_in_a_query() -> None:
     found = JobFilter.read({"queue": "reports", "state": "failed", "payload": "customer:acme"})
     again = JobFilter.read(dict(pair.split("=") for pair in found.query().split("&")))
@@ -148,3 +183,38 @@ async def test_secret_fields_option(make_app: AppFactory, jobs: Jobs) -> None:
     finally:
         await http.close()
     assert "acme" not in page
+
+
+async def test_a_load_nobody_waits_for_any_more_is_cancelled() -> None:
+    """One reader of many going away leaves the load to the others; once the last
+    one is gone, the load is cancelled (it would hold the pool for nothing) and
+    the next reader starts a new one."""
+    cache = SharedCache(2.0)
+    started: list[asyncio.Event] = []
+    cancelled: list[int] = []
+
+    async def load() -> int:
+        started.append(asyncio.Event())
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(len(started))
+            raise
+        return 0  # pragma: no cover - never set
+
+    readers = [asyncio.ensure_future(cache.get("k", load)) for _ in range(2)]
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    readers[0].cancel()
+    await asyncio.gather(readers[0], return_exceptions=True)
+    await asyncio.sleep(0)
+    assert (cache.loading, cancelled) == (1, [])
+    readers[1].cancel()
+    await asyncio.gather(readers[1], return_exceptions=True)
+    await asyncio.sleep(0)
+    assert (cache.loading, cancelled) == (0, [1])
+
+    async def quick() -> int:
+        return 7
+
+    assert await cache.get("k", quick) == 7

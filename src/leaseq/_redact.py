@@ -39,9 +39,11 @@ _secrets: tuple[str, ...] = ()
 # The shapes. Each is linear in the text: scans stop at a character that also
 # starts the next possible match, and nothing can fail after an unbounded scan.
 #
-# URL userinfo, as libpq reads it: the password runs from the user's ':' to '@'
-# and cannot contain '/' (a raw '/' ends the authority).
-_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@/\s]+@")
+# URL userinfo: the password runs from the user's ':' to the last '@' before the
+# authority ends (a '/' or a space). libpq stops at the first '@', and then reads
+# the rest of a password holding a raw '@' as the host: up to the last one, so
+# that none of it shows. (The scan backs up at most to the next '/' or space.)
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^/\s]+@")
 # key=value, key: value, 'key': 'value', "key":"value", key => value, where the
 # key ends in password/passwd/pwd (PGPASSWORD, db_password, sslpassword...); its
 # closing quote may be escaped (a dict's repr inside a string's repr, JSON in JSON).
@@ -116,12 +118,30 @@ def _url_secrets(rest: str) -> set[str]:
     userinfo, separator, _ = rest.partition("?")[0].rpartition("@")
     if separator:
         found |= _userinfo_password(userinfo)
+        found |= _misread_parts(userinfo.partition(":")[2])
     # Query parameters are libpq keywords too: ?password=...
     for parameter in rest.partition("?")[2].split("&"):
         key, separator, value = parameter.partition("=")
         if separator and unquote(key).strip().lower() in _SECRET_KEYWORDS:
             found |= {value, unquote(value)}
     return {secret for secret in found if secret}
+
+
+#: Where libpq ends a URL's password, host, port or database name. A password
+#: holding a raw '@' or '/' is cut there: libpq reads the rest as hosts (``h1,h2``),
+#: ports and a database, and quotes those in its errors ("failed to resolve host").
+_URL_DELIMITERS = re.compile(r"[@/:,?&=]")
+
+
+def _misread_parts(password: str) -> set[str]:
+    """The pieces of ``password`` (as written in the URL) libpq may quote when a raw
+    '@' or '/' in it splits the URL elsewhere: each text between delimiters, and
+    each rest after one; as written and decoded."""
+    if "@" not in password and "/" not in password:
+        return set()
+    parts = set(_URL_DELIMITERS.split(password))
+    parts |= {password[cut.end() :] for cut in _URL_DELIMITERS.finditer(password)}
+    return parts | {unquote(part) for part in parts}
 
 
 def _userinfo_password(userinfo: str) -> set[str]:

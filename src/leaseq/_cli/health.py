@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from leaseq import ClaimPlan, Health
 
@@ -80,9 +81,11 @@ def _print_health(report: Health) -> None:
     for heading in ("table", "total", "indexes", "live", "dead", "last vacuum", "last analyze"):
         left = heading.startswith(("table", "last"))
         tables.add_column(heading, justify="left" if left else "right")
+    # Names as Text, never markup: a session's application_name is anyone's text,
+    # and rich would read "[/]" in it as a tag (and fail).
     for t in report.tables:
         tables.add_row(
-            t.name + ("" if t.autovacuum_enabled else " (autovacuum off)"),
+            Text(t.name + ("" if t.autovacuum_enabled else " (autovacuum off)")),
             _size(t.total_bytes),
             _size(t.index_bytes),
             f"{t.live_tuples:,}",
@@ -95,7 +98,7 @@ def _print_health(report: Health) -> None:
     for heading in ("table", "index", "size", "scans"):
         indexes.add_column(heading, justify="right" if heading in ("size", "scans") else "left")
     for i in report.indexes:
-        indexes.add_row(i.table, i.name, _size(i.bytes), f"{i.scans:,}")
+        indexes.add_row(Text(i.table), Text(i.name), _size(i.bytes), f"{i.scans:,}")
     console.print(indexes)
     if report.holders:
         holders = Table(title="holding back cleanup (oldest first)", box=box.SIMPLE_HEAD)
@@ -103,7 +106,7 @@ def _print_health(report: Health) -> None:
             holders.add_column(heading)
         for h in report.holders:
             held = "-" if h.held_seconds is None else f"{h.held_seconds:.0f}s"
-            holders.add_row(f"{h.kind} {h.name}", h.state, held, f"{h.xmin_age:,}")
+            holders.add_row(Text(f"{h.kind} {h.name}"), Text(h.state), held, f"{h.xmin_age:,}")
         console.print(holders)
     autovacuum = "on" if report.server_autovacuum else "off"
     click.echo(

@@ -18,7 +18,7 @@ from leaseq import (
 
 from .._redact import redact
 from .common import actor, cli, console, database_options, open_queue
-from .limits import format_rate, rate_limit, running_limit
+from .limits import count_limit, format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
 
 
@@ -131,10 +131,14 @@ def replay(
     """Put a failed or cancelled job back in its queue (same id, fresh attempts)."""
     if (job_id is None) == (not all_failed):
         raise InvalidArgument("give a JOB_ID, or --queue Q --all-failed")
+    if all_failed and queue_name is None:
+        raise InvalidArgument("--all-failed needs --queue")
+    if job_id is not None and queue_name is not None:
+        # A job is replayed in its own queue: --queue would look like a check it is not.
+        raise InvalidArgument("--queue goes with --all-failed: give a JOB_ID alone")
     with open_queue(database_url, schema) as queue:
         if all_failed:
-            if queue_name is None:
-                raise InvalidArgument("--all-failed needs --queue")
+            assert queue_name is not None
             ids = queue.replay_failed(queue_name, actor=actor())
             click.echo(f"replayed {len(ids)} jobs")
         else:
@@ -183,9 +187,28 @@ def queue_group() -> None:
 @click.option("--backoff-base", type=float, default=None)
 @click.option("--backoff-cap", type=float, default=None)
 @click.option("--ordering-policy", type=click.Choice(["block", "continue"]), default=None)
-@click.option("--max-queued", "max_queued_jobs", type=int, default=None)
-@click.option("--max-queued-bytes", type=int, default=None)
-@click.option("--max-payload-bytes", type=int, default=None)
+@click.option(
+    "--max-queued",
+    "max_queued_jobs",
+    callback=count_limit("jobs"),
+    metavar="N",
+    default=None,
+    help="At most N unfinished jobs; enqueues beyond fail (none: no limit).",
+)
+@click.option(
+    "--max-queued-bytes",
+    callback=count_limit("bytes"),
+    metavar="BYTES",
+    default=None,
+    help="At most BYTES of unfinished jobs' payloads (none: no limit).",
+)
+@click.option(
+    "--max-payload-bytes",
+    callback=count_limit("bytes"),
+    metavar="BYTES",
+    default=None,
+    help="At most BYTES per job's payload (none: no limit).",
+)
 @click.option("--pause/--resume", "paused", default=None)
 @click.option(
     "--retain-done",

@@ -10,18 +10,36 @@ import click
 from .retention import NEVER, duration, format_duration
 
 _LIFTED = ("none", "off", "never")
+#: ``int()`` refuses more than 4300 digits; no limit needs a fraction of that.
+MAX_DIGITS = 4000
 
 
-def running_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    """A number of running jobs, or ``none`` (``NEVER``: the limit is lifted)."""
-    if value is None:
-        return None
-    text = value.strip().lower()
-    if text in _LIFTED:
-        return NEVER
-    if not text.isdigit():
-        raise click.BadParameter(f"{value!r} is not a number of jobs, or none", ctx, param)
-    return int(text)
+def digits(text: str) -> bool:
+    """Whether ``int(text)`` reads ``text`` as written: ASCII digits only (``str.isdigit``
+    also accepts ``²``, which ``int()`` refuses, and other scripts' digits, which it
+    reads), and not so many that ``int()`` refuses them."""
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
+
+
+def count_limit(unit: str) -> Any:
+    """An option callback reading a limit counted in ``unit`` (jobs, bytes), or
+    ``none`` (``NEVER``: the limit is lifted)."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        text = value.strip().lower()
+        if text in _LIFTED:
+            return NEVER
+        if not digits(text):
+            raise click.BadParameter(f"{value!r} is not a number of {unit}, or none", ctx, param)
+        return int(text)
+
+    return convert
+
+
+#: A number of running jobs, or ``none``.
+running_limit = count_limit("jobs")
 
 
 def rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -33,7 +51,8 @@ def rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if text in _LIFTED:
         return NEVER
     starts, _, per = text.partition("/")
-    if not starts.isdigit():
+    starts = starts.strip()
+    if not digits(starts):
         raise click.BadParameter(f"{value!r} is not STARTS/DURATION such as 50/1s", ctx, param)
     seconds = duration()(ctx, param, per or "1s")
     return (int(starts), seconds)

@@ -16,7 +16,8 @@ from .common import cli, console, database_options, open_queue
 
 #: Seconds per unit of a duration such as ``90s``, ``15m``, ``2h``, ``1d``, ``4w``.
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)")
+# [0-9], not \d: \d is any script's digit, which float() reads too.
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([smhdw]?)")
 #: What `never`/`forever` read as: keep forever (None in the library).
 NEVER = "never"
 

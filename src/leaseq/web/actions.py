@@ -7,6 +7,7 @@ Cancelling it ends its claim through the lease fence (``cancel(running=True)``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -15,13 +16,19 @@ from starlette.responses import Response
 import leaseq
 
 from . import security
-from .context import Context, handler, refuse
-from .forms import JobFilter, settings_changes
+from .context import Context, Dashboard, handler, refuse
+from .forms import JobFilter, digits, failed_group, group_search, settings_changes
 from .pages import settings_page
 from .views import retention
 
 #: Ids per find_jobs call while collecting a bulk replay's jobs.
 COLLECT_PAGE = 100
+#: find_jobs' largest page, for searches whose pages hold candidates only (a Failed
+#: group's jobs, the confirmed jobs still failed), and its largest search window.
+FULL_PAGE = 1000
+MAX_SEARCH_WINDOW = 10_000_000
+#: Job ids are PostgreSQL bigints.
+MAX_JOB_ID = 2**63 - 1
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -41,7 +48,8 @@ async def replay(request: Request, ctx: Context) -> Response:
     client = ctx.dashboard.client
     try:
         replayed = await client.replay(job_id, actor=ctx.actor)
-    except leaseq.BacklogFull as exc:
+    except (leaseq.BacklogFull, leaseq.UniqueKeyHeld) as exc:
+        # Refusals of this job, not outages: said on the job's page, like any outcome.
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {exc}")
     if replayed:
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} replayed: it is queued again.")
@@ -84,17 +92,42 @@ async def skip(request: Request, ctx: Context) -> Response:
         return _done(
             ctx, form, "/blocked", f"Job {job_id} is {job.status.value}, not a failed head."
         )
-    if await client.cancel(job_id, actor=ctx.actor):
-        message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
+    if not await client.cancel(job_id, actor=ctx.actor):
+        return _done(ctx, form, "/blocked", f"Job {job_id} changed meanwhile: nothing skipped.")
+    if await _undid_a_replay(client, job_id):
+        message = await _replay_again(client, job_id, ctx.actor)
     else:
-        message = f"Job {job_id} changed meanwhile: nothing skipped."
+        message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
     return _done(ctx, form, "/blocked", message)
+
+
+async def _undid_a_replay(client: leaseq.AsyncQueue, job_id: int) -> bool:
+    """Whether the skip just made cancelled a job that someone replayed between our
+    look at it and the cancel (``cancel`` also cancels a queued job; the library
+    has no "cancel only if failed"): the job's newest cancel found it queued."""
+    job = await client.get(job_id)
+    if job.status is not leaseq.JobStatus.CANCELLED:
+        return False
+    cancels = [entry for entry in job.history if entry.get("outcome") == "cancelled"]
+    return bool(cancels) and cancels[-1].get("previous_status") == "queued"
+
+
+async def _replay_again(client: leaseq.AsyncQueue, job_id: int, actor: str) -> str:
+    """Put back the replay a skip undid, and say so."""
+    meanwhile = f"Job {job_id} was replayed by someone else just before your skip"
+    try:
+        if await client.replay(job_id, actor=actor):
+            return f"{meanwhile}: not skipped, it is queued again."
+    except (leaseq.BacklogFull, leaseq.UniqueKeyHeld) as exc:
+        return f"{meanwhile}; the skip cancelled it and it could not be queued again: {exc}"
+    return f"{meanwhile}, and it changed again since: look at it before acting."
 
 
 @handler(security.REPLAY, post=True)
 async def replay_matching(request: Request, ctx: Context) -> Response:
-    """Step one of a bulk replay: find the failed jobs matching the filter (at most
-    ``bulk_limit``) and ask for confirmation, showing exactly how many."""
+    """Step one of a bulk replay: find the failed jobs matching the filter, or those
+    of a Failed page's group (``group=1``: its exact error text), at most
+    ``bulk_limit``, and ask for confirmation, showing exactly how many."""
     form = await _form(request)
     dashboard = ctx.dashboard
     try:
@@ -102,24 +135,19 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
         arguments = found.arguments(dashboard.mask)
     except leaseq.InvalidArgument as exc:
         return refuse(ctx, 400, str(exc))
-    ids: list[int] = []
-    before: int | None = None
-    more = window_end = False
-    while len(ids) < dashboard.bulk_limit:
-        page = await dashboard.client.find_jobs(
-            **{**arguments, "before": before},
-            limit=min(COLLECT_PAGE, dashboard.bulk_limit - len(ids)),
-            window=dashboard.search_window,
-        )
-        ids += [job.job_id for job in page.jobs]
-        window_end = window_end or page.window_end
-        before = page.next_before
-        if before is None:
-            break
-        more = len(ids) >= dashboard.bulk_limit
+    group = form.get("group") == "1"
+    member = None
+    if group:
+        # The group's text as sent (not stripped): an empty one is the group of
+        # jobs without an error text, never "any error".
+        error = form.get("error", "")
+        member = failed_group(error)
+        arguments["error"] = group_search(error)
+    ids, more, window_end = await _failed_jobs(dashboard, arguments, member)
     return ctx.render(
         "confirm_replay.html",
         filter=found,
+        group=group,
         ids=ids,
         more=more,
         window_end=window_end,
@@ -127,26 +155,91 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
     )
 
 
+async def _failed_jobs(
+    dashboard: Dashboard, arguments: dict[str, Any], member: Callable[[leaseq.Job], bool] | None
+) -> tuple[list[int], bool, bool]:
+    """The newest failed jobs ``find_jobs(**arguments)`` finds that are ``member``s (if
+    given), at most ``bulk_limit``; whether more match; whether the search stopped
+    at the edge of its window."""
+    limit = dashboard.bulk_limit
+    ids: list[int] = []
+    before: int | None = None
+    window_end = False
+    while True:
+        page = await dashboard.client.find_jobs(
+            **{**arguments, "before": before},
+            limit=FULL_PAGE if member else min(COLLECT_PAGE, limit - len(ids)),
+            window=dashboard.search_window,
+        )
+        window_end = window_end or page.window_end
+        matching = [job.job_id for job in page.jobs if member is None or member(job)]
+        room = limit - len(ids)
+        ids += matching[:room]
+        if len(matching) > room:
+            return ids, True, window_end
+        if page.next_before is None:
+            return ids, False, window_end
+        if member is None and len(ids) == limit:
+            return ids, True, window_end  # find_jobs says more follow
+        before = page.next_before
+
+
 @handler(security.REPLAY, post=True)
 async def replay_confirmed(request: Request, ctx: Context) -> Response:
-    """Step two: replay exactly the jobs the confirmation showed (those still failed
-    or cancelled; a job replayed or skipped meanwhile is left alone)."""
+    """Step two: replay the jobs the confirmation showed that are still failed (one
+    replayed, or skipped, meanwhile is left alone)."""
     form = await _form(request)
-    texts = [t for t in form.get("ids", "").split(",") if t.strip()]
-    if not all(t.strip().isdigit() for t in texts):
+    ids = _job_ids(form.get("ids", ""))
+    if ids is None:
         return refuse(ctx, 400, "The list of jobs to replay is malformed.")
-    ids = [int(t) for t in texts]
     if len(ids) > ctx.dashboard.bulk_limit:
         return refuse(ctx, 400, f"At most {ctx.dashboard.bulk_limit:,} jobs per replay.")
     back = form.get("next") or "/failed"
+    still = await _still_failed(ctx.dashboard.client, ids)
     try:
-        replayed = await ctx.dashboard.client.replay_many(ids, actor=ctx.actor)
+        replayed = await ctx.dashboard.client.replay_many(still, actor=ctx.actor) if still else []
     except leaseq.BacklogFull as exc:
         message = f"Replayed {len(exc.replayed):,} of {len(ids):,} jobs, then: {exc}"
         return _done(ctx, form, back, message)
     skipped = len(ids) - len(replayed)
     tail = f" ({skipped:,} had changed meanwhile and were left alone)" if skipped else ""
     return _done(ctx, form, back, f"Replayed {len(replayed):,} of {len(ids):,} jobs{tail}.")
+
+
+def _job_ids(text: str) -> list[int] | None:
+    """``"12,7,9"`` as job ids (each once), or None if any is not one."""
+    texts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(digits(part) for part in texts):
+        return None
+    ids = list(dict.fromkeys(int(part) for part in texts))
+    return ids if all(0 < job_id <= MAX_JOB_ID for job_id in ids) else None
+
+
+async def _still_failed(client: leaseq.AsyncQueue, ids: list[int]) -> list[int]:
+    """Those of ``ids`` that are failed now. ``replay_many`` replays cancelled jobs
+    too: a job skipped since the confirmation would come back. So the failed jobs of
+    the ids' range are read again (newest first, pages of ``find_jobs``) and only
+    those are replayed. (A skip in the moment between this read and the replay can
+    still be undone: the library has no replay of failed jobs only.)"""
+    if not ids:
+        return []
+    wanted, lowest = set(ids), min(ids)
+    newest = await client.find_jobs(limit=1, window=1)
+    if not newest.jobs:
+        return []
+    # A window reaching down to the lowest id (and a page below it, for the jobs
+    # enqueued meanwhile), so that the last page's search stops there.
+    reach = newest.jobs[0].job_id - lowest + 1 + FULL_PAGE
+    window = min(reach, MAX_SEARCH_WINDOW)
+    found: list[int] = []
+    before: int | None = max(ids) + 1
+    while before is not None and before > lowest:
+        page = await client.find_jobs(
+            status=leaseq.JobStatus.FAILED, before=before, limit=FULL_PAGE, window=window
+        )
+        found += [job.job_id for job in page.jobs if job.job_id in wanted]
+        before = page.next_before
+    return found
 
 
 async def _pause(request: Request, ctx: Context, paused: bool) -> Response:

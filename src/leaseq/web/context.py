@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import jinja2
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
@@ -119,8 +120,8 @@ class Context:
 Handler = Callable[[Request, Context], Awaitable[Response]]
 
 
-def _unauthenticated(request: Request, dashboard: Dashboard) -> Response:
-    ctx = Context(request, dashboard, None)
+def _unauthenticated(ctx: Context) -> Response:
+    dashboard = ctx.dashboard
     if getattr(dashboard.auth, "login_form", False):
         return ctx.render("login.html", status=401, error=None)
     response = ctx.render(
@@ -160,6 +161,36 @@ def error_page(ctx: Context, exc: leaseq.LeaseqError) -> Response:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
+async def _checks(
+    request: Request, ctx: Context, permission: str, *, post: bool, login: bool
+) -> Response | None:
+    """The refusal a request gets before its handler runs (and ``ctx.principal``
+    set), or None: not signed in (401), cross-site or without the form's token (403),
+    not permitted (403)."""
+    dashboard = ctx.dashboard
+    if not login:
+        principal = await dashboard.principal(request)
+        if principal is None:
+            return _unauthenticated(ctx)
+        ctx.principal = principal
+    if post:
+        reason = security.cross_site_reason(request)
+        if reason is None:
+            form = await request.form()
+            token = form.get("csrf")
+            if not dashboard.csrf.valid(
+                request.cookies.get(security.SESSION_COOKIE),
+                token if isinstance(token, str) else None,
+            ):
+                reason = "the form's security token is missing or expired: reload the page"
+        if reason is not None:
+            return refuse(ctx, 403, f"Refused: {reason}.")
+    if not login and not ctx.principal.can(permission):
+        why = "the dashboard is read-only" if dashboard.read_only else "you may not"
+        return refuse(ctx, 403, f"Refused: {why} ({permission}).")
+    return None
+
+
 def handler(
     permission: str = security.READ, *, post: bool = False, login: bool = False
 ) -> Callable[[Handler], Endpoint]:
@@ -170,30 +201,17 @@ def handler(
     def wrap(function: Handler) -> Endpoint:
         async def endpoint(request: Request) -> Response:
             dashboard: Dashboard = request.app.state.leaseq
-            principal = None if login else await dashboard.principal(request)
-            if principal is None and not login:
-                return _unauthenticated(request, dashboard)
-            ctx = Context(request, dashboard, principal)
-            if post:
-                reason = security.cross_site_reason(request)
-                if reason is None:
-                    form = await request.form()
-                    token = form.get("csrf")
-                    if not dashboard.csrf.valid(
-                        request.cookies.get(security.SESSION_COOKIE),
-                        token if isinstance(token, str) else None,
-                    ):
-                        reason = "the form's security token is missing or expired: reload the page"
-                if reason is not None:
-                    return refuse(ctx, 403, f"Refused: {reason}.")
-            if not login and not ctx.principal.can(permission):
-                why = "the dashboard is read-only" if dashboard.read_only else "you may not"
-                return refuse(ctx, 403, f"Refused: {why} ({permission}).")
+            # Built first, from nothing it can fail on (a cookie it cannot read is
+            # ignored): whatever fails afterwards is a page of ours, with our headers.
+            ctx = Context(request, dashboard, None)
             try:
-                return await function(request, ctx)
+                refused = await _checks(request, ctx, permission, post=post, login=login)
+                return refused or await function(request, ctx)
             except leaseq.LeaseqError as exc:
                 log.info("dashboard request failed: %s", exc)
                 return error_page(ctx, exc)
+            except HTTPException as exc:  # Starlette's own: a form body it cannot parse
+                return refuse(ctx, exc.status_code, exc.detail)
             except Exception:
                 # Our own page (with its headers), not a bare traceback: the details
                 # go to the log, which leaseq's errors already reach scrubbed.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import leaseq
@@ -22,30 +23,52 @@ T = TypeVar("T")
 BLOCKED_KEYS_READ = 100
 
 
+@dataclass
+class _Load:
+    """A load in flight and how many readers wait for it."""
+
+    task: asyncio.Task[Any]
+    readers: int = 0
+
+
 class SharedCache:
     """Values by key for ``ttl`` seconds; concurrent misses of one key share one load.
 
     A failed load is not kept: the next request tries again (every waiter of the
-    failed load sees its error)."""
+    failed load sees its error). A load nobody waits for any more is cancelled:
+    with the database away, each load would otherwise wait out a connect timeout
+    in turn on the pool, and hold up the next page behind it."""
 
     def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self._clock = clock
         self._values: dict[Hashable, tuple[float, Any]] = {}
-        self._loading: dict[Hashable, asyncio.Future[Any]] = {}
+        self._loading: dict[Hashable, _Load] = {}
+
+    @property
+    def loading(self) -> int:
+        """How many loads are in flight."""
+        return len(self._loading)
 
     async def get(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         kept = self._values.get(key)
         if kept is not None and self._clock() < kept[0]:
             value: T = kept[1]
             return value
-        future = self._loading.get(key)
-        if future is None:
-            future = asyncio.ensure_future(self._load(key, load))
-            self._loading[key] = future
-        # A reader that goes away (a closed tab) must not cancel the others' load.
-        result: T = await asyncio.shield(future)
-        return result
+        flight = self._loading.get(key)
+        if flight is None:
+            flight = _Load(asyncio.ensure_future(self._load(key, load)))
+            self._loading[key] = flight
+        flight.readers += 1
+        try:
+            # A reader that goes away (a closed tab) must not cancel the others' load.
+            result: T = await asyncio.shield(flight.task)
+            return result
+        finally:
+            flight.readers -= 1
+            if not flight.readers and not flight.task.done():
+                self._forget(key, flight)
+                flight.task.cancel()
 
     async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -53,7 +76,14 @@ class SharedCache:
             self._values[key] = (self._clock() + self.ttl, value)
             return value
         finally:
-            self._loading.pop(key, None)
+            flight = self._loading.get(key)
+            if flight is not None and flight.task is asyncio.current_task():
+                self._forget(key, flight)
+
+    def _forget(self, key: Hashable, flight: _Load) -> None:
+        # Only this load's entry: a cancelled one may end after a new load of its key began.
+        if self._loading.get(key) is flight:
+            del self._loading[key]
 
     def clear(self) -> None:
         """Forget every value (after an action, so its effect shows at once)."""

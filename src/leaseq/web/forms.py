@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlencode
@@ -17,6 +16,20 @@ import leaseq
 from .views import SecretMask, retention
 
 STATES = tuple(state.value for state in leaseq.JobStatus)
+#: ``failed_groups()`` groups failed jobs by the first this many characters of
+#: their last error (its SQL): a group's replay selects exactly those.
+FAILED_GROUP_CHARS = 300
+
+
+#: ``int()`` refuses more than 4300 digits; no number typed here needs a fraction of that.
+MAX_DIGITS = 4000
+
+
+def digits(text: str) -> bool:
+    """Whether ``int(text)`` reads ``text`` as written: ASCII digits only (``str.isdigit``
+    also accepts ``²``, which ``int()`` refuses, and other scripts' digits, which it
+    reads), and not so many that ``int()`` refuses them."""
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +49,7 @@ class JobFilter:
         if state and state not in STATES:
             raise leaseq.InvalidArgument(f"state must be one of {', '.join(STATES)}")
         before = values.get("before", "").strip()
-        if before and not before.isdigit():
+        if before and not digits(before):
             raise leaseq.InvalidArgument("before must be a job id")
         return cls(
             queue=values.get("queue", "").strip(),
@@ -78,42 +91,144 @@ class JobFilter:
 
 def payload_filter(text: str, mask: SecretMask) -> dict[str, Any] | None:
     """``customer:acme n:5 address.city:Paris`` as a containment document:
-    ``{"customer": "acme", "n": 5, "address": {"city": "Paris"}}``. Values that
-    read as JSON numbers, booleans or null are those; quote a value with spaces.
-    Secret fields cannot be searched (a search would reveal their values)."""
+    ``{"customer": "acme", "n": 5, "address": {"city": "Paris"}}``. Unquoted values
+    written as JSON writes numbers, booleans and null are those; a quoted value is
+    always a string (``zip:"01234"``, ``flag:"true"``), and so is ``01234`` (JSON
+    writes no leading zeros). Quote a value with spaces. Secret fields cannot be
+    searched (a search would reveal their values)."""
     if not text:
         return None
-    try:
-        pairs = shlex.split(text)
-    except ValueError as exc:
-        raise leaseq.InvalidArgument(f"payload filter: {exc}") from None
     document: dict[str, Any] = {}
-    for pair in pairs:
-        field, colon, raw = pair.partition(":")
+    for word in _words(text):
+        field, colon, raw = word.text.partition(":")
         if not colon or not field:
             raise leaseq.InvalidArgument(
-                f"payload filter: {pair!r} is not field:value (e.g. customer:acme)"
+                f"payload filter: {word.text!r} is not field:value (e.g. customer:acme)"
             )
         path = field.split(".")
         if any(not part or mask.secret(part) for part in path):
             raise leaseq.InvalidArgument(f"payload filter: {field!r} cannot be searched")
-        value: Any = raw
-        if re.fullmatch(r"-?\d+(\.\d+)?|true|false|null", raw):
-            value = json.loads(raw)
         target = document
         for part in path[:-1]:
             nested = target.setdefault(part, {})
             if not isinstance(nested, dict):
                 raise leaseq.InvalidArgument(f"payload filter: {field!r} given twice")
             target = nested
-        target[path[-1]] = value
+        target[path[-1]] = raw if word.quoted_after(len(field)) else _literal(field, raw)
     return document
+
+
+#: A number, boolean or null as JSON writes it (no leading zeros, no exponent).
+_JSON_LITERAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?|true|false|null")
+
+
+def _literal(field: str, raw: str) -> Any:
+    """An unquoted value: the JSON number, boolean or null it spells, else the text."""
+    if not _JSON_LITERAL.fullmatch(raw):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:  # more digits than int() reads
+        raise leaseq.InvalidArgument(f"payload filter: {field!r}: the number is too long") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Word:
+    """A word of a payload filter, its quotes and escapes removed."""
+
+    text: str
+    #: (start, end) in ``text`` of each part that was quoted or escaped.
+    quoted: tuple[tuple[int, int], ...]
+
+    def quoted_after(self, colon: int) -> bool:
+        """Whether a quoted part (an empty ``""`` too) lies after ``colon``."""
+        return any(end > colon + 1 or start > colon for start, end in self.quoted)
+
+
+def _words(text: str) -> list[_Word]:
+    """``text`` split into words as a POSIX shell (and ``shlex.split``) splits it,
+    keeping track of which parts were quoted: a quoted value is a string."""
+    words: list[_Word] = []
+    current: str | None = None
+    quoted: list[tuple[int, int]] = []
+    position = 0
+    while position < len(text):
+        char = text[position]
+        if char.isspace():
+            if current is not None:
+                words.append(_Word(current, tuple(quoted)))
+                current, quoted = None, []
+            position += 1
+            continue
+        current = current or ""
+        if char in "'\"":
+            part, position = _quoted_part(text, position)
+        elif char == "\\":
+            if position + 1 == len(text):
+                raise leaseq.InvalidArgument("payload filter: nothing after the last backslash")
+            part, position = text[position + 1], position + 2
+        else:
+            current += char
+            position += 1
+            continue
+        quoted.append((len(current), len(current) + len(part)))
+        current += part
+    if current is not None:
+        words.append(_Word(current, tuple(quoted)))
+    return words
+
+
+def _quoted_part(text: str, position: int) -> tuple[str, int]:
+    """What the quotes opening at ``position`` hold, and where they end. Within double
+    quotes a backslash escapes ``"`` and itself; within single ones nothing."""
+    mark = text[position]
+    part: list[str] = []
+    position += 1
+    while position < len(text):
+        char = text[position]
+        if char == mark:
+            return "".join(part), position + 1
+        if mark == '"' and char == "\\" and text[position + 1 : position + 2] in ('"', "\\"):
+            position += 1
+            char = text[position]
+        part.append(char)
+        position += 1
+    raise leaseq.InvalidArgument(f"payload filter: no closing quotation mark ({mark})")
+
+
+# -- the Failed page's groups ------------------------------------------------------------
+
+
+def _lines(text: str) -> str:
+    # A browser's HTML parser reads a CR as LF, and it sends line breaks as CRLF: the
+    # group's text comes back from its hidden field with other line breaks.
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def failed_group(error: str) -> Callable[[leaseq.Job], bool]:
+    """Whether a job is in the Failed page's group of ``error``: the first
+    FAILED_GROUP_CHARS characters of its last error are ``error``, exactly (empty:
+    jobs without an error text). ``find_jobs``' error filter is a substring."""
+    wanted = _lines(error)
+
+    def member(job: leaseq.Job) -> bool:
+        return _lines((job.last_error or "")[:FAILED_GROUP_CHARS]) == wanted
+
+    return member
+
+
+def group_search(error: str) -> str | None:
+    """Text that every error of the group of ``error`` holds (its first line), for
+    ``find_jobs`` to narrow the search; None (no such filter) for the group
+    without an error text."""
+    return _lines(error).partition("\n")[0] or None
 
 
 # -- queue settings -------------------------------------------------------------------
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)")
+# [0-9], not \d: \d is any script's digit, which float() reads too.
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([smhdw]?)")
 
 
 def seconds(text: str, what: str, *, forever: bool = False) -> float | None:
@@ -135,7 +250,7 @@ def integer(text: str, what: str, *, optional: bool = False) -> int | None:
     value = text.strip().replace(",", "").replace("_", "")
     if optional and value in ("", "none", "no limit"):
         return None
-    if not re.fullmatch(r"-?\d+", value):
+    if not digits(value.removeprefix("-")):
         empty = " (empty: no limit)" if optional else ""
         raise leaseq.InvalidArgument(f"{what}: {text!r} is not a whole number{empty}")
     return int(value)
@@ -147,7 +262,8 @@ def rate(text: str, what: str) -> tuple[int, float] | None:
     if value in ("", "none", "no limit"):
         return None
     starts, _, per = value.partition("/")
-    if not starts.strip().isdigit():
+    starts = starts.strip()
+    if not digits(starts):
         raise leaseq.InvalidArgument(
             f"{what}: {text!r} is not STARTS/DURATION such as 50/1s (empty: no limit)"
         )

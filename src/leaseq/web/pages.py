@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,7 @@ import leaseq
 
 from .context import Context, handler
 from .data import BLOCKED_KEYS_READ
-from .forms import STATES, JobFilter, settings_text
+from .forms import STATES, JobFilter, digits, settings_text
 from .timeline import timeline
 from .views import Chart, chart, percent
 
@@ -52,18 +54,33 @@ class QueueView:
         return self.stats.counts.get(status, 0), status in self.stats.estimated
 
 
+@asynccontextmanager
+async def _together() -> AsyncIterator[asyncio.TaskGroup]:
+    """Loads run side by side; the first to fail cancels the others, and its error is
+    the page's. (``gather`` leaves the others running: with the database away each
+    would wait out a connect timeout on the pool, and the next page behind them.)"""
+    try:
+        async with asyncio.TaskGroup() as group:
+            yield group
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+
+
 async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
     aggregates = ctx.dashboard.aggregates
-    stats, activity, health, blocked = await asyncio.gather(
-        aggregates.stats(),
-        aggregates.activity(),
-        aggregates.health(),
-        aggregates.blocked_keys(None),
-    )
+    async with _together() as group:
+        loading_stats = group.create_task(aggregates.stats())
+        loading_activity = group.create_task(aggregates.activity())
+        loading_health = group.create_task(aggregates.health())
+        loading_blocked = group.create_task(aggregates.blocked_keys(None))
+    stats, activity = loading_stats.result(), loading_activity.result()
+    health, blocked = loading_health.result(), loading_blocked.result()
     blocked_by_queue = Counter(key.queue for key in blocked)
     # The summary lists a page of keys: a full page means there may be more.
     blocked_capped = len(blocked) >= BLOCKED_KEYS_READ
-    settings = await asyncio.gather(*(aggregates.settings(s.queue) for s in stats))
+    async with _together() as group:
+        loading = [group.create_task(aggregates.settings(s.queue)) for s in stats]
+    settings = [task.result() for task in loading]
     views = []
     for queue_stats, queue_settings in zip(stats, settings, strict=True):
         recent = activity.get(queue_stats.queue)
@@ -179,7 +196,7 @@ async def running_live(request: Request, ctx: Context) -> Response:
 async def audit(request: Request, ctx: Context) -> Response:
     queue = request.query_params.get("queue") or None
     before_text = request.query_params.get("before", "")
-    if before_text and not before_text.isdigit():
+    if before_text and not digits(before_text):
         raise leaseq.InvalidArgument("before must be an audit entry id")
     before = int(before_text) if before_text else None
     entries = await ctx.dashboard.client.audit_log(queue=queue, before=before, limit=AUDIT_PAGE)

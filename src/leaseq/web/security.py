@@ -25,6 +25,8 @@ from typing import Any
 from starlette.requests import HTTPConnection, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .forms import digits
+
 READ, REPLAY, CANCEL, PAUSE, CONFIGURE = "read", "replay", "cancel", "pause", "configure"
 #: Every permission the dashboard knows; a local dashboard without auth grants all.
 PERMISSIONS: frozenset[str] = frozenset({READ, REPLAY, CANCEL, PAUSE, CONFIGURE})
@@ -67,7 +69,18 @@ Auth = Callable[[Request], "Principal | Awaitable[Principal | None] | None"]
 
 
 def _digest(key: bytes, text: str) -> str:
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+    # surrogatepass: a form field may decode to a lone surrogate; it must give a
+    # digest that matches nothing, not an error.
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+def _same(given: str, expected: str) -> bool:
+    """Constant-time comparison of a MAC someone sent with ours. As bytes:
+    ``hmac.compare_digest`` raises TypeError on a ``str`` that is not ASCII, and a
+    cookie or form field can hold anything."""
+    return hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
 
 
 class TokenAuth:
@@ -86,7 +99,7 @@ class TokenAuth:
         self.principal = Principal(name, permissions)
 
     def check_token(self, token: str) -> bool:
-        return hmac.compare_digest(token.encode(), self._key)
+        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._key)
 
     def login_cookie(self, now: float | None = None) -> str:
         issued = str(int(time.time() if now is None else now))
@@ -94,9 +107,7 @@ class TokenAuth:
 
     def _valid_cookie(self, value: str) -> bool:
         issued, _, mac = value.partition(".")
-        if not issued.isdigit() or not hmac.compare_digest(
-            mac, _digest(self._key, "login:" + issued)
-        ):
+        if not digits(issued) or not _same(mac, _digest(self._key, "login:" + issued)):
             return False
         return 0 <= time.time() - int(issued) < LOGIN_SECONDS
 
@@ -153,7 +164,7 @@ class Csrf:
     def valid(self, session: str | None, token: str | None) -> bool:
         if not session or not token:
             return False
-        return hmac.compare_digest(token, self.token(session))
+        return _same(token, self.token(session))
 
     def sign(self, text: str) -> str:
         """``text`` with a MAC, for the flash cookie (what we set, we show)."""
@@ -162,7 +173,7 @@ class Csrf:
 
     def unsign(self, value: str) -> str | None:
         body, _, mac = value.partition(".")
-        if not hmac.compare_digest(mac, _digest(self._secret, "flash:" + body)):
+        if not _same(mac, _digest(self._secret, "flash:" + body)):
             return None
         try:
             return base64.urlsafe_b64decode(body.encode()).decode()

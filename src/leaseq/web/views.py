@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from .._redact import redact
@@ -124,13 +125,24 @@ def number(value: int | None) -> str:
 
 
 def retention(seconds: float | None) -> str:
-    """A retention or other setting in seconds: ``1d``, ``2h``, ``90s``; ``never``."""
+    """A retention or other setting in seconds: ``1d``, ``2h``, ``90s``; ``never``.
+
+    Exact, in the form the settings form reads back (``1000000s``, ``1234.5678s``):
+    the form shows these, and saving one field sends them all."""
     if seconds is None:
         return "never"
     for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= length and seconds % length == 0:
-            return f"{seconds / length:g}{unit}"
-    return f"{seconds:g}s"
+            return f"{plain(seconds / length)}{unit}"
+    return f"{plain(seconds)}s"
+
+
+def plain(value: float) -> str:
+    """``value`` in decimal digits, all of them and no exponent (``%g`` keeps six
+    significant digits and writes ``1e+06``): the shortest text that reads back as
+    the same float."""
+    text = format(Decimal(repr(float(value))), "f")
+    return text.removesuffix(".0")
 
 
 def percent(part: int, whole: int | None) -> int | None:
