@@ -234,6 +234,32 @@ def test_replay_many_replays_only_failed_or_cancelled_jobs(client: Client) -> No
         client.replay_many([0])
 
 
+def test_replay_many_only_failed_leaves_a_job_skipped_meanwhile_skipped(client: Client) -> None:
+    """An operator confirmed a replay of two failed jobs; someone skipped one since."""
+    kept, skipped = _fail(client, "mail", "boom"), _fail(client, "mail", "boom")
+    assert client.cancel(skipped)
+    assert client.replay_many([kept, skipped], only_failed=True) == [kept]
+    assert client.get(skipped).status is JobStatus.CANCELLED
+    assert client.get(kept).status is JobStatus.QUEUED
+    with pytest.raises(leaseq.InvalidArgument):
+        client.replay_many([kept], only_failed="yes")  # type: ignore[arg-type]
+
+
+def test_cancel_only_failed_skips_a_failed_job_and_nothing_else(client: Client) -> None:
+    """A skip that comes after someone replayed the job leaves the replay alone."""
+    failed, second = _fail(client, "mail", "boom"), _fail(client, "mail", "boom")
+    queued = client.enqueue("mail", {})
+    assert not client.cancel(queued, only_failed=True)
+    assert client.get(queued).status is JobStatus.QUEUED
+    assert client.replay(failed)  # replayed before the skip arrives
+    assert not client.cancel(failed, only_failed=True)
+    assert client.get(failed).status is JobStatus.QUEUED
+    assert client.cancel(second, only_failed=True)
+    assert client.get(second).status is JobStatus.CANCELLED
+    with pytest.raises(leaseq.InvalidArgument):
+        client.cancel(second, only_failed=1)  # type: ignore[arg-type]
+
+
 def test_replay_never_restarts_a_running_job(client: Client) -> None:
     job_id = client.enqueue("mail", {})
     (claim,) = client.claim("mail")

@@ -306,7 +306,7 @@ async def test_a_skip_never_undoes_a_replay_made_meanwhile(
     make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another operator replays the blocked head just after the skip looked at it:
-    the replay stands (the job is queued, not cancelled) and the skip says so."""
+    the replay stands (the job is queued, never cancelled) and the skip says so."""
     app = make_app()
     client = app.state.leaseq.client
     look = client.get
@@ -325,8 +325,10 @@ async def test_a_skip_never_undoes_a_replay_made_meanwhile(
     finally:
         await browser.close()
     assert replays == [True]
-    assert "was replayed by someone else just before your skip: not skipped" in text_of(page.text)
-    assert queue.get(jobs.blocked_head).status is JobStatus.QUEUED
+    assert "changed meanwhile: nothing skipped" in text_of(page.text)
+    job = queue.get(jobs.blocked_head)
+    assert job.status is JobStatus.QUEUED
+    assert job.history[-1]["outcome"] == "replayed"  # never cancelled in between
 
 
 async def test_replaying_a_job_whose_unique_key_is_held_says_why(

@@ -57,11 +57,17 @@ class AsyncOperatorCalls:
         the cancel cut short would have ended. Audited under ``actor``."""
         return await self._db.run(self._store.replay(job_id, actor=actor))
 
-    async def replay_many(self, job_ids: Sequence[int], *, actor: str | None = None) -> list[int]:
+    async def replay_many(
+        self, job_ids: Sequence[int], *, actor: str | None = None, only_failed: bool = False
+    ) -> list[int]:
         """Replay those of the jobs (up to 10,000) that are failed or cancelled, in one
-        statement; returns their ids. BacklogFull (its ``replayed`` holding what was
+        statement; returns their ids. ``only_failed``: those still failed only (one
+        cancelled meanwhile, a skipped one say, stays cancelled; the status is
+        checked on the locked row). BacklogFull (its ``replayed`` holding what was
         done) if a queue had no room for some. Audited under ``actor``."""
-        return await self._db.run(self._store.replay_many(job_ids, actor=actor))
+        return await self._db.run(
+            self._store.replay_many(job_ids, actor=actor, only_failed=only_failed)
+        )
 
     async def replay_failed(
         self, queue: str, *, batch: int = 1000, actor: str | None = None
@@ -72,14 +78,25 @@ class AsyncOperatorCalls:
         steps = _steps.replay_failed(self._store, queue, batch=batch, actor=actor)
         return await self._db.run_steps(steps)
 
-    async def cancel(self, job_id: int, *, running: bool = False, actor: str | None = None) -> bool:
+    async def cancel(
+        self,
+        job_id: int,
+        *,
+        running: bool = False,
+        only_failed: bool = False,
+        actor: str | None = None,
+    ) -> bool:
         """Cancel a queued job, or skip a failed one (which unblocks its ordering
         key): True if it changed. A running job is left to its owner unless
         ``running``: then its claim ends through the lease fence (the job is
         cancelled at once; its handler is told as of a lost lease, within moments
         through a notification or at its next renewal, and whatever it reports
-        afterwards is refused). Audited under ``actor``."""
-        return await self._db.run(self._store.cancel(job_id, running=running, actor=actor))
+        afterwards is refused). ``only_failed``: a skip, nothing else (a job
+        replayed meanwhile stays queued; the status is checked on the locked
+        row). Audited under ``actor``."""
+        return await self._db.run(
+            self._store.cancel(job_id, running=running, only_failed=only_failed, actor=actor)
+        )
 
     async def prune(
         self,

@@ -214,6 +214,12 @@ def results(values: Sequence[object] | None, count: int) -> list[str | None] | N
     return [None if e is None else e.text for e in encoded]
 
 
+def flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, got {value!r}")
+    return value
+
+
 def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")

@@ -71,13 +71,16 @@ class OperatorOperations(StoreBase):
         return Operation((Statement(self.sql("replay.sql"), params),), decode)
 
     def replay_many(
-        self, job_ids: Sequence[int], *, actor: str | None = None
+        self, job_ids: Sequence[int], *, actor: str | None = None, only_failed: bool = False
     ) -> Operation[list[int]]:
-        """Replay those of the jobs that are failed or cancelled, in one statement;
-        their ids. BacklogFull (carrying them) if a queue had no room for some.
-        A unique job whose key another job holds is left as it is."""
+        """Replay those of the jobs that are failed or cancelled (``only_failed``:
+        failed), in one statement; their ids. BacklogFull (carrying them) if a
+        queue had no room for some. A unique job whose key another job holds is
+        left as it is."""
         ids = validate.job_ids(job_ids)
         params = self._replay_params(ids, None, max(len(ids), 1), actor)
+        if validate.flag(only_failed, "only_failed"):
+            params["statuses"] = ["failed"]
 
         def decode(rows: list[Rows]) -> list[int]:
             replayed = [row[0] for row in rows[0] if row[2]]
@@ -118,14 +121,21 @@ class OperatorOperations(StoreBase):
             "queue": queue,
             "limit": limit,
             "actor": validate.actor(actor),
+            "statuses": ["failed", "cancelled"],
         }
 
     def cancel(
-        self, job_id: int, *, running: bool = False, actor: str | None = None
+        self,
+        job_id: int,
+        *,
+        running: bool = False,
+        only_failed: bool = False,
+        actor: str | None = None,
     ) -> Operation[bool]:
         params = {
             "job_id": validate.job_id(job_id),
             "running": bool(running),
+            "only_failed": validate.flag(only_failed, "only_failed"),
             "actor": validate.actor(actor),
             "channel": self._notify_channel,
         }

@@ -1,4 +1,5 @@
--- Put failed or cancelled jobs back in their queue with a fresh attempt budget.
+-- Put failed or cancelled jobs (or failed ones only: the statuses asked for)
+-- back in their queue with a fresh attempt budget.
 -- A job keeps its id (so its idempotency key still matches) and its history.
 -- lease_version moves on (fencing tokens only grow): no write of a claim from
 -- before the replay can be taken for one of the replayed job's.
@@ -39,7 +40,7 @@ eligible AS (
            c.unique_key IS NOT NULL AND row_number() OVER (
                PARTITION BY c.queue, c.unique_key ORDER BY c.finished_at, c.job_id) > 1 AS twin
     FROM candidates AS c
-    WHERE c.status IN ('failed', 'cancelled') AND NOT c.held
+    WHERE c.status = ANY(%(statuses)s::text[]) AND NOT c.held
 ),
 room AS (
     SELECT q.name,
@@ -85,7 +86,7 @@ replayed AS (
             'previous_status', j.status,
             'actor', coalesce(%(actor)s::text, session_user::text)))
     FROM admitted AS a
-    WHERE j.job_id = a.job_id AND j.status IN ('failed', 'cancelled')
+    WHERE j.job_id = a.job_id AND j.status = ANY(%(statuses)s::text[])
     RETURNING j.job_id, j.queue
 ),
 audit AS (
@@ -97,7 +98,7 @@ audit AS (
 )
 SELECT c.job_id, c.status,
        replayed.job_id IS NOT NULL AS changed,
-       c.status IN ('failed', 'cancelled') AND admitted.job_id IS NULL
+       c.status = ANY(%(statuses)s::text[]) AND admitted.job_id IS NULL
            AND NOT (c.held OR coalesce(e.twin, false)) AS refused,
        c.held OR coalesce(e.twin, false) AS held
 FROM candidates AS c

@@ -23,10 +23,9 @@ from .views import retention
 
 #: Ids per find_jobs call while collecting a bulk replay's jobs.
 COLLECT_PAGE = 100
-#: find_jobs' largest page, for searches whose pages hold candidates only (a Failed
-#: group's jobs, the confirmed jobs still failed), and its largest search window.
+#: find_jobs' largest page, for a search whose pages hold candidates only (a Failed
+#: group's jobs).
 FULL_PAGE = 1000
-MAX_SEARCH_WINDOW = 10_000_000
 #: Job ids are PostgreSQL bigints.
 MAX_JOB_ID = 2**63 - 1
 
@@ -92,35 +91,12 @@ async def skip(request: Request, ctx: Context) -> Response:
         return _done(
             ctx, form, "/blocked", f"Job {job_id} is {job.status.value}, not a failed head."
         )
-    if not await client.cancel(job_id, actor=ctx.actor):
+    # Only while it is failed, checked on the locked row: a job someone replayed
+    # since the look above stays queued.
+    if not await client.cancel(job_id, only_failed=True, actor=ctx.actor):
         return _done(ctx, form, "/blocked", f"Job {job_id} changed meanwhile: nothing skipped.")
-    if await _undid_a_replay(client, job_id):
-        message = await _replay_again(client, job_id, ctx.actor)
-    else:
-        message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
+    message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
     return _done(ctx, form, "/blocked", message)
-
-
-async def _undid_a_replay(client: leaseq.AsyncQueue, job_id: int) -> bool:
-    """Whether the skip just made cancelled a job that someone replayed between our
-    look at it and the cancel (``cancel`` also cancels a queued job; the library
-    has no "cancel only if failed"): the job's newest cancel found it queued."""
-    job = await client.get(job_id)
-    if job.status is not leaseq.JobStatus.CANCELLED:
-        return False
-    cancels = [entry for entry in job.history if entry.get("outcome") == "cancelled"]
-    return bool(cancels) and cancels[-1].get("previous_status") == "queued"
-
-
-async def _replay_again(client: leaseq.AsyncQueue, job_id: int, actor: str) -> str:
-    """Put back the replay a skip undid, and say so."""
-    meanwhile = f"Job {job_id} was replayed by someone else just before your skip"
-    try:
-        if await client.replay(job_id, actor=actor):
-            return f"{meanwhile}: not skipped, it is queued again."
-    except (leaseq.BacklogFull, leaseq.UniqueKeyHeld) as exc:
-        return f"{meanwhile}; the skip cancelled it and it could not be queued again: {exc}"
-    return f"{meanwhile}, and it changed again since: look at it before acting."
 
 
 @handler(security.REPLAY, post=True)
@@ -195,9 +171,10 @@ async def replay_confirmed(request: Request, ctx: Context) -> Response:
     if len(ids) > ctx.dashboard.bulk_limit:
         return refuse(ctx, 400, f"At most {ctx.dashboard.bulk_limit:,} jobs per replay.")
     back = form.get("next") or "/failed"
-    still = await _still_failed(ctx.dashboard.client, ids)
     try:
-        replayed = await ctx.dashboard.client.replay_many(still, actor=ctx.actor) if still else []
+        # Only those still failed, checked on each locked row: a job replayed, or
+        # skipped, since the confirmation was shown is left as it is.
+        replayed = await ctx.dashboard.client.replay_many(ids, actor=ctx.actor, only_failed=True)
     except leaseq.BacklogFull as exc:
         message = f"Replayed {len(exc.replayed):,} of {len(ids):,} jobs, then: {exc}"
         return _done(ctx, form, back, message)
@@ -213,33 +190,6 @@ def _job_ids(text: str) -> list[int] | None:
         return None
     ids = list(dict.fromkeys(int(part) for part in texts))
     return ids if all(0 < job_id <= MAX_JOB_ID for job_id in ids) else None
-
-
-async def _still_failed(client: leaseq.AsyncQueue, ids: list[int]) -> list[int]:
-    """Those of ``ids`` that are failed now. ``replay_many`` replays cancelled jobs
-    too: a job skipped since the confirmation would come back. So the failed jobs of
-    the ids' range are read again (newest first, pages of ``find_jobs``) and only
-    those are replayed. (A skip in the moment between this read and the replay can
-    still be undone: the library has no replay of failed jobs only.)"""
-    if not ids:
-        return []
-    wanted, lowest = set(ids), min(ids)
-    newest = await client.find_jobs(limit=1, window=1)
-    if not newest.jobs:
-        return []
-    # A window reaching down to the lowest id (and a page below it, for the jobs
-    # enqueued meanwhile), so that the last page's search stops there.
-    reach = newest.jobs[0].job_id - lowest + 1 + FULL_PAGE
-    window = min(reach, MAX_SEARCH_WINDOW)
-    found: list[int] = []
-    before: int | None = max(ids) + 1
-    while before is not None and before > lowest:
-        page = await client.find_jobs(
-            status=leaseq.JobStatus.FAILED, before=before, limit=FULL_PAGE, window=window
-        )
-        found += [job.job_id for job in page.jobs if job.job_id in wanted]
-        before = page.next_before
-    return found
 
 
 async def _pause(request: Request, ctx: Context, paused: bool) -> Response:
