@@ -257,6 +257,58 @@ async def test_an_async_queue_that_cannot_connect_never_stops_its_event_loop(
     assert longest_gap < 1.0
 
 
+async def test_callers_that_waited_behind_a_failed_open_share_its_failure(
+    silent_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten requests at once, the database away: one open, one wait, ten answers (not
+    one connect timeout after another)."""
+    opens: list[AsyncConnectionPool] = []
+    open_pool = AsyncConnectionPool.open
+
+    async def counted_open(pool: AsyncConnectionPool, *args: Any, **kwargs: Any) -> None:
+        opens.append(pool)
+        await open_pool(pool, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncConnectionPool, "open", counted_open)
+    queue = leaseq.AsyncQueue(silent_server, connect_timeout=1)
+    answers = await asyncio.gather(*(queue.stats() for _ in range(10)), return_exceptions=True)
+    assert [type(answer) for answer in answers] == [leaseq.DatabaseUnavailable] * 10
+    assert len(opens) == 1
+    # A later call tries again.
+    with pytest.raises(leaseq.DatabaseUnavailable):
+        await queue.stats()
+    assert len(opens) == 2
+
+
+def test_threads_that_waited_behind_a_failed_open_share_its_failure(
+    silent_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opens: list[ConnectionPool] = []
+    open_pool = ConnectionPool.open
+
+    def counted_open(pool: ConnectionPool, *args: Any, **kwargs: Any) -> None:
+        opens.append(pool)
+        open_pool(pool, *args, **kwargs)
+
+    monkeypatch.setattr(ConnectionPool, "open", counted_open)
+    queue = leaseq.Queue(silent_server, connect_timeout=1)
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            queue.stats()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [type(error) for error in errors] == [leaseq.DatabaseUnavailable] * 5
+    assert len(opens) == 1
+
+
 def test_wait_result_against_a_server_that_never_answers_ends(silent_server: str) -> None:
     outcome: list[BaseException] = []
 

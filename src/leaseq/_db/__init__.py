@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from .._errors import DatabaseUnavailable
 from .._statement import Operation, Plan, Rows, Statement, Steps
 from .._waiting import raise_if_cancelling
 from .errors import aunreachable, translated_errors, unreachable
@@ -154,6 +155,27 @@ def _pool_settings(
     }
 
 
+class _OpenFailures:
+    """The failed openings of a client's pool. Callers that waited for the lock
+    while an opening failed share its failure, rather than each waiting out an
+    open timeout of its own in turn (with the database away, the tenth request of
+    a web server would have waited ten timeouts)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._last = ""
+
+    def record(self, error: DatabaseUnavailable) -> DatabaseUnavailable:
+        self.count += 1
+        self._last = str(error)
+        return error
+
+    def raise_if_since(self, seen: int) -> None:
+        """Raise the last failure if one came after the caller read ``count``."""
+        if self.count != seen:
+            raise DatabaseUnavailable(self._last)
+
+
 class Database:
     """A lazily opened pool of autocommit connections (sync).
 
@@ -179,18 +201,22 @@ class Database:
         #: The open pool; None until the first use, and again after a close.
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
+        self._failures = _OpenFailures()
 
     def _open_pool(self) -> ConnectionPool:
         pool = self._pool
         if pool is None:
+            seen = self._failures.count
             with self._lock:
                 pool = self._pool
                 if pool is None:
+                    self._failures.raise_if_since(seen)
                     pool = ConnectionPool(**self._settings)
                     try:
                         pool.open(wait=True, timeout=self.open_timeout)
                     except PoolTimeout:  # the pool closed itself
-                        raise unreachable(self.dsn, self.open_timeout) from None
+                        error = unreachable(self.dsn, self.open_timeout)
+                        raise self._failures.record(error) from None
                     except BaseException:
                         pool.close()
                         raise
@@ -269,13 +295,16 @@ class AsyncDatabase:
         #: The open pool; None until the first use, and again after a close.
         self._pool: AsyncConnectionPool | None = None
         self._lock = asyncio.Lock()
+        self._failures = _OpenFailures()
 
     async def _open_pool(self) -> AsyncConnectionPool:
         pool = self._pool
         if pool is None:
+            seen = self._failures.count
             async with self._lock:
                 pool = self._pool
                 if pool is None:
+                    self._failures.raise_if_since(seen)
                     pool = AsyncConnectionPool(**self._settings)
                     try:
                         await pool.open(wait=True, timeout=self.open_timeout)
@@ -284,7 +313,8 @@ class AsyncDatabase:
                         # this task arrive together: the cancellation must not be lost.
                         raise_if_cancelling()
                     except PoolTimeout:  # the pool closed itself
-                        raise await aunreachable(self.dsn, self.open_timeout) from None
+                        error = await aunreachable(self.dsn, self.open_timeout)
+                        raise self._failures.record(error) from None
                     except BaseException:
                         await pool.close()
                         raise
