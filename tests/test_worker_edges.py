@@ -16,7 +16,7 @@ import leaseq
 from leaseq import JobStatus
 from leaseq._worker import runner
 
-from .conftest import SpareDatabase
+from .conftest import AsyncClock, SpareDatabase
 
 pytestmark = pytest.mark.asyncio
 
@@ -278,3 +278,31 @@ async def test_a_nested_job_transaction_is_refused_and_nothing_half_commits(
     assert job.status is JobStatus.FAILED  # a mistake in the handler, said at once
     assert "already open" in job.history[-1]["error"]
     assert await effects() == []  # neither block committed
+
+
+# -- a crash loop ---------------------------------------------------------------------------
+
+
+async def test_a_job_whose_workers_keep_dying_stops_at_its_tasks_attempts(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, database_url: str, schema: str
+) -> None:
+    """Its task allows 2 attempts (the queue 20): the workers of both died with the
+    job (their leases expired). The third claim fails it, without running it."""
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+
+    @app.task("work", max_attempts=2)
+    async def handler(job: leaseq.JobContext) -> None:
+        ran.append(job.attempts)
+
+    job_id = await aqueue.enqueue("work", {})
+    for _ in range(2):  # claimed, then its worker dies: the lease runs out
+        assert len(await aqueue.claim("work", lease=10)) == 1
+        await aclock.advance(11)
+    await asyncio.wait_for(
+        leaseq.Worker(app, dsn=database_url, poll_interval=0.1).run(burst=True), 60
+    )
+    job = await aqueue.get(job_id)
+    assert ran == []
+    assert (job.status, job.attempts) == (JobStatus.FAILED, 3)
+    assert "no attempts left" in job.history[-1]["error"]

@@ -50,8 +50,12 @@ class Task:
         return None if self.backoff is None else self.backoff.delay(attempt)
 
     def attempts_left(self, attempts: int, job_max_attempts: int) -> bool:
+        return attempts < self.attempt_limit(job_max_attempts)
+
+    def attempt_limit(self, job_max_attempts: int) -> int:
+        """How many attempts a job of this task may have: the task's, within the job's own."""
         limit = job_max_attempts if self.max_attempts is None else self.max_attempts
-        return attempts < min(limit, job_max_attempts)
+        return min(limit, job_max_attempts)
 
 
 class App:

@@ -146,6 +146,17 @@ class AttemptRunner:
     async def outcome_of(self, attempt: Attempt, task: Task) -> Outcome | None:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
         context, claim = attempt.context, attempt.claim
+        limit = task.attempt_limit(claim.max_attempts)
+        if claim.attempts > limit:
+            # Past its task's budget: the workers of its last attempts died with it
+            # (each recovered claim counts an attempt). The database fails a job
+            # only past its own max_attempts; a crash loop must stop at the task's.
+            return Outcome(
+                Kind.FAIL,
+                claim,
+                error=f"no attempts left: attempt {claim.attempts} of {limit} "
+                "(the earlier ones ended with their worker)",
+            )
         timeout = task.timeout_of(claim)
         try:
             returned = await self._call(task, context, timeout, attempt)
