@@ -91,3 +91,13 @@ def completes_then_works(job: leaseq.JobContext) -> None:
     effect(job)
     time.sleep(3)
     _record(job, "worked on")
+
+
+def traced(job: leaseq.JobContext) -> dict[str, str | None]:
+    """The span context current in the child, as the handler's own spans would see it."""
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {"trace_id": None, "span_id": None}
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}

@@ -21,7 +21,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import leaseq
+from leaseq.testing import adrain
 
+from . import process_app
 from .clients import Client
 from .conftest import ROOT
 from .test_worker import Running, _all_finished, _until
@@ -212,3 +214,24 @@ async def test_an_enqueue_outside_any_span_starts_the_trace_its_job_continues(
     (send,) = [s for s in EXPORTER.get_finished_spans() if s.name == "send plain"]
     assert process.context.trace_id == send.context.trace_id
     assert seen[0].span_id == process.context.span_id
+
+
+async def test_a_process_handler_runs_inside_its_attempts_span(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """executor="process": in the child too, the handler's spans nest under the
+    worker's ``process`` span, in the producer's trace."""
+    app = leaseq.App(schema=schema)
+    app.task("digests", executor="process")(process_app.traced)
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /digests") as request:
+        job_id = await aqueue.enqueue("digests", {})
+    await adrain(app, dsn=database_url, timeout=60)
+    (process,) = [
+        s for s in _spans_of(request.get_span_context().trace_id) if s.name == "process digests"
+    ]
+    seen = await aqueue.result(job_id)
+    assert seen == {
+        "trace_id": f"{request.get_span_context().trace_id:032x}",
+        "span_id": f"{process.context.span_id:016x}",
+    }

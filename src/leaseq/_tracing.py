@@ -25,6 +25,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError:  # the otel extra is not installed: tracing is off
@@ -111,6 +112,30 @@ class Process:
         if error is not None:
             self._span.record_exception(error)
             self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+
+
+def current() -> TraceContext | None:
+    """The current span's context as a carrier, for a handler's child process
+    (None: no span to continue)."""
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: TraceContext = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+@contextmanager
+def continued(carrier: Mapping[str, str] | None) -> Iterator[None]:
+    """Run under the span context of ``carrier`` (what :func:`current` gave in the
+    worker): in a child process, the handler's own spans nest under ``process``."""
+    if trace is None or not carrier:
+        yield
+        return
+    token = otel_context.attach(propagate.extract(dict(carrier)))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def active() -> bool:

@@ -43,6 +43,7 @@ from multiprocessing.connection import Connection as Pipe
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
+from .. import _tracing
 from .._async_client import AsyncQueue
 from .._sync_client import Queue
 from .._types import Claim
@@ -93,7 +94,10 @@ class ProcessPool:
 
     def call(self, handler: Callable[[JobContext], Any], context: JobContext) -> Any:
         """Run ``handler(context)`` in a child; blocks the calling (daemon) thread."""
-        child = self._hand_over((handler.__module__, handler.__qualname__, context.claim))
+        # The attempt's span (current in this thread) goes with the work: the
+        # handler's own spans in the child nest under it, as in a thread.
+        work = (handler.__module__, handler.__qualname__, context.claim, _tracing.current())
+        child = self._hand_over(work)
         reusable = False
         try:
             answer = self._wait(child, context)
@@ -124,7 +128,7 @@ class ProcessPool:
                 child.process.join(1.0)
             child.pipe.close()
 
-    def _hand_over(self, work: tuple[str, str, Any]) -> _Child:
+    def _hand_over(self, work: tuple[str, str, Any, Any]) -> _Child:
         """A child that took ``work``: an idle one, else a new one.
 
         An idle child may have died since its last call (killed from outside, the
@@ -244,7 +248,7 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
     try:
         while (work := pipe.recv()) is not None:
-            module, qualname, claim = work
+            module, qualname, claim, trace_context = work
             answer: tuple[str, Any, bool, Any]
             try:
                 handler = _resolve(module, qualname)
@@ -252,7 +256,8 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
                 answer = ("error", _sendable(exc), False, None)
             else:
                 context = _ChildJobContext(claim, sync_queue, async_queue, completed)
-                answer = _run_one(handler, context, lost)
+                with _tracing.continued(trace_context):
+                    answer = _run_one(handler, context, lost)
             try:
                 pipe.send(answer)
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
