@@ -399,17 +399,41 @@ async def test_a_lost_attempt_opens_no_session(
     assert (queue.get(job.job_id).status, job.completed) == (JobStatus.RUNNING, False)
 
 
-async def test_a_commit_inside_the_block_is_refused_and_completes_nothing(
-    engine: Engine, queue: leaseq.Queue, aqueue: leaseq.AsyncQueue
+async def test_a_commit_inside_the_block_is_refused_and_commits_nothing(
+    engine: Engine, queue: leaseq.Queue, aqueue: leaseq.AsyncQueue, counts: Counts
 ) -> None:
+    """Refused before it is sent: neither the effect nor the completion commits."""
     job = _claimed(queue, aqueue)
     with (
-        pytest.raises(leaseq.InvalidArgument, match="ended inside"),
+        pytest.raises(leaseq.InvalidArgument, match="commit inside the job_session block"),
         job_session(job, engine) as session,
     ):
         _effect(session, job)
         session.commit()
     assert (queue.get(job.job_id).status, job.completed) == (JobStatus.RUNNING, False)
+    assert counts.reports() == 0
+
+
+async def test_a_commit_inside_the_async_block_is_refused_and_commits_nothing(
+    async_engine: AsyncEngine, queue: leaseq.Queue, aqueue: leaseq.AsyncQueue, counts: Counts
+) -> None:
+    job = _claimed(queue, aqueue)
+    with pytest.raises(leaseq.InvalidArgument, match="commit inside the job_session block"):
+        async with job_async_session(job, async_engine) as session:
+            _effect(session, job)
+            await session.commit()
+    assert (queue.get(job.job_id).status, job.completed) == (JobStatus.RUNNING, False)
+    assert counts.reports() == 0
+
+
+async def test_a_savepoint_inside_the_block_still_commits_with_the_job(
+    engine: Engine, queue: leaseq.Queue, aqueue: leaseq.AsyncQueue, counts: Counts
+) -> None:
+    job = _claimed(queue, aqueue)
+    with job_session(job, engine) as session, session.begin_nested():
+        _effect(session, job)
+    assert (queue.get(job.job_id).status, job.completed) == (JobStatus.DONE, True)
+    assert counts.reports() == 1
 
 
 # -- the README's example runs as written ---------------------------------------------

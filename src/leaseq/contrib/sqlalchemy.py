@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -180,6 +180,7 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
     _refuse_when_lost(job)
     with _new_session(bind) as session:
         transaction = session.begin()
+        _refuse_commits(session)
         try:
             yield session
             _require_open(transaction)
@@ -206,6 +207,7 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
     async with _new_async_session(bind) as session:
         transaction = session.begin()
         await transaction.start()
+        _refuse_commits(session)
         try:
             yield session
             _require_open(transaction)
@@ -242,6 +244,22 @@ def _refuse_when_lost(job: JobContext) -> None:
     (the completion would refuse anyway, after the effect's work)."""
     if job.lost.is_set():
         raise LeaseLost(job.job_id, job.lease_version, "transaction")
+
+
+def _refuse_commits(session: Session | AsyncSession) -> None:
+    """The session's own ``commit()`` raises for the rest of its life (the block's):
+    called inside the block, it would commit the effect alone, before anything is
+    sent. (job_session commits the block's transaction itself, not through it;
+    ``begin_nested()`` savepoints commit their own.)"""
+
+    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+        raise InvalidArgument(
+            "a commit inside the job_session block would commit the effect without the "
+            "job's completion: leaving the block commits both (begin_nested() "
+            "savepoints are fine)"
+        )
+
+    session.__dict__["commit"] = refuse  # this session only, not its class
 
 
 def _require_open(transaction: SessionTransaction | AsyncSessionTransaction) -> None:
