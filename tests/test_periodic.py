@@ -192,6 +192,51 @@ async def test_a_full_queue_leaves_the_tick_due(
     assert (info.enqueued, info.skipped) == (1, 0)
 
 
+async def test_a_schedule_its_queue_refuses_is_said_and_the_others_go_on(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its payload is over its queue's limit: the database refuses each tick. The
+    scheduler (every worker runs every schedule) must not end with it."""
+    app = leaseq.App(schema=schema)
+    app.periodic("big", queue="reports", every=60, payload={"text": "x" * 100})
+    app.periodic("small", queue="ticks", every=60)
+    await aqueue.configure_queue("reports", max_payload_bytes=16)
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    for _ in range(2):
+        await aclock.advance(61)
+        assert await scheduler.run_once() == 1  # the small one's tick
+    infos = {info.name: info for info in await aqueue.schedules()}
+    assert (infos["small"].enqueued, infos["big"].enqueued) == (2, 0)
+    refusals = [r for r in caplog.records if "schedule big" in r.getMessage()]
+    assert len(refusals) == 1  # said once, not at every pass
+    assert refusals[0].levelname == "ERROR"
+    await aqueue.configure_queue("reports", max_payload_bytes=1000)
+    await aclock.advance(61)
+    assert await scheduler.run_once() == 2  # its tick was left due: it runs now
+
+
+async def test_a_worker_with_a_refused_schedule_keeps_running(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    app.periodic("big", queue="reports", every=1, payload={"text": "x" * 100})
+    await aqueue.configure_queue("reports", max_payload_bytes=16)
+
+    @app.task("emails")
+    async def email(job: leaseq.JobContext) -> None:
+        pass
+
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1)
+    running = asyncio.create_task(worker.run())
+    job_id = await aqueue.enqueue("emails", {})
+    await asyncio.sleep(2.5)  # several passes, each refused
+    assert not running.done(), running.exception()
+    assert (await aqueue.get(job_id)).status is leaseq.JobStatus.DONE
+    worker.request_stop()
+    await asyncio.wait_for(running, 30)
+
+
 async def test_a_queue_filling_up_during_a_catch_up_keeps_the_ticks_before(
     aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
 ) -> None:
@@ -311,6 +356,25 @@ def test_every_is_aligned_on_the_epoch_so_workers_agree() -> None:
     assert tick == datetime(2026, 1, 1, 10, 5, tzinfo=UTC)
 
 
+@pytest.mark.parametrize("every", [1.1, 1.3, 2.7, 7.77])
+def test_a_fractional_interval_always_moves_on(every: float) -> None:
+    """Each tick strictly after the last (rounded to the microsecond, one came back
+    to itself: the schedule stayed due, and skipped the ticks it never moved to)."""
+    schedule = _declare(every=every)
+    tick = datetime(2026, 1, 1, tzinfo=UTC)
+    for _ in range(2000):
+        following = schedule.next_after(tick)
+        assert tick < following <= tick + timedelta(seconds=every + 1e-5)
+        tick = following
+
+
+def test_a_changed_interval_is_a_changed_spec() -> None:
+    """Else a worker would keep the old interval's next tick."""
+    assert _declare(every=1_000_000).spec != _declare(every=1_000_001).spec
+    assert _declare(every=60).spec == "every 60"  # short where exact, as before
+    assert _declare(every=1.5).spec == "every 1.5"
+
+
 def test_catch_up_counts_what_it_skips() -> None:
     schedule = _declare(every=1, catch_up=2.5)
     first = datetime(2026, 1, 1, tzinfo=UTC)
@@ -326,6 +390,9 @@ def test_catch_up_counts_what_it_skips() -> None:
         ({}, "cron or every"),
         ({"cron": "0 2 * * *", "every": 60}, "cron or every"),
         ({"cron": "not a cron"}, "not a cron expression"),
+        ({"cron": "0 0 30 2 *"}, "schedule .s.: "),  # 30 February never comes
+        ({"cron": "0 0 31 4 *"}, "schedule .s.: "),
+        ({"cron": "* * * * * * *"}, "not a cron expression"),  # 7 fields
         ({"every": 0.5}, "at least 1 second"),
         ({"every": 60, "tz": "Mars/Olympus"}, "unknown time zone"),
         ({"every": 60, "payload": {1, 2}}, "JSON"),

@@ -140,3 +140,16 @@ async def test_adrain_and_aenqueued(
     assert await aenqueued(aqueue, "reports") == []
     done = await aenqueued(aqueue, "reports", status="done")
     assert [await aqueue.result(job.job_id) for job in done] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("offset", [5e-05, -2e-06, 1e-07, 123456.5])
+def test_any_clock_offset_in_range_is_set(queue: leaseq.Queue, offset: float) -> None:
+    """A tiny one too (a difference of two times may be one): Python writes it with
+    an exponent, which PostgreSQL's interval input refuses."""
+    set_clock_offset(queue, offset)
+    with queue.connection() as conn:
+        row = conn.execute(
+            f'SELECT extract(epoch FROM "{queue.schema}".clock() - statement_timestamp())'
+        ).fetchone()
+    assert row is not None
+    assert abs(float(row[0]) - offset) < 1e-6

@@ -57,5 +57,6 @@ class SchemaOperations(StoreBase):
         offset = float(offset_seconds)
         if not math.isfinite(offset) or abs(offset) > 100 * 365 * 86400:
             raise InvalidArgument(f"clock offset out of range: {offset_seconds!r}")
-        text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", repr(offset))
+        # Fixed-point: PostgreSQL's interval input refuses an exponent (5e-05).
+        text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", f"{offset:.6f}")
         return Operation((Statement(text),), ignore)

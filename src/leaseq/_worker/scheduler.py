@@ -9,7 +9,9 @@ of it commits together. A worker that dies mid-pass rolls back its ticks and
 their jobs together, and the next pass of any worker does them. A paused queue
 keeps its schedules' bookkeeping going (ticks are counted as paused) but gets
 no job. A full queue (BacklogFull) leaves the tick due: it is tried again at the
-next pass, and skipped once it is older than the catch-up window. Each tick's
+next pass, and skipped once it is older than the catch-up window. So does any
+other refusal of one schedule's tick (its payload over its queue's limit), which
+is logged once: the other schedules, and the worker, go on. Each tick's
 enqueue is a savepoint, so a queue that fills up during a catch-up keeps the
 jobs of the ticks before the refused one.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import random
 
 from .._async_client import AsyncConnection, AsyncQueue
-from .._errors import BacklogFull, TransientError
+from .._errors import BacklogFull, LeaseqError, TransientError
 from .._logs import get_logger
 from .._waiting import pause
 from .schedules import Due, Schedule
@@ -36,6 +38,8 @@ class Scheduler:
         self._queue = queue
         self._schedules = schedules
         self._registered = False
+        #: The error each failing schedule last met (logged when it changes).
+        self._failing: dict[str, str] = {}
 
     async def run(self) -> None:
         """Never returns; a database error pauses the passes, never ends them."""
@@ -67,6 +71,19 @@ class Scheduler:
                 enqueued += await self._handle(self._schedules[name])
             except BacklogFull as exc:
                 log.warning("schedule %s: %s; its tick stays due", name, exc)
+            except TransientError:
+                raise  # the database: the whole pass waits (run)
+            except LeaseqError as exc:
+                # This schedule's own trouble (its payload over its queue's limit,
+                # say): said once, its tick left due; the other schedules and the
+                # worker go on. Every worker runs every schedule: ending the
+                # service would stop every worker of the app, at every restart.
+                if self._failing.get(name) != str(exc):
+                    log.error("schedule %s: %s; its tick stays due", name, exc)
+                self._failing[name] = str(exc)
+            else:
+                if self._failing.pop(name, None) is not None:
+                    log.info("schedule %s: enqueues again", name)
         return enqueued
 
     async def _handle(self, schedule: Schedule) -> int:

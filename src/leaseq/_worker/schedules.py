@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadCronError, croniter
+from croniter import CroniterError, croniter
 
 from .. import _validate as validate
 from .._errors import InvalidArgument
@@ -46,7 +46,13 @@ class Schedule:
 
     @property
     def spec(self) -> str:
-        return f"cron {self.cron}" if self.cron is not None else f"every {self.every:g}"
+        if self.cron is not None:
+            return f"cron {self.cron}"
+        assert self.every is not None
+        # Short where that is exact (``every 60``), else every digit: a changed
+        # interval must give a changed spec (1000001 was 1e+06, as 1000000 is).
+        short = f"{self.every:g}"
+        return f"every {short if float(short) == self.every else repr(self.every)}"
 
     def next_after(self, moment: datetime) -> datetime:
         """The first tick strictly after ``moment``."""
@@ -89,7 +95,11 @@ class Schedule:
             every = self.every
             n = math.floor(after.timestamp() / every) + 1
             while True:
-                yield datetime.fromtimestamp(n * every, UTC)
+                at = datetime.fromtimestamp(n * every, UTC)
+                # Rounded to the microsecond, a fractional interval's tick may
+                # come back to ``after`` itself: only those strictly after count.
+                if at > after:
+                    yield at
                 n += 1
         assert self.cron is not None
         zone = ZoneInfo(self.tz)
@@ -128,7 +138,11 @@ def schedule(
         raise InvalidArgument(f"a schedule name must be 1 to 128 bytes, got {name!r}")
     if (cron is None) == (every is None):
         raise InvalidArgument(f"schedule {name!r}: give cron or every, not both nor neither")
-    if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
+    if cron is not None and (
+        not isinstance(cron, str)
+        or len(cron.split()) not in (1, 5, 6)  # 1: a nickname such as @daily
+        or not croniter.is_valid(cron)
+    ):
         raise InvalidArgument(f"schedule {name!r}: not a cron expression: {cron!r}")
     if every is not None:
         every = validate.seconds(every, "every", 366 * 86400.0, allow_zero=False)
@@ -156,6 +170,6 @@ def schedule(
             else validate.integer(max_attempts, "max_attempts", range(1, 1001)),
         )
         checked.next_after(datetime.now(UTC))
-    except CroniterBadCronError as exc:
+    except CroniterError as exc:  # a date it never reaches (30 February) included
         raise InvalidArgument(f"schedule {name!r}: {exc}") from None
     return checked
