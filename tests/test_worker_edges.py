@@ -15,6 +15,7 @@ import pytest
 import leaseq
 from leaseq import JobStatus
 from leaseq._worker import runner
+from leaseq._worker.context import JobContext
 
 from .conftest import AsyncClock, SpareDatabase
 
@@ -306,3 +307,36 @@ async def test_a_job_whose_workers_keep_dying_stops_at_its_tasks_attempts(
     assert ran == []
     assert (job.status, job.attempts) == (JobStatus.FAILED, 3)
     assert "no attempts left" in job.history[-1]["error"]
+
+
+async def test_a_renewal_refused_because_the_handler_completed_the_job_is_no_lost_lease(
+    aqueue: leaseq.AsyncQueue,
+    database_url: str,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler's job.transaction() committed; before the worker hears of it, a
+    renewal comes back refused (the job is done). That is a completion, not a lost
+    lease: no warning, no lost-lease count, no job.lost for the rest of the handler."""
+    mark_completed = JobContext.mark_completed
+
+    def heard_late(context: JobContext) -> None:
+        time.sleep(1.0)  # the thread descheduled between its commit and this
+        mark_completed(context)
+
+    monkeypatch.setattr(JobContext, "mark_completed", heard_late)
+    app = leaseq.App(schema=schema)
+    told: list[bool] = []
+
+    @app.task("work", lease=0.6)  # renewed every 0.2 s: several fall in that second
+    def handler(job: leaseq.JobContext) -> None:
+        with job.transaction() as conn:
+            conn.execute("SELECT 1")
+        told.append(job.lost.is_set())
+
+    job_id = await aqueue.enqueue("work", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1)
+    await asyncio.wait_for(worker.run(burst=True), 60)
+    assert (await aqueue.get(job_id)).status is JobStatus.DONE
+    assert (worker.stats.lost_leases, worker.stats.completed) == (0, 1)
+    assert told == [False]

@@ -26,9 +26,9 @@ import time
 from collections.abc import Sequence
 
 from .._async_client import AsyncQueue
-from .._errors import TransientError
+from .._errors import LeaseqError, TransientError
 from .._logs import get_logger
-from .._types import RENEWAL_BUSY
+from .._types import RENEWAL_BUSY, JobStatus
 from .._waiting import wait_for_event
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
@@ -105,6 +105,7 @@ class LeaseKeeper:
             self._stats.database_errors += 1
             log.warning("lease renewal failed (%s); retrying", exc)
             return  # the deadlines stand; the next tick tries again
+        refused: list[Attempt] = []
         for attempt, (_, until) in zip(due, results, strict=True):
             if until is RENEWAL_BUSY:
                 self._stats.renewals_busy += 1  # locked elsewhere right now: next tick
@@ -112,7 +113,26 @@ class LeaseKeeper:
                 attempt.lease_from = max(attempt.lease_from, sent)
             elif _kept(attempt) and not attempt.acknowledging:
                 # (an acknowledged job is no longer running: its own outcome tells)
+                refused.append(attempt)
+        for attempt in refused:
+            if await self._completed_by_its_handler(attempt):
+                attempt.context.mark_completed()  # nothing left to renew
+            elif _kept(attempt) and not attempt.acknowledging:
                 self._attempts.lose(attempt, "the lease could not be renewed")
+
+    async def _completed_by_its_handler(self, attempt: Attempt) -> bool:
+        """Whether a refused renewal's job is done under this very claim: its
+        handler's own transaction (``job.transaction()``, an ORM session's)
+        committed the completion, and the worker has not heard yet (between the
+        commit and ``mark_completed()``; from a child process, until it says so).
+        That job is done, not lost. Asked only of refused renewals."""
+        if attempt.context.completed:
+            return True
+        try:
+            job = await self._queue.get(attempt.claim.job_id)
+        except LeaseqError:  # gone, or the database away: lost, as the fence says
+            return False
+        return job.status is JobStatus.DONE and job.lease_version == attempt.claim.lease_version
 
     async def watch_deadlines(self) -> None:
         while True:
