@@ -19,7 +19,7 @@ import leaseq
 
 from .conftest import ROOT
 from .worker_app import TABLES
-from .worker_processes import Spawn, worker_processes
+from .worker_processes import Spawn, output_of, worker_processes
 
 
 @pytest.fixture
@@ -88,6 +88,23 @@ def test_each_worker_process_serves_metrics_and_the_first_the_database_gauges(
     assert first["leaseq_worker_running_jobs"][()] == 0
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 0
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_metrics_port_taken_is_one_clear_error_before_any_worker_starts(
+    queue: leaseq.Queue, spawn_worker: Spawn, processes: str
+) -> None:
+    """Not a child crashing at start and restarted forever (the worker a process short)."""
+    port = _two_free_ports()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port + int(processes) - 1))  # the last process's port
+        squatter.listen()
+        worker = spawn_worker("--processes", processes, "--metrics-port", str(port))
+        assert worker.wait(60) == 1
+    output = output_of(worker)
+    assert f"--metrics-port: cannot serve on 127.0.0.1:{port + int(processes) - 1}" in output
+    assert "Traceback" not in output
+    assert "restarting" not in output
 
 
 def test_maintenance_serves_the_database_gauges(queue: leaseq.Queue, database_url: str) -> None:

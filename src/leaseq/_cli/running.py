@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -140,6 +141,7 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
     App.load(app_reference)  # fail early, in the parent, on a bad reference
     if processes < 1:
         raise InvalidArgument("--processes must be at least 1")
+    _check_metrics_ports(options["metrics_port"], options["metrics_host"], processes)
     if processes == 1:
         _run_worker(app_reference, options)
         return
@@ -152,6 +154,27 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
         done_on_clean_exit=options["burst"],  # a burst child is done once idle
     )
     sys.exit(supervisor.run())
+
+
+def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
+    """Fail early, in the parent, on a metrics port taken: each process serves
+    PORT + its slot, and a child that cannot bind its port crashed at start, to be
+    restarted and crash again forever, the worker a process short."""
+    if not port:  # none, or 0 (any free port)
+        return
+    for taken in range(port, port + processes):
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, taken, type=socket.SOCK_STREAM
+            )[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
+                probe.bind(address)
+        except OSError as exc:
+            raise InvalidArgument(
+                f"--metrics-port: cannot serve on {host}:{taken} ({exc.strerror or exc}); "
+                f"each of the {processes} processes serves PORT + its number"
+            ) from None
 
 
 def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) -> None:
