@@ -340,3 +340,39 @@ async def test_a_renewal_refused_because_the_handler_completed_the_job_is_no_los
     assert (await aqueue.get(job_id)).status is JobStatus.DONE
     assert (worker.stats.lost_leases, worker.stats.completed) == (0, 1)
     assert told == [False]
+
+
+# -- callables whose call is async ----------------------------------------------------------
+
+
+async def test_a_handler_and_hooks_whose_call_is_async_are_awaited(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Objects with an ``async def __call__`` (a class-based handler, a hook with
+    state): run as plain calls in a thread, their coroutines were never awaited."""
+    seen: list[str] = []
+
+    class Handler:
+        async def __call__(self, job: leaseq.JobContext) -> str:
+            await asyncio.sleep(0)
+            seen.append("handler")
+            return "ran"
+
+    class Hook:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def __call__(self, job: leaseq.JobContext, *args: Any) -> None:
+            await asyncio.sleep(0)
+            seen.append(self.name)
+
+    app = leaseq.App(schema=schema)
+    app.task("work")(Handler())
+    app.before_job(Hook("before"))
+    app.on_success(Hook("success"))
+    job_id = await aqueue.enqueue("work", {})
+    await asyncio.wait_for(
+        leaseq.Worker(app, dsn=database_url, poll_interval=0.1).run(burst=True), 60
+    )
+    assert await aqueue.result(job_id) == "ran"
+    assert seen == ["before", "handler", "success"]

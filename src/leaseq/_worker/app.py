@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -12,7 +11,7 @@ from .. import _validate as validate
 from .._errors import InvalidArgument
 from .._retry import Backoff, ErrorPolicy
 from .._types import Claim
-from .hooks import AroundHook, BeforeHook, FailureHook, Hooks, SuccessHook
+from .hooks import AroundHook, BeforeHook, FailureHook, Hooks, SuccessHook, is_async_callable
 from .schedules import Schedule, schedule
 
 Handler = Callable[..., Any]
@@ -120,7 +119,7 @@ class App:
             self.tasks[queue] = Task(
                 queue=queue,
                 handler=handler,
-                is_async=inspect.iscoroutinefunction(handler),
+                is_async=is_async_callable(handler),
                 max_attempts=max_attempts,
                 backoff=backoff,
                 lease=settings[0],
@@ -202,7 +201,7 @@ EXECUTORS = ("thread", "process")
 def _check_process_handler(queue: str, handler: Handler) -> None:
     """A child process finds the handler by its module and name, and runs it as a
     plain call: no coroutine, nothing defined inside a function."""
-    if inspect.iscoroutinefunction(handler):
+    if is_async_callable(handler):
         raise InvalidArgument(
             f"queue {queue!r}: an async def handler runs on the event loop; "
             'executor="process" takes a plain def'

@@ -84,12 +84,12 @@ class Hooks:
         """Run a plain handler in its thread (``run_in_thread``) inside the hooks:
         the sync ones in that thread, the async ones on the loop around it."""
         for hook in self.before:
-            if inspect.iscoroutinefunction(hook):
+            if is_async_callable(hook):
                 await _call(hook, job, on_loop=True)
         managers = self._managers(job)
         entered_here = [cm for cm in managers if _is_async(cm) and await _enter(cm, job)]
         in_thread = [cm for cm in managers if not _is_async(cm)]
-        sync_before = [hook for hook in self.before if not inspect.iscoroutinefunction(hook)]
+        sync_before = [hook for hook in self.before if not is_async_callable(hook)]
 
         def hooked(context: JobContext) -> Any:
             for hook in sync_before:
@@ -133,6 +133,14 @@ class Hooks:
                 await _call(failure, job, error, label == "retried", on_loop=False)
 
 
+def is_async_callable(function: object) -> bool:
+    """Whether calling ``function`` gives a coroutine to await: an ``async def``, a
+    partial of one, or an object whose ``__call__`` is one (run as a plain call, its
+    coroutine was never awaited: the handler or hook silently never ran)."""
+    call = inspect.getattr_static(type(function), "__call__", None)
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+
 def _is_async(manager: object) -> bool:
     return hasattr(manager, "__aenter__")
 
@@ -140,7 +148,7 @@ def _is_async(manager: object) -> bool:
 async def _call(hook: Callable[..., Any], job: JobContext, *args: Any, on_loop: bool) -> None:
     """Call a hook, logging what it raises; a plain one on the loop or in a thread."""
     try:
-        if inspect.iscoroutinefunction(hook):
+        if is_async_callable(hook):
             await hook(job, *args)
         elif on_loop:
             hook(job, *args)
