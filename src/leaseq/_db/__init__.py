@@ -1,5 +1,6 @@
-"""The only package that talks to the driver: pools, execution (here), the
-connections' settings (``options``) and the error mapping (``errors``).
+"""The only package that talks to the driver: pools (here), execution
+(``execution``), the connections' settings (``options``) and the error mapping
+(``errors``).
 
 ``_store`` builds :class:`~leaseq._statement.Operation` values (and steps of
 them); this module runs them on psycopg 3 connections, sync or async, and turns
@@ -25,9 +26,18 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .._errors import DatabaseUnavailable
-from .._statement import Operation, Plan, Rows, Statement, Steps
+from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
 from .errors import aunreachable, translated_errors, unreachable
+from .execution import (
+    AsyncConnection,
+    Connection,
+    adrive,
+    aexecute,
+    drive,
+    execute,
+    retryable,
+)
 from .listening import anotified, notified
 from .options import (
     ASYNC_ACKNOWLEDGEMENT_OPTIONS,
@@ -52,94 +62,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-Connection = psycopg.Connection[Any]
-AsyncConnection = psycopg.AsyncConnection[Any]
-
-#: How many times an operation is sent when it keeps hitting a SQLSTATE it
-#: declares retryable (a race lost again and again means something is wrong).
-RETRY_ATTEMPTS = 5
-
-
-# "Did it return rows?" from rownumber: `description` builds a Column object per
-# column of the result, on every statement.
-def _rows(cursor: psycopg.Cursor[Any]) -> Rows:
-    return cursor.fetchall() if cursor.rownumber is not None else []
-
-
-async def _arows(cursor: psycopg.AsyncCursor[Any]) -> Rows:
-    return await cursor.fetchall() if cursor.rownumber is not None else []
-
-
-def _args(statement: Statement) -> tuple[str, Any]:
-    # Without parameters psycopg may send several statements in one string
-    # (migrations need that); with an empty dict it would not.
-    return statement.sql, (statement.params or None)
-
-
-def _retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:
-    sqlstate = error.sqlstate if isinstance(error, psycopg.Error) else None
-    return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
-
-
-def execute(conn: Connection, operation: Operation[T]) -> T:
-    """Run ``operation`` on ``conn``: in the caller's transaction if one is open,
-    else in a transaction of its own when it has several statements."""
-    with translated_errors():
-        results: list[Rows] = []
-        with conn.cursor() as cursor:
-            if operation.single:
-                cursor.execute(*_args(operation.statements[0]))
-                results.append(_rows(cursor))
-            else:
-                with conn.transaction():
-                    for statement in operation.statements:
-                        cursor.execute(*_args(statement))
-                        results.append(_rows(cursor))
-    return operation.decode(results)
-
-
-async def aexecute(conn: AsyncConnection, operation: Operation[T]) -> T:
-    """The async twin of :func:`execute`."""
-    with translated_errors():
-        results: list[Rows] = []
-        async with conn.cursor() as cursor:
-            if operation.single:
-                await cursor.execute(*_args(operation.statements[0]))
-                results.append(await _arows(cursor))
-            else:
-                async with conn.transaction():
-                    for statement in operation.statements:
-                        await cursor.execute(*_args(statement))
-                        results.append(await _arows(cursor))
-    return operation.decode(results)
-
-
-def drive(conn: Connection, plan: Plan) -> list[int]:
-    """Run a statement-yielding plan (migrations) in one transaction."""
-    with translated_errors(), conn.transaction(), conn.cursor() as cursor:
-        try:
-            statement = next(plan)
-            while True:
-                cursor.execute(*_args(statement))
-                statement = plan.send(_rows(cursor))
-        except StopIteration as stop:
-            result: list[int] = stop.value
-            return result
-
-
-async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
-    """The async twin of :func:`drive`."""
-    with translated_errors():
-        async with conn.transaction(), conn.cursor() as cursor:
-            try:
-                statement = next(plan)
-                while True:
-                    await cursor.execute(*_args(statement))
-                    statement = plan.send(await _arows(cursor))
-            except StopIteration as stop:
-                result: list[int] = stop.value
-                return result
 
 
 def _pool_settings(
@@ -240,7 +162,7 @@ class Database:
                 try:
                     return execute(own, operation)
                 except Exception as exc:
-                    if not _retryable(operation, exc, attempt):
+                    if not retryable(operation, exc, attempt):
                         raise
             attempt += 1
 
@@ -339,7 +261,7 @@ class AsyncDatabase:
                 try:
                     return await aexecute(own, operation)
                 except Exception as exc:
-                    if not _retryable(operation, exc, attempt):
+                    if not retryable(operation, exc, attempt):
                         raise
             attempt += 1
 
