@@ -257,6 +257,33 @@ def test_scrapes_share_one_stats_query_per_ttl(queue: leaseq.Queue) -> None:
         server.close()
 
 
+class SlowSource(CountingSource):
+    """A database slower than the ttl: each read takes longer than the ttl."""
+
+    def stats(self, queue: str | None = None) -> list[QueueStats]:
+        time.sleep(0.4)
+        return super().stats(queue)
+
+
+def test_scrapes_waiting_for_a_read_slower_than_the_ttl_share_it(queue: leaseq.Queue) -> None:
+    queue.enqueue("reports", {"n": 1})
+    metrics = leaseq.Metrics()
+    source = SlowSource(queue)
+    metrics.watch(source, ttl=0.2)
+    server = metrics.serve(0)
+    try:
+        threads = [threading.Thread(target=_scrape, args=(server.port,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        # Four scrapes arrived together: the ones that waited behind the first read
+        # were served its numbers, not a read each, back to back.
+        assert source.calls == 1
+    finally:
+        server.close()
+
+
 def test_a_failing_stats_query_says_so_and_serves_no_stale_numbers(queue: leaseq.Queue) -> None:
     class Broken:
         def stats(self, queue: str | None = None) -> list[QueueStats]:

@@ -57,15 +57,17 @@ class DatabaseGauges:
         with self._lock:
             if self._source is None:
                 return False, None, None
-            now = time.monotonic()
-            if now - self._read_at >= self._ttl:
-                self._read_at = now
+            if time.monotonic() - self._read_at >= self._ttl:
                 try:
                     self._stats = self._source.stats()
                     self._health = self._source.health()
                 except Exception as exc:
                     log.warning("metrics: reading the queues' stats failed: %s", exc)
                     self._stats = self._health = None
+                # The ttl counts from the read's end: scrapes that waited for a slow
+                # read share it, and a database slower than the ttl is not queried
+                # back to back.
+                self._read_at = time.monotonic()
             return True, self._stats, self._health
 
     def describe(self) -> Iterable[Metric]:
