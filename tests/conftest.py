@@ -8,7 +8,10 @@ of them once per leg, ``[sync]`` on ``leaseq.Queue`` and ``[async]`` on
 ``leaseq.AsyncQueue`` behind the blocking adapter of ``tests/clients.py``. ``queue``
 and ``aqueue`` are the two clients by name, for tests that are about one of them
 (the CLI, the demo, plans, the worker). A stress test marked ``heavy`` runs its
-async leg only with ``--all-legs`` (``.ci/run``'s second pass).
+async leg only with ``--all-legs`` (``.ci/run``'s second pass). With
+``--second-server`` (that pass again, on PostgreSQL 15) the tests whose outcome
+cannot depend on the server are skipped: those that never reach the database,
+and those marked ``server_agnostic``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from .clients import CLIENT_CLASSES, CLIENT_KINDS, Client, ClientConnect, Client
 ROOT = Path(__file__).resolve().parent.parent
 
 ALL_LEGS = "--all-legs"
+SECOND_SERVER = "--second-server"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,6 +44,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the async leg of tests marked heavy (.ci/run's second pass does)",
     )
+    parser.addoption(
+        SECOND_SERVER,
+        action="store_true",
+        help="the suite ran on another server already: skip the tests whose outcome "
+        "does not depend on the server (.ci/run's second pass)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,9 +57,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"heavy: a stress test whose async client leg runs only with {ALL_LEGS}",
     )
+    config.addinivalue_line(
+        "markers",
+        "server_agnostic: uses the database, but what it checks is the same on any "
+        f"server (worker processes, signals): skipped with {SECOND_SERVER}",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The slow tests first: pytest-xdist hands tests out in this order, and a
+    # minute-long test started last would keep one process busy while the other idles.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if config.getoption(SECOND_SERVER):
+        same_anywhere = pytest.mark.skip(
+            reason=f"its outcome does not depend on the server: skipped with {SECOND_SERVER}"
+        )
+        for item in items:
+            if (
+                "database_url" not in getattr(item, "fixturenames", ())
+                or item.get_closest_marker("server_agnostic") is not None
+            ):
+                item.add_marker(same_anywhere)
     if config.getoption(ALL_LEGS):
         return
     skip = pytest.mark.skip(

@@ -54,6 +54,7 @@ def _started(spawn: Spawn) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.server_agnostic  # the scheduler's processes and signals; test_periodic has its SQL
 def test_each_tick_once_across_workers_and_restarts(
     queue: leaseq.Queue, spawn_worker: Spawn, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,6 +22,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import leaseq
+import leaseq._db
 from leaseq import JobStatus
 from leaseq._db import listening
 from leaseq._worker import connections
@@ -177,6 +178,77 @@ async def test_an_async_queue_whose_first_use_found_no_database_works_once_there
     job_id = await queue.enqueue("reports", {})
     assert (await queue.get(job_id)).status is JobStatus.QUEUED
     await queue.close()
+
+
+# -- a database that went away ------------------------------------------------------
+
+#: Longer than psycopg's pool's first retries of a lost connection (1, 2 then 4
+#: seconds apart): its next one would come about 7 seconds after the first.
+OUTAGE = 6.0
+#: A call's bound with connect_timeout=2: its wait, then the diagnosis' connect.
+CALL_BOUND = 6.0
+
+
+@pytest.mark.server_agnostic  # the pools' behaviour, the same on any server
+def test_a_queue_whose_database_went_away_works_as_soon_as_it_is_back(
+    spare_database: SpareDatabase,
+) -> None:
+    spare_database.create()
+    with leaseq.Queue(spare_database.dsn, connect_timeout=2) as queue:
+        queue.migrate()
+        job_id = queue.enqueue("reports", {})
+        spare_database.refuse_connections()
+        began = time.monotonic()
+        while time.monotonic() - began < OUTAGE:
+            call = time.monotonic()
+            with pytest.raises(leaseq.TransientError):  # DatabaseUnavailable is one
+                queue.stats()
+            assert time.monotonic() - call < CALL_BOUND  # connect_timeout bounds each wait
+        spare_database.accept_connections()
+        # The first call after: not a retry of the old pool seconds later.
+        assert queue.get(job_id).status is JobStatus.QUEUED
+
+
+@pytest.mark.server_agnostic
+async def test_an_async_queue_whose_database_went_away_works_as_soon_as_it_is_back(
+    spare_database: SpareDatabase,
+) -> None:
+    spare_database.create()
+    async with leaseq.AsyncQueue(spare_database.dsn, connect_timeout=2) as queue:
+        await queue.migrate()
+        job_id = await queue.enqueue("reports", {})
+        spare_database.refuse_connections()
+        began = time.monotonic()
+        while time.monotonic() - began < OUTAGE:
+            call = time.monotonic()
+            with pytest.raises(leaseq.TransientError):
+                await queue.stats()
+            assert time.monotonic() - call < CALL_BOUND
+        spare_database.accept_connections()
+        assert (await queue.get(job_id)).status is JobStatus.QUEUED
+
+
+def test_a_busy_pool_is_waited_for_not_dropped(
+    database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection lent (a busy application, not a database away): a caller
+    waits for one past a pool attempt's seconds, and gets one of the same pool."""
+    monkeypatch.setattr(leaseq._db, "POOL_ATTEMPT_SECONDS", 0.3)
+    with leaseq.Queue(database_url, schema=schema, pool_size=1, connect_timeout=30) as queue:
+        queue.migrate()
+        got: list[int] = []
+        with queue.connection() as held:
+            pid = held.info.backend_pid
+
+            def other() -> None:
+                with queue.connection() as conn:
+                    got.append(conn.info.backend_pid)
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            time.sleep(1.0)  # three attempts' time
+        thread.join(10)
+        assert got == [pid]  # the same connection: the pool was neither dropped nor doubled
 
 
 async def test_a_worker_started_while_its_database_refuses_connections_works_once_it_accepts(

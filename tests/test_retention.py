@@ -417,10 +417,17 @@ def test_50k_finished_jobs_pruned_while_a_claim_loop_drains_new_work(
     claim_seconds: list[float] = []
     errors: list[BaseException] = []
 
+    # The drains stop once the producer's last batch is in: after `stop` alone, a
+    # batch still being enqueued could commit after their last empty claims.
+    produced_all = threading.Event()
+
     def produce(worker: leaseq.Queue) -> None:
-        while not stop.is_set():
-            produced.extend(worker.enqueue_many("work", [{"new": n} for n in range(20)]))
-            time.sleep(0.005)
+        try:
+            while not stop.is_set():
+                produced.extend(worker.enqueue_many("work", [{"new": n} for n in range(20)]))
+                time.sleep(0.005)
+        finally:
+            produced_all.set()
 
     def drain(worker: leaseq.Queue) -> None:
         idle_after_stop = 0
@@ -431,7 +438,7 @@ def test_50k_finished_jobs_pruned_while_a_claim_loop_drains_new_work(
             if claims:
                 accepted = worker.complete_many(claims)
                 completed.extend(c.job_id for c, ok in accepted if ok)
-            elif stop.is_set():
+            elif produced_all.is_set():
                 idle_after_stop += 1
             else:
                 time.sleep(0.002)

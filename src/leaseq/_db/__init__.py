@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
@@ -23,7 +24,7 @@ from contextlib import (
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from .._errors import DatabaseUnavailable
 from .._statement import Operation, Plan, Statement, Steps
@@ -98,13 +99,32 @@ class _OpenFailures:
             raise DatabaseUnavailable(self._last)
 
 
+#: The longest a pool is given to make its first connection, or to lend one
+#: when none of its connections is lent, before a new pool is tried. psycopg's
+#: pool retries a failed connection after 1, 2, 4, 8 ... seconds: after a long
+#: outage its next try could come minutes after the database is back, while a
+#: new pool tries at once.
+POOL_ATTEMPT_SECONDS = 5.0
+
+
+def _attempt_timeout(deadline: float, lent: int) -> float:
+    """How long to wait for a pool: the rest of the caller's time while some of its
+    connections are lent (a busy pool, it is not cut off), else one attempt's."""
+    remaining = max(deadline - time.monotonic(), 0.0)
+    return remaining if lent else min(POOL_ATTEMPT_SECONDS, remaining)
+
+
 class Database:
     """A lazily opened pool of autocommit connections (sync).
 
     The pool is made and opened by its first user, under a lock: callers that
     arrive meanwhile wait for it, and none sees a pool that is not open yet. A
     pool that could not open (psycopg closes it) or that :meth:`close` closed is
-    dropped, and the next use opens a new one: a psycopg pool cannot reopen.
+    dropped, and the next use opens a new one: a psycopg pool cannot reopen. So is
+    a pool that lends no connection in ``POOL_ATTEMPT_SECONDS`` while none of its
+    connections is lent: it has none and cannot make one (the database was away),
+    and its own retries would come later and later. A caller waits up to
+    ``open_timeout`` in all for its connection.
     """
 
     def __init__(
@@ -124,8 +144,11 @@ class Database:
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
         self._failures = _OpenFailures()
+        #: How many of the pool's connections are lent now (under ``_lent_lock``).
+        self._lent = 0
+        self._lent_lock = threading.Lock()
 
-    def _open_pool(self) -> ConnectionPool:
+    def _open_pool(self, deadline: float) -> ConnectionPool:
         pool = self._pool
         if pool is None:
             seen = self._failures.count
@@ -133,24 +156,66 @@ class Database:
                 pool = self._pool
                 if pool is None:
                     self._failures.raise_if_since(seen)
-                    pool = ConnectionPool(**self._settings)
-                    try:
-                        pool.open(wait=True, timeout=self.open_timeout)
-                    except PoolTimeout:  # the pool closed itself
-                        error = unreachable(self.dsn, self.open_timeout)
-                        raise self._failures.record(error) from None
-                    except BaseException:
-                        pool.close()
-                        raise
+                    pool = self._new_pool(deadline)
                     self._pool = pool  # only once open: callers without the lock use it
         return pool
+
+    def _new_pool(self, deadline: float) -> ConnectionPool:
+        """An open pool, new pools tried until ``deadline``."""
+        while True:
+            pool = ConnectionPool(**self._settings)
+            try:
+                pool.open(wait=True, timeout=_attempt_timeout(deadline, 0))
+                return pool
+            except PoolTimeout:  # the pool closed itself
+                if time.monotonic() >= deadline:
+                    error = unreachable(self.dsn, self.open_timeout)
+                    raise self._failures.record(error) from None
+            except BaseException:
+                pool.close()
+                raise
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A connection of the pool (autocommit), back in the pool afterwards."""
-        pool = self._open_pool()
-        with translated_errors(), pool.connection() as conn:
-            yield conn
+        with translated_errors():
+            deadline = time.monotonic() + self.open_timeout
+            while True:
+                pool = self._open_pool(deadline)
+                try:
+                    conn = pool.getconn(_attempt_timeout(deadline, self._lent))
+                    break
+                except PoolClosed:  # closed by close() once this caller had it: a new one
+                    self._forget(pool)
+                except PoolTimeout:
+                    if time.monotonic() >= deadline or not self._dropped(pool):
+                        raise
+            with self._lent_lock:
+                self._lent += 1
+            try:
+                with conn:  # as psycopg's pool.connection(): ends a transaction left open
+                    yield conn
+            finally:
+                with self._lent_lock:
+                    self._lent -= 1
+                pool.putconn(conn)
+
+    def _forget(self, pool: ConnectionPool) -> None:
+        with self._lent_lock:
+            if self._pool is pool:
+                self._pool = None
+
+    def _dropped(self, pool: ConnectionPool) -> bool:
+        """Whether ``pool`` is dropped now: by this call if none of its connections
+        is lent (it has none to lend), closed in the background, its retries with it."""
+        with self._lent_lock:
+            if self._pool is not pool:
+                return True  # another caller dropped it: try the next one
+            if self._lent:
+                return False  # a busy pool
+            self._pool = None
+        threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
+        return True
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
         """Run one operation on ``conn`` (the caller's), else on a pool connection."""
@@ -218,8 +283,12 @@ class AsyncDatabase:
         self._pool: AsyncConnectionPool | None = None
         self._lock = asyncio.Lock()
         self._failures = _OpenFailures()
+        #: How many of the pool's connections are lent now.
+        self._lent = 0
+        #: Dropped pools being closed in the background (awaited by close()).
+        self._closing: set[asyncio.Task[None]] = set()
 
-    async def _open_pool(self) -> AsyncConnectionPool:
+    async def _open_pool(self, deadline: float) -> AsyncConnectionPool:
         pool = self._pool
         if pool is None:
             seen = self._failures.count
@@ -227,29 +296,68 @@ class AsyncDatabase:
                 pool = self._pool
                 if pool is None:
                     self._failures.raise_if_since(seen)
-                    pool = AsyncConnectionPool(**self._settings)
-                    try:
-                        await pool.open(wait=True, timeout=self.open_timeout)
-                        # The pool waits with asyncio.wait_for, which on Python 3.11
-                        # returns when the first connection and a cancellation of
-                        # this task arrive together: the cancellation must not be lost.
-                        raise_if_cancelling()
-                    except PoolTimeout:  # the pool closed itself
-                        error = await aunreachable(self.dsn, self.open_timeout)
-                        raise self._failures.record(error) from None
-                    except BaseException:
-                        await pool.close()
-                        raise
+                    pool = await self._new_pool(deadline)
                     self._pool = pool  # only once open: callers without the lock use it
         return pool
+
+    async def _new_pool(self, deadline: float) -> AsyncConnectionPool:
+        """An open pool, new pools tried until ``deadline``."""
+        while True:
+            pool = AsyncConnectionPool(**self._settings)
+            try:
+                await pool.open(wait=True, timeout=_attempt_timeout(deadline, 0))
+                # The pool waits with asyncio.wait_for, which on Python 3.11 returns
+                # when the first connection and a cancellation of this task arrive
+                # together: the cancellation must not be lost.
+                raise_if_cancelling()
+                return pool
+            except PoolTimeout:  # the pool closed itself
+                if time.monotonic() >= deadline:
+                    error = await aunreachable(self.dsn, self.open_timeout)
+                    raise self._failures.record(error) from None
+            except BaseException:
+                await pool.close()
+                raise
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
         """A connection of the pool (autocommit), back in the pool afterwards."""
-        pool = await self._open_pool()
         with translated_errors():
-            async with pool.connection() as conn:
-                yield conn
+            deadline = time.monotonic() + self.open_timeout
+            while True:
+                pool = await self._open_pool(deadline)
+                try:
+                    conn = await pool.getconn(_attempt_timeout(deadline, self._lent))
+                    break
+                except PoolClosed:  # closed by close() once this caller had it: a new one
+                    self._forget(pool)
+                except PoolTimeout:
+                    if time.monotonic() >= deadline or not self._dropped(pool):
+                        raise
+            self._lent += 1
+            try:
+                async with conn:  # as psycopg's pool.connection(): ends a transaction left open
+                    yield conn
+            finally:
+                self._lent -= 1
+                await pool.putconn(conn)
+
+    def _forget(self, pool: AsyncConnectionPool) -> None:
+        if self._pool is pool:
+            self._pool = None
+
+    def _dropped(self, pool: AsyncConnectionPool) -> bool:
+        """Whether ``pool`` is dropped now: by this call if none of its connections
+        is lent (it has none to lend), closed in the background, its retries with it."""
+        if self._pool is not pool:
+            return True  # another caller dropped it: try the next one
+        if self._lent:
+            return False  # a busy pool
+        self._pool = None
+        closing = asyncio.get_running_loop().create_task(pool.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        return True
 
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
         """Run one operation on ``conn`` (the caller's), else on a pool connection."""
@@ -298,6 +406,8 @@ class AsyncDatabase:
             pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     # -- sessions outside the pool (asyncio only: the worker's) --------------------
 
