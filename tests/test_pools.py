@@ -228,6 +228,43 @@ async def test_an_async_queue_whose_database_went_away_works_as_soon_as_it_is_ba
         assert (await queue.get(job_id)).status is JobStatus.QUEUED
 
 
+@pytest.fixture
+def slow_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every connection takes a second to be made (a server slow to accept): longer
+    than a pool attempt, cut to 0.3 seconds."""
+    monkeypatch.setattr(leaseq._db, "POOL_ATTEMPT_SECONDS", 0.3)
+    sync_connect = psycopg.Connection.connect
+    async_connect = psycopg.AsyncConnection.connect
+
+    def connect_slowly(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        time.sleep(1.0)
+        return sync_connect(*args, **kwargs)
+
+    async def aconnect_slowly(*args: Any, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
+        await asyncio.sleep(1.0)
+        return await async_connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "connect", connect_slowly)
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", aconnect_slowly)
+
+
+@pytest.mark.usefixtures("slow_connections")
+def test_a_connection_slow_to_be_made_is_waited_for(database_url: str, schema: str) -> None:
+    """Not taken for a failing one: no new pool cuts it short."""
+    with leaseq.Queue(database_url, schema=schema, connect_timeout=10) as queue:
+        queue.migrate()
+        assert queue.stats() == []
+
+
+@pytest.mark.usefixtures("slow_connections")
+async def test_an_async_connection_slow_to_be_made_is_waited_for(
+    database_url: str, schema: str
+) -> None:
+    async with leaseq.AsyncQueue(database_url, schema=schema, connect_timeout=10) as queue:
+        await queue.migrate()
+        assert await queue.stats() == []
+
+
 def test_a_busy_pool_is_waited_for_not_dropped(
     database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -99,19 +99,24 @@ class _OpenFailures:
             raise DatabaseUnavailable(self._last)
 
 
-#: The longest a pool is given to make its first connection, or to lend one
-#: when none of its connections is lent, before a new pool is tried. psycopg's
-#: pool retries a failed connection after 1, 2, 4, 8 ... seconds: after a long
-#: outage its next try could come minutes after the database is back, while a
-#: new pool tries at once.
+#: How long a caller waits for a pool that none of its connections is lent
+#: from, before it looks whether the pool's connection attempts fail; if they do,
+#: a new pool is tried. psycopg's pool retries a failed connection after 1, 2,
+#: 4, 8 ... seconds: after a long outage its next try could come minutes after
+#: the database is back, while a new pool tries at once.
 POOL_ATTEMPT_SECONDS = 5.0
 
 
-def _attempt_timeout(deadline: float, lent: int) -> float:
-    """How long to wait for a pool: the rest of the caller's time while some of its
-    connections are lent (a busy pool, it is not cut off), else one attempt's."""
+def _attempt_timeout(deadline: float, wait_all: bool) -> float:
+    """How long to wait for a pool: the rest of the caller's time, or one attempt's."""
     remaining = max(deadline - time.monotonic(), 0.0)
-    return remaining if lent else min(POOL_ATTEMPT_SECONDS, remaining)
+    return remaining if wait_all else min(POOL_ATTEMPT_SECONDS, remaining)
+
+
+def _failing(pool: ConnectionPool | AsyncConnectionPool) -> bool:
+    """Whether the pool's connection attempts failed (so it retries with a growing
+    delay), rather than one being slow to succeed."""
+    return bool(pool.get_stats().get("connections_errors", 0))
 
 
 class Database:
@@ -122,8 +127,8 @@ class Database:
     pool that could not open (psycopg closes it) or that :meth:`close` closed is
     dropped, and the next use opens a new one: a psycopg pool cannot reopen. So is
     a pool that lends no connection in ``POOL_ATTEMPT_SECONDS`` while none of its
-    connections is lent: it has none and cannot make one (the database was away),
-    and its own retries would come later and later. A caller waits up to
+    connections is lent and its connection attempts fail (the database was away):
+    its own retries would come later and later. A caller waits up to
     ``open_timeout`` in all for its connection.
     """
 
@@ -162,12 +167,14 @@ class Database:
 
     def _new_pool(self, deadline: float) -> ConnectionPool:
         """An open pool, new pools tried until ``deadline``."""
+        slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
             pool = ConnectionPool(**self._settings)
             try:
-                pool.open(wait=True, timeout=_attempt_timeout(deadline, 0))
+                pool.open(wait=True, timeout=_attempt_timeout(deadline, slow))
                 return pool
             except PoolTimeout:  # the pool closed itself
+                slow = not _failing(pool)
                 if time.monotonic() >= deadline:
                     error = unreachable(self.dsn, self.open_timeout)
                     raise self._failures.record(error) from None
@@ -183,13 +190,14 @@ class Database:
             while True:
                 pool = self._open_pool(deadline)
                 try:
-                    conn = pool.getconn(_attempt_timeout(deadline, self._lent))
+                    conn = pool.getconn(_attempt_timeout(deadline, self._lent > 0))
                     break
                 except PoolClosed:  # closed by close() once this caller had it: a new one
                     self._forget(pool)
                 except PoolTimeout:
-                    if time.monotonic() >= deadline or not self._dropped(pool):
+                    if time.monotonic() >= deadline:
                         raise
+                    self._drop_if_failing(pool)
             with self._lent_lock:
                 self._lent += 1
             try:
@@ -205,17 +213,14 @@ class Database:
             if self._pool is pool:
                 self._pool = None
 
-    def _dropped(self, pool: ConnectionPool) -> bool:
-        """Whether ``pool`` is dropped now: by this call if none of its connections
-        is lent (it has none to lend), closed in the background, its retries with it."""
+    def _drop_if_failing(self, pool: ConnectionPool) -> None:
+        """Drop ``pool`` if none of its connections is lent (it has none) and its
+        attempts fail; closed in the background, its retries with it."""
         with self._lent_lock:
-            if self._pool is not pool:
-                return True  # another caller dropped it: try the next one
-            if self._lent:
-                return False  # a busy pool
+            if self._pool is not pool or self._lent or not _failing(pool):
+                return  # dropped already, busy, or slow to connect: waited for
             self._pool = None
         threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
-        return True
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
         """Run one operation on ``conn`` (the caller's), else on a pool connection."""
@@ -302,16 +307,18 @@ class AsyncDatabase:
 
     async def _new_pool(self, deadline: float) -> AsyncConnectionPool:
         """An open pool, new pools tried until ``deadline``."""
+        slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
             pool = AsyncConnectionPool(**self._settings)
             try:
-                await pool.open(wait=True, timeout=_attempt_timeout(deadline, 0))
+                await pool.open(wait=True, timeout=_attempt_timeout(deadline, slow))
                 # The pool waits with asyncio.wait_for, which on Python 3.11 returns
                 # when the first connection and a cancellation of this task arrive
                 # together: the cancellation must not be lost.
                 raise_if_cancelling()
                 return pool
             except PoolTimeout:  # the pool closed itself
+                slow = not _failing(pool)
                 if time.monotonic() >= deadline:
                     error = await aunreachable(self.dsn, self.open_timeout)
                     raise self._failures.record(error) from None
@@ -327,13 +334,14 @@ class AsyncDatabase:
             while True:
                 pool = await self._open_pool(deadline)
                 try:
-                    conn = await pool.getconn(_attempt_timeout(deadline, self._lent))
+                    conn = await pool.getconn(_attempt_timeout(deadline, self._lent > 0))
                     break
                 except PoolClosed:  # closed by close() once this caller had it: a new one
                     self._forget(pool)
                 except PoolTimeout:
-                    if time.monotonic() >= deadline or not self._dropped(pool):
+                    if time.monotonic() >= deadline:
                         raise
+                    self._drop_if_failing(pool)
             self._lent += 1
             try:
                 async with conn:  # as psycopg's pool.connection(): ends a transaction left open
@@ -346,18 +354,15 @@ class AsyncDatabase:
         if self._pool is pool:
             self._pool = None
 
-    def _dropped(self, pool: AsyncConnectionPool) -> bool:
-        """Whether ``pool`` is dropped now: by this call if none of its connections
-        is lent (it has none to lend), closed in the background, its retries with it."""
-        if self._pool is not pool:
-            return True  # another caller dropped it: try the next one
-        if self._lent:
-            return False  # a busy pool
+    def _drop_if_failing(self, pool: AsyncConnectionPool) -> None:
+        """Drop ``pool`` if none of its connections is lent (it has none) and its
+        attempts fail; closed in the background, its retries with it."""
+        if self._pool is not pool or self._lent or not _failing(pool):
+            return  # dropped already, busy, or slow to connect: waited for
         self._pool = None
         closing = asyncio.get_running_loop().create_task(pool.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
-        return True
 
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
         """Run one operation on ``conn`` (the caller's), else on a pool connection."""
