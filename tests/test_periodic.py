@@ -307,6 +307,74 @@ async def test_schedules_are_listed_by_the_cli(
     assert "nightly" in table.output
 
 
+async def test_a_removed_schedule_is_gone_with_its_bookkeeping_and_ticks_no_more(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    app = _app(schema, old={"every": 60}, kept={"every": 60})
+    scheduler = Scheduler(aqueue, app.schedules)
+    await scheduler.run_once()
+    first = min(s.next_tick for s in await aqueue.schedules())  # the same for both
+    await aclock.advance((first - await _now(aqueue)).total_seconds() + 0.5)
+    assert await scheduler.run_once() == 2  # one tick each
+    before = await _jobs_by_tick(aqueue)
+
+    assert await aqueue.remove_schedule("old", actor="ops") is True
+    assert [s.name for s in await aqueue.schedules()] == ["kept"]
+    (entry, *_) = await aqueue.audit_log(queue="ticks")
+    assert (entry.action, entry.actor) == ("remove_schedule", "ops")
+    assert entry.detail["schedule"] == "old"
+    async with aqueue.connection() as conn:
+        ticks = await (
+            await conn.execute(f'SELECT schedule FROM "{schema}".schedule_tick')
+        ).fetchall()
+    assert {row[0] for row in ticks} == {"kept"}  # no tick row of it is left behind
+    # A worker still running with it declared ticks only the schedule that is left.
+    await aclock.advance(60)
+    assert await scheduler.run_once() == 1
+    after = await _jobs_by_tick(aqueue)
+    new_ticks = set(after) - set(before)
+    assert len(new_ticks) == 1
+    assert next(iter(new_ticks)).startswith("kept@")
+    assert before.keys() <= after.keys()  # the jobs it enqueued stay
+    assert await aqueue.remove_schedule("old") is False  # gone already: nothing written
+    assert len(await aqueue.audit_log(queue="ticks")) == 1
+
+    # Declared again (a worker started with it): from its next tick, no old one again.
+    again = Scheduler(aqueue, _app(schema, old={"every": 60}).schedules)
+    assert await again.run_once() == 0
+    info = {s.name: s for s in await aqueue.schedules()}["old"]
+    assert (info.enqueued, info.last_tick) == (0, None)
+    assert info.next_tick > await _now(aqueue)
+
+
+@pytest.mark.parametrize("name", ["", "a\x00b", "x" * 129, "\udc80", 7])
+async def test_a_bad_schedule_name_is_refused_and_writes_nothing(
+    aqueue: leaseq.AsyncQueue, schema: str, name: Any
+) -> None:
+    await Scheduler(aqueue, _app(schema, s={"every": 60}).schedules).run_once()
+    with pytest.raises(leaseq.InvalidArgument, match="schedule name"):
+        await aqueue.remove_schedule(name)
+    with pytest.raises(leaseq.InvalidArgument, match="schedule name"):
+        leaseq.App().periodic(name, queue="ticks", every=60)
+    assert [s.name for s in await aqueue.schedules()] == ["s"]
+    assert await aqueue.audit_log() == []
+
+
+async def test_a_schedule_is_removed_by_the_cli(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    await Scheduler(aqueue, _app(schema, nightly={"every": 60}).schedules).run_once()
+    runner = CliRunner()
+    arguments = ["remove-schedule", "nightly", "--database-url", database_url, "--schema", schema]
+    removed = await asyncio.to_thread(runner.invoke, cli, arguments)
+    assert removed.exit_code == 0, removed.output
+    assert "removed schedule 'nightly'" in removed.output
+    assert await aqueue.schedules() == []
+    again = await asyncio.to_thread(runner.invoke, cli, arguments)
+    assert again.exit_code != 0
+    assert "no schedule 'nightly'" in again.output
+
+
 # -- the schedule's own arithmetic ------------------------------------------------
 
 

@@ -176,6 +176,14 @@ class AsyncOperatorCalls:
         """Every periodic job the app's workers declared, with its bookkeeping."""
         return await self._db.run(self._store.schedules())
 
+    async def remove_schedule(self, name: str, *, actor: str | None = None) -> bool:
+        """Remove the schedule ``name`` with its bookkeeping (True if there was one):
+        for a periodic job taken out of the app's code, whose row would otherwise
+        stay (listed, never due). The jobs it enqueued stay. A worker still running
+        with it declared no longer ticks it; one started with it declares it again,
+        from its next tick. Audited under ``actor``."""
+        return await self._db.run(self._store.remove_schedule(name, actor=actor))
+
     async def get(self, job_id: int) -> Job:
         """The job as stored, or JobNotFound."""
         return await self._db.run(self._store.get(job_id))

@@ -283,6 +283,22 @@ def job_id(value: object) -> int:
 
 
 MAX_ACTOR_CHARS = 200
+MAX_SCHEDULE_NAME_BYTES = 128
+
+
+def schedule_name(value: object) -> str:
+    """A periodic job's name: 1 to 128 bytes of text, no NUL."""
+    if isinstance(value, str) and "\x00" not in value:
+        try:
+            if 0 < len(value.encode()) <= MAX_SCHEDULE_NAME_BYTES:
+                return value
+        except UnicodeEncodeError:  # a lone surrogate: not text the database stores
+            pass
+    raise InvalidArgument(
+        f"a schedule name must be 1 to {MAX_SCHEDULE_NAME_BYTES} bytes of text, got {value!r}"
+    )
+
+
 MAX_SEARCH_WINDOW = 10_000_000
 
 

@@ -1,4 +1,5 @@
-"""``leaseq schedules``: every periodic job with its last and next tick."""
+"""``leaseq schedules``: every periodic job with its last and next tick;
+``leaseq remove-schedule``: one taken out of the app."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from .common import cli, console, database_options, open_queue
+from leaseq import InvalidArgument
+
+from .common import actor, cli, console, database_options, open_queue
 
 
 @cli.command()
@@ -57,3 +60,14 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
             str(s.skipped),
         )
     console.print(table)
+
+
+@cli.command("remove-schedule")
+@click.argument("name")
+@database_options
+def remove_schedule(name: str, database_url: str | None, schema: str) -> None:
+    """Remove a schedule the app no longer declares, with its bookkeeping (audited)."""
+    with open_queue(database_url, schema) as queue:
+        if not queue.remove_schedule(name, actor=actor()):
+            raise InvalidArgument(f"no schedule {name!r}")
+    click.echo(f"removed schedule {name!r}")

@@ -1,5 +1,5 @@
 """Operations of periodic jobs: declare schedules, take a due one, fire its ticks,
-record what was done, list them (see :mod:`leaseq._worker.scheduler`)."""
+record what was done, list and remove them (see :mod:`leaseq._worker.scheduler`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from .. import _validate as validate
 from .._statement import Operation, Rows, Statement
 from .._types import ScheduleInfo
 from .base import StoreBase, ignore
@@ -98,6 +99,13 @@ class ScheduleOperations(StoreBase):
             "last_job_id": last_job_id,
         }
         return Operation((Statement(self.sql("schedule_advance.sql"), params),), ignore)
+
+    def remove_schedule(self, name: str, *, actor: str | None) -> Operation[bool]:
+        """Remove a schedule's row and ticks, audited: whether there was one."""
+        params = {"name": validate.schedule_name(name), "actor": validate.actor(actor)}
+        return Operation(
+            (Statement(self.sql("schedule_remove.sql"), params),), lambda r: bool(r[0][0][0])
+        )
 
     def schedules(self) -> Operation[list[ScheduleInfo]]:
         def decode(rows: list[Rows]) -> list[ScheduleInfo]:

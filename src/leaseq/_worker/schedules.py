@@ -134,8 +134,7 @@ def schedule(
     max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Schedule:
     """A checked :class:`Schedule` (InvalidArgument for a bad declaration)."""
-    if not isinstance(name, str) or not 0 < len(name.encode()) <= 128:
-        raise InvalidArgument(f"a schedule name must be 1 to 128 bytes, got {name!r}")
+    name = validate.schedule_name(name)
     if (cron is None) == (every is None):
         raise InvalidArgument(f"schedule {name!r}: give cron or every, not both nor neither")
     if cron is not None and (
