@@ -180,6 +180,27 @@ async def test_an_async_queue_whose_first_use_found_no_database_works_once_there
     await queue.close()
 
 
+def test_connection_options_the_server_refuses_are_named_as_the_reason(
+    database_url: str,
+) -> None:
+    """(A pooler refuses the worker sessions' server options so.) The diagnosis
+    connects with the pool's own options: it finds the pool's failure, not a
+    "timed out" of a connection that worked."""
+    options = {"autocommit": True, "options": "-c no_such_setting=1"}
+    queue = leaseq.Queue(database_url, connection_options=options, connect_timeout=1)
+    with pytest.raises(leaseq.DatabaseUnavailable, match="no_such_setting"):
+        queue.stats()
+
+
+async def test_async_connection_options_the_server_refuses_are_named_as_the_reason(
+    database_url: str,
+) -> None:
+    options = {"autocommit": True, "options": "-c no_such_setting=1"}
+    queue = leaseq.AsyncQueue(database_url, connection_options=options, connect_timeout=1)
+    with pytest.raises(leaseq.DatabaseUnavailable, match="no_such_setting"):
+        await queue.stats()
+
+
 # -- a database that went away ------------------------------------------------------
 
 #: Longer than psycopg's pool's first retries of a lost connection (1, 2 then 4

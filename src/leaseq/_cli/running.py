@@ -105,7 +105,7 @@ def migrate(database_url: str | None, schema: str) -> None:
     "--listen/--no-listen",
     default=True,
     show_default=True,
-    help="LISTEN for wake-ups; --no-listen for PgBouncer transaction pooling.",
+    help="LISTEN for wake-ups; --no-listen: polling only (LISTEN cannot reach the server).",
 )
 @click.option(
     "--listen-database-url",

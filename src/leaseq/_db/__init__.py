@@ -176,7 +176,7 @@ class Database:
             except PoolTimeout:  # the pool closed itself
                 slow = not _failing(pool)
                 if time.monotonic() >= deadline:
-                    error = unreachable(self.dsn, self.open_timeout)
+                    error = unreachable(self.dsn, self.open_timeout, self._options)
                     raise self._failures.record(error) from None
             except BaseException:
                 pool.close()
@@ -320,7 +320,7 @@ class AsyncDatabase:
             except PoolTimeout:  # the pool closed itself
                 slow = not _failing(pool)
                 if time.monotonic() >= deadline:
-                    error = await aunreachable(self.dsn, self.open_timeout)
+                    error = await aunreachable(self.dsn, self.open_timeout, self._options)
                     raise self._failures.record(error) from None
             except BaseException:
                 await pool.close()

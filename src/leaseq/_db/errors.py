@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -97,26 +98,30 @@ def _scrub(error: BaseException) -> None:
         current = current.__cause__ or current.__context__
 
 
-def unreachable(dsn: str, open_timeout: float) -> DatabaseUnavailable:
-    """Why the pool could not open: one direct attempt tells the real reason.
+def unreachable(
+    dsn: str, open_timeout: float, options: dict[str, Any] | None = None
+) -> DatabaseUnavailable:
+    """Why the pool could not open: one direct attempt, with the pool's own
+    connection ``options`` (a server, or a pooler, may refuse those), tells the
+    real reason.
 
     The reason is scrubbed (sanitize): libpq may quote the DSN's password in it.
     """
     try:
-        psycopg.connect(
-            dsn, connect_timeout=_diagnosis_timeout(open_timeout), **CONNECTION_OPTIONS
-        ).close()
+        psycopg.connect(dsn, **_diagnosis_options(open_timeout, options)).close()
     except psycopg.Error as exc:
         return _unavailable(exc)
     return DatabaseUnavailable("cannot connect to the database: timed out")
 
 
-async def aunreachable(dsn: str, open_timeout: float) -> DatabaseUnavailable:
+async def aunreachable(
+    dsn: str, open_timeout: float, options: dict[str, Any] | None = None
+) -> DatabaseUnavailable:
     """The async twin of :func:`unreachable`: its attempt must not stop the event
     loop (the worker's renewals run on it)."""
     try:
         conn = await psycopg.AsyncConnection.connect(
-            dsn, connect_timeout=_diagnosis_timeout(open_timeout), **CONNECTION_OPTIONS
+            dsn, **_diagnosis_options(open_timeout, options)
         )
         await conn.close()
     except psycopg.Error as exc:
@@ -125,10 +130,13 @@ async def aunreachable(dsn: str, open_timeout: float) -> DatabaseUnavailable:
     return DatabaseUnavailable("cannot connect to the database: timed out")
 
 
-def _diagnosis_timeout(open_timeout: float) -> int:
-    """Seconds for the diagnosis's connection: at most 5, at most the caller's own
-    timeout, and at least libpq's minimum of 2."""
-    return max(2, min(5, math.ceil(open_timeout)))
+def _diagnosis_options(open_timeout: float, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The pool's connection options, with a connect timeout of at most 5 seconds,
+    at most the caller's own timeout, and at least libpq's minimum of 2."""
+    return {
+        **(options or CONNECTION_OPTIONS),
+        "connect_timeout": max(2, min(5, math.ceil(open_timeout))),
+    }
 
 
 def _unavailable(exc: psycopg.Error) -> DatabaseUnavailable:

@@ -37,7 +37,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no inline types
         parser.add_argument(
             "--no-listen",
             action="store_true",
-            help="No LISTEN for wake-ups (PgBouncer in transaction pooling mode).",
+            help="No LISTEN for wake-ups: polling only (LISTEN cannot reach the server).",
         )
         parser.add_argument("--shutdown-grace", type=float, default=30.0)
         parser.add_argument(
