@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+from datetime import timedelta
 from html import unescape
 
 import pytest
@@ -379,3 +380,39 @@ async def test_the_settings_form_saves_back_every_value_it_shows(
     saved = text_of((await browser.follow(response)).text)
     assert "Saved odd: max_attempts 20 → 7." in saved
     assert queue.queue_settings("odd") == dataclasses.replace(before, max_attempts=7)
+
+
+def _declare(queue: leaseq.Queue, name: str, first_tick_in: float) -> None:
+    """A schedule as a worker declares it, its first tick ``first_tick_in`` seconds
+    from the database's now (negative: past due, as one no worker declares)."""
+    now = queue._db.run(queue._store.clock_now())
+    first = now + timedelta(seconds=first_tick_in)
+    queue._db.run(queue._store.register_schedules([(name, "reports", "every 60", "UTC", first)]))
+
+
+async def test_schedules_show_which_no_worker_runs_and_offer_only_those_for_removal(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    _declare(queue, "stale report", -7200)
+    _declare(queue, "live", 3600)
+    page = await browser.get("/schedules")
+    assert page.status_code == 200
+    rows = {row.split("</td>")[0]: row for row in page.text.split("<tr>\n    <td>")[1:]}
+    assert set(rows) == {"stale report", "live"}
+    assert "overdue 2h" in text_of(rows["stale report"])
+    assert "overdue" not in rows["live"]
+    assert 'value="stale report"' in rows["stale report"]  # its Remove form
+    assert 'method="post"' not in rows["live"]  # a live one is not offered
+
+    removed = await browser.follow(
+        await browser.post("/schedules/remove", {"name": "stale report"})
+    )
+    assert "Schedule stale report removed" in text_of(removed.text)
+    assert [s.name for s in queue.schedules()] == ["live"]
+    (entry,) = _audit(queue)
+    assert (entry.action, entry.detail["schedule"]) == ("remove_schedule", "stale report")
+    again = await browser.post("/schedules/remove", {"name": "stale report"})
+    assert again.status_code == 404
+    bad = await browser.post("/schedules/remove", {"name": ""})
+    assert bad.status_code == 400
+    assert [s.name for s in queue.schedules()] == ["live"]

@@ -194,7 +194,14 @@ async def test_an_expired_lease_is_highlighted(
 async def test_read_only_pages_hide_the_buttons(make_app: AppFactory, jobs: Jobs) -> None:
     client = Browser(make_app(read_only=True))
     try:
-        for path in ("/", f"/jobs/{jobs.failed[0]}", "/blocked", "/running", "/queues/reports"):
+        for path in (
+            "/",
+            f"/jobs/{jobs.failed[0]}",
+            "/blocked",
+            "/running",
+            "/queues/reports",
+            "/schedules",
+        ):
             page = await client.get(path)
             assert page.status_code == 200, path
             assert 'method="post"' not in page.text, path

@@ -89,6 +89,7 @@ async def test_read_only_refuses_every_action(
             ("/replay/confirm", {"ids": str(jobs.failed[0])}),
             ("/queues/reports/pause", {}),
             ("/queues/reports/settings", {"lease": "10m"}),
+            ("/schedules/remove", {"name": "any"}),
         ]:
             response = await client.post(path, data)
             assert response.status_code == 403, path

@@ -347,6 +347,11 @@ class PruneResult:
         )
 
 
+#: How long past due a schedule's tick may be before it counts as stalled: a
+#: worker that declares it handles a due tick within about a second.
+STALLED_AFTER_SECONDS = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleInfo:
     """A periodic job's bookkeeping (``schedules()``, ``leaseq schedules``)."""
@@ -362,3 +367,15 @@ class ScheduleInfo:
     paused_ticks: int  # ticks that came while the queue was paused: no job
     last_job_id: int | None
     queue_paused: bool
+    #: Seconds its next tick is past due by the database's clock (0: not due yet).
+    #: A running worker that declares it handles a due tick within about a second:
+    #: a schedule overdue for longer is declared by no running worker (taken out
+    #: of the app, or its workers are down), or its queue is full (BacklogFull).
+    overdue_seconds: float = 0.0
+
+    @property
+    def stalled(self) -> bool:
+        """Overdue by more than a minute (``STALLED_AFTER_SECONDS``): no running
+        worker declares it, or its queue is full. A worker that declares it looks
+        twice a second."""
+        return self.overdue_seconds > STALLED_AFTER_SECONDS

@@ -110,6 +110,7 @@ def test_overview(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
         ("Running", "Running jobs", None),
         ("Failed", "Failed jobs by error", None),
         ("Blocked keys", "Blocked ordering keys", "blocked"),
+        ("Schedules", "Schedules", None),
         ("Audit", "Audit log", "audit"),
     ]:
         page.get_by_role("navigation").get_by_role("link", name=label, exact=True).click()

@@ -19,7 +19,11 @@ from .common import actor, cli, console, database_options, open_queue
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @database_options
 def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
-    """Periodic jobs: when they tick, the last and next tick, what was enqueued or skipped."""
+    """Periodic jobs: when they tick, the last and next tick, what was enqueued or skipped.
+
+    A next tick marked overdue is a minute or more past due: no running worker
+    declares the schedule (taken out of the app? see remove-schedule), or its
+    queue is full."""
     with open_queue(database_url, schema) as queue:
         found = queue.schedules()
     if as_json:
@@ -38,6 +42,7 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
                         "paused_ticks": s.paused_ticks,
                         "last_job_id": s.last_job_id,
                         "queue_paused": s.queue_paused,
+                        "overdue_seconds": s.overdue_seconds,
                     }
                     for s in found
                 ]
@@ -55,7 +60,7 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
             Text(s.spec.removeprefix("cron ")),
             s.tz,
             "-" if s.last_tick is None else s.last_tick.isoformat(timespec="seconds"),
-            s.next_tick.isoformat(timespec="seconds"),
+            s.next_tick.isoformat(timespec="seconds") + (" (overdue)" if s.stalled else ""),
             str(s.enqueued),
             str(s.skipped),
         )

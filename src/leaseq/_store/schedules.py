@@ -122,6 +122,7 @@ class ScheduleOperations(StoreBase):
                     paused_ticks=r[8],
                     last_job_id=r[9],
                     queue_paused=bool(r[10]),
+                    overdue_seconds=float(r[11]),
                 )
                 for r in rows[0]
             ]

@@ -212,6 +212,23 @@ async def resume(request: Request, ctx: Context) -> Response:
     return await _pause(request, ctx, False)
 
 
+@handler(security.CONFIGURE, post=True)
+async def remove_schedule(request: Request, ctx: Context) -> Response:
+    """Remove a schedule the app no longer declares (the page offers it for those
+    no running worker handles): its row and bookkeeping; its jobs stay."""
+    form = await _form(request)
+    name = form.get("name", "")
+    if not await ctx.dashboard.client.remove_schedule(name, actor=ctx.actor):
+        return refuse(ctx, 404, f"No schedule named {name!r}.")
+    return _done(
+        ctx,
+        form,
+        "/schedules",
+        f"Schedule {name} removed; the jobs it enqueued stay. "
+        "A worker started with it in its app declares it again.",
+    )
+
+
 def _shown(name: str, value: Any) -> str:
     if name.startswith(("retain_", "lease", "backoff_")):
         return retention(value)

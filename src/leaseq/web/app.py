@@ -132,6 +132,8 @@ def _routes() -> list[Any]:
         Route("/running", pages.running, name="running"),
         Route("/live/running", pages.running_live),
         Route("/audit", pages.audit, name="audit"),
+        Route("/schedules", pages.schedules, name="schedules"),
+        Route("/schedules/remove", actions.remove_schedule, methods=["POST"]),
         Route("/queues/{name}", pages.queue_settings, name="queue"),
         Route("/queues/{name}/settings", actions.configure, methods=["POST"]),
         Route("/queues/{name}/pause", actions.pause, methods=["POST"]),

@@ -212,6 +212,11 @@ async def audit(request: Request, ctx: Context) -> Response:
     )
 
 
+@handler()
+async def schedules(request: Request, ctx: Context) -> Response:
+    return ctx.render("schedules.html", schedules=await ctx.dashboard.client.schedules())
+
+
 async def settings_page(
     ctx: Context, name: str, *, form: dict[str, str] | None = None, error: str | None = None
 ) -> Response:
