@@ -288,6 +288,36 @@ def test_a_rate_limit_lets_at_most_its_starts_through_per_window(
     assert len(starts) >= 15
 
 
+def test_a_claim_that_waited_for_its_turn_is_stamped_when_it_took_its_jobs(
+    client: Client, database_url: str
+) -> None:
+    """Claims of a rate-limited queue take turns. One that waited for its turn
+    must not be recorded as claimed when it began waiting: the database's
+    claimed_at would then show more starts in a period than the limit."""
+    client.enqueue_many("api", [{"n": n} for n in range(10)])
+    client.configure_queue("api", rate_limit=(5, 1))
+    first = client.claim("api", limit=10)
+    assert len(first) == 5
+    late: list[Any] = []
+    with psycopg.connect(database_url, autocommit=True) as holder:
+        with holder.transaction():
+            # Another claim's turn, held for longer than the period.
+            holder.execute(
+                f'SELECT 1 FROM "{client.schema}".claim_turn WHERE queue = %s FOR UPDATE',
+                ("api",),
+            )
+            waiting = threading.Thread(target=lambda: late.extend(client.claim("api", limit=10)))
+            waiting.start()
+            time.sleep(1.3)
+        waiting.join(10)
+    assert len(late) == 5  # the window had room again when its turn came
+    claimed = [
+        at.timestamp()
+        for (at,) in _sql(client, "SELECT claimed_at FROM {schema}.job WHERE queue = 'api'")
+    ]
+    assert most_in_any_window(claimed, 1.0) <= 5
+
+
 def test_a_rate_limit_per_group_never_holds_up_the_others(client: Client, clock: Clock) -> None:
     client.enqueue_many("api", [{}] * 30, group="busy")
     client.enqueue_many("api", [{}] * 30, group="calm")

@@ -100,7 +100,13 @@ claimed AS (
             + make_interval(secs => coalesce(%(lease)s::double precision, s.lease_seconds)),
         lease_version = j.lease_version + 1,
         attempts = j.attempts + 1,
-        claimed_at = {schema}.clock(),
+        -- A coordinated claim waited for its queue's turn before it picked (its
+        -- rate windows are reckoned from then): it is stamped with that time,
+        -- not with the statement's start, or its starts would show earlier
+        -- than its window allowed them.
+        claimed_at = CASE WHEN s.coordinated
+            THEN {schema}.clock() + (clock_timestamp() - statement_timestamp())
+            ELSE {schema}.clock() END,
         limited = picked.limited,
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
