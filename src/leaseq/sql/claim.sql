@@ -25,7 +25,8 @@
 -- The queue is compared with the parameter, not with settings.name: only a
 -- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
-    SELECT q.name, q.lease_seconds, q.ordering_policy = 'block' AS failed_blocks,
+    SELECT q.name, coalesce(%(lease)s::double precision, q.lease_seconds) AS lease,
+           q.ordering_policy = 'block' AS failed_blocks,
            q.has_limits OR EXISTS (SELECT 1 FROM {schema}.job AS g
                           WHERE g.queue = %(queue)s AND g.status = 'queued' AND NOT g.blocked
                             AND g.group_key IS NOT NULL) AS coordinated
@@ -95,18 +96,16 @@ picked AS (
 claimed AS (
     UPDATE {schema}.job AS j
     SET status = 'running',
-        lease_seconds = coalesce(%(lease)s::double precision, s.lease_seconds),
-        lease_until = {schema}.clock()
-            + make_interval(secs => coalesce(%(lease)s::double precision, s.lease_seconds)),
+        lease_seconds = s.lease,
+        lease_until = {schema}.clock() + make_interval(secs => s.lease),
         lease_version = j.lease_version + 1,
         attempts = j.attempts + 1,
         -- A coordinated claim waited for its queue's turn before it picked (its
         -- rate windows are reckoned from then): it is stamped with that time,
         -- not with the statement's start, or its starts would show earlier
         -- than its window allowed them.
-        claimed_at = CASE WHEN s.coordinated
-            THEN {schema}.clock() + (clock_timestamp() - statement_timestamp())
-            ELSE {schema}.clock() END,
+        claimed_at = {schema}.clock()
+            + (clock_timestamp() - statement_timestamp()) * s.coordinated::int,
         limited = picked.limited,
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
