@@ -5,6 +5,7 @@ hook, whatever it raises or returns, changes or loses a job's outcome."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -190,3 +191,45 @@ def test_hooks_are_declared_on_the_app_and_returned_unchanged(schema: str) -> No
 
     assert app.before_job(hook) is hook
     assert app.hooks.before == [hook]
+
+
+def test_a_hung_async_hook_of_a_sync_handler_times_its_attempt_out(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """What runs before the handler counts against the job's timeout, as it does
+    around an async handler: a hook that never returns cannot hold a slot for ever."""
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+    exited: list[int] = []
+
+    @app.before_job
+    async def hung_before(job: leaseq.JobContext) -> None:
+        if job.payload["hang"] == "before":
+            await asyncio.sleep(3600)
+
+    @app.around_job
+    @asynccontextmanager
+    async def hung_enter(job: leaseq.JobContext) -> AsyncIterator[None]:
+        if job.payload["hang"] == "enter":
+            await asyncio.sleep(3600)
+        try:
+            yield
+        finally:
+            exited.append(job.payload["n"])
+
+    @app.task("jobs", max_attempts=1, timeout=1)
+    def handler(job: leaseq.JobContext) -> None:
+        ran.append(job.payload["n"])
+
+    ids = queue.enqueue_many(
+        "jobs", [{"n": 0, "hang": "before"}, {"n": 1, "hang": "enter"}, {"n": 2, "hang": ""}]
+    )
+    stats = drain(app, dsn=database_url, concurrency=3, timeout=30)
+
+    assert ran == [2]  # the hung jobs' handlers never started
+    assert (stats.completed, stats.failed, stats.timeouts) == (1, 2, 2)
+    for job_id in ids[:2]:
+        job = queue.get(job_id)
+        assert job.status is JobStatus.FAILED
+        assert "timed out after 1s" in (job.last_error or "")
+    assert exited == [2]  # only an entered context is exited

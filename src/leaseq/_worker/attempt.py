@@ -40,7 +40,7 @@ from .._retry import Retry, Verdict
 from .._types import Claim
 from .app import Task
 from .context import JobContext
-from .handlers import TimedOut, run_in_thread, run_on_loop
+from .handlers import TimedOut, run_in_thread, run_on_loop, run_until
 from .hooks import Hooks
 from .outcomes import Answer, Kind, Outcome, Outcomes
 from .processes import ProcessPool
@@ -214,15 +214,24 @@ class AttemptRunner:
                 )
             return await run_on_loop(lambda: task.handler(context), timeout, timed_out)
 
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+
         def in_thread(function: Callable[[JobContext], Any]) -> Awaitable[Any]:
-            return run_in_thread(self._threads, function, context, timeout, timed_out)
+            left = None if deadline is None else max(deadline - loop.time(), 0.0)
+            return run_in_thread(self._threads, function, context, left, timed_out)
+
+        def on_loop(awaitable: Awaitable[Any]) -> Awaitable[Any]:
+            # The app's async hooks before the thread count against the job's time,
+            # as they do around an async handler: a hung one cannot hold the slot.
+            return run_until(awaitable, deadline, timed_out)
 
         handler = task.handler
         if task.executor == "process":
             assert self._processes is not None  # the worker makes one for such apps
             handler = functools.partial(self._processes.call, task.handler)
         if hooks.wrap_handlers:
-            return await hooks.call_in_thread(handler, context, in_thread)
+            return await hooks.call_in_thread(handler, context, in_thread, on_loop)
         return await in_thread(handler)
 
     def _timed_out(self, attempt: Attempt) -> None:

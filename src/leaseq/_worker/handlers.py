@@ -26,12 +26,22 @@ async def run_on_loop(
     """Await ``call()`` (the handler, or the handler inside the app's hooks)."""
     if timeout is None:
         return await call()
-    deadline = asyncio.timeout(timeout)
+    return await run_until(call(), asyncio.get_running_loop().time() + timeout, timed_out)
+
+
+async def run_until(
+    awaitable: Awaitable[Any], deadline: float | None, timed_out: Callable[[], None]
+) -> Any:
+    """Await ``awaitable`` until ``deadline`` (the loop's time; None: no limit):
+    past it, tell the attempt (``timed_out``) and raise TimedOut."""
+    if deadline is None:
+        return await awaitable
+    scope = asyncio.timeout_at(deadline)
     try:
-        async with deadline:
-            return await call()
+        async with scope:
+            return await awaitable
     except TimeoutError:
-        if not deadline.expired():
+        if not scope.expired():
             raise  # the handler's own
         timed_out()
         raise TimedOut from None

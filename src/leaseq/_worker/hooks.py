@@ -13,7 +13,8 @@ Where they run:
   the handler's thread (for a plain ``def`` handler) or on the event loop (for
   an ``async def`` one); an ``async def`` hook, or an async context manager, is
   awaited on the event loop in both cases (for a plain handler: before its
-  thread starts, and around it);
+  thread starts, and around it). Whatever runs before the handler counts
+  against the job's timeout: a hook that hangs times the attempt out;
 * ``on_success(job, result)`` and ``on_failure(job, error, will_retry)`` run
   after the outcome was acknowledged: async hooks on the loop, plain ones in a
   thread of their own, so that a slow one never holds up the loop.
@@ -80,14 +81,18 @@ class Hooks:
         handler: Callable[[JobContext], Any],
         job: JobContext,
         run_in_thread: Callable[[Callable[[JobContext], Any]], Awaitable[Any]],
+        before_thread: Callable[[Awaitable[Any]], Awaitable[Any]],
     ) -> Any:
         """Run a plain handler in its thread (``run_in_thread``) inside the hooks:
-        the sync ones in that thread, the async ones on the loop around it."""
+        the sync ones in that thread, the async ones on the loop around it; those
+        before the thread are awaited through ``before_thread`` (the job's timeout)."""
         for hook in self.before:
             if is_async_callable(hook):
-                await _call(hook, job, on_loop=True)
+                await before_thread(_call(hook, job, on_loop=True))
         managers = self._managers(job)
-        entered_here = [cm for cm in managers if _is_async(cm) and await _enter(cm, job)]
+        entered_here = [
+            cm for cm in managers if _is_async(cm) and await before_thread(_enter(cm, job))
+        ]
         in_thread = [cm for cm in managers if not _is_async(cm)]
         sync_before = [hook for hook in self.before if not is_async_callable(hook)]
 
