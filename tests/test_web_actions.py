@@ -403,12 +403,15 @@ async def test_schedules_show_which_no_worker_runs_and_offer_only_those_for_remo
     assert "overdue" not in rows["live"]
     assert 'value="stale report"' in rows["stale report"]  # its Remove form
     assert 'method="post"' not in rows["live"]  # a live one is not offered
+    overview = text_of((await browser.get("/")).text)
+    assert "1 schedule(s) overdue by more than a minute (stale report)" in overview
 
     removed = await browser.follow(
         await browser.post("/schedules/remove", {"name": "stale report"})
     )
     assert "Schedule stale report removed" in text_of(removed.text)
     assert [s.name for s in queue.schedules()] == ["live"]
+    assert "overdue" not in text_of((await browser.get("/")).text)
     (entry,) = _audit(queue)
     assert (entry.action, entry.detail["schedule"]) == ("remove_schedule", "stale report")
     again = await browser.post("/schedules/remove", {"name": "stale report"})

@@ -125,6 +125,9 @@ class Aggregates:
     async def health(self) -> leaseq.Health:
         return await self.cache.get(("health",), self.client.health)
 
+    async def schedules(self) -> list[leaseq.ScheduleInfo]:
+        return await self.cache.get(("schedules",), self.client.schedules)
+
     async def failed_groups(self, queue: str | None) -> leaseq.FailedSummary:
         return await self.cache.get(
             ("failed_groups", queue), lambda: self.client.failed_groups(queue)

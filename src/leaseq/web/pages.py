@@ -73,6 +73,7 @@ async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
         loading_activity = group.create_task(aggregates.activity())
         loading_health = group.create_task(aggregates.health())
         loading_blocked = group.create_task(aggregates.blocked_keys(None))
+        loading_schedules = group.create_task(aggregates.schedules())
     stats, activity = loading_stats.result(), loading_activity.result()
     health, blocked = loading_health.result(), loading_blocked.result()
     blocked_by_queue = Counter(key.queue for key in blocked)
@@ -100,7 +101,19 @@ async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
                 blocked_keys_capped=blocked_capped and blocked_by_queue[queue_stats.queue] > 0,
             )
         )
-    return sorted(views, key=lambda v: v.name), tuple(health.warnings)
+    stalled = [s.name for s in loading_schedules.result() if s.stalled]
+    return sorted(views, key=lambda v: v.name), (*health.warnings, *_stalled_warning(stalled))
+
+
+def _stalled_warning(names: list[str]) -> tuple[str, ...]:
+    if not names:
+        return ()
+    listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (
+        f"{len(names)} schedule(s) overdue by more than a minute ({listed}): no running "
+        "worker declares them (taken out of the app? remove them on the Schedules page), "
+        "or their queue is full.",
+    )
 
 
 @handler()
