@@ -22,7 +22,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import leaseq
-import leaseq._db
+import leaseq._db.pool_rules
 from leaseq import JobStatus
 from leaseq._db import listening
 from leaseq._worker import connections
@@ -253,7 +253,7 @@ async def test_an_async_queue_whose_database_went_away_works_as_soon_as_it_is_ba
 def slow_connections(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every connection takes a second to be made (a server slow to accept): longer
     than a pool attempt, cut to 0.3 seconds."""
-    monkeypatch.setattr(leaseq._db, "POOL_ATTEMPT_SECONDS", 0.3)
+    monkeypatch.setattr(leaseq._db.pool_rules, "POOL_ATTEMPT_SECONDS", 0.3)
     sync_connect = psycopg.Connection.connect
     async_connect = psycopg.AsyncConnection.connect
 
@@ -291,7 +291,7 @@ def test_a_busy_pool_is_waited_for_not_dropped(
 ) -> None:
     """Every connection lent (a busy application, not a database away): a caller
     waits for one past a pool attempt's seconds, and gets one of the same pool."""
-    monkeypatch.setattr(leaseq._db, "POOL_ATTEMPT_SECONDS", 0.3)
+    monkeypatch.setattr(leaseq._db.pool_rules, "POOL_ATTEMPT_SECONDS", 0.3)
     with leaseq.Queue(database_url, schema=schema, pool_size=1, connect_timeout=30) as queue:
         queue.migrate()
         got: list[int] = []

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
-from .._errors import DatabaseUnavailable
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
 from .errors import aunreachable, translated_errors, unreachable
@@ -47,6 +46,7 @@ from .options import (
     WORKER_OPTIONS,
     with_statement_timeout,
 )
+from .pool_rules import OpenFailures, attempt_timeout, failing, pool_settings
 
 # Re-exported: what the clients need of the connections' settings.
 __all__ = [
@@ -65,60 +65,6 @@ __all__ = [
 T = TypeVar("T")
 
 
-def _pool_settings(
-    dsn: str, min_size: int, max_size: int, options: dict[str, Any] | None
-) -> dict[str, Any]:
-    return {
-        "conninfo": dsn,
-        "kwargs": options or CONNECTION_OPTIONS,
-        "min_size": min_size,
-        "max_size": max_size,
-        "open": False,
-        "name": "leaseq",
-    }
-
-
-class _OpenFailures:
-    """The failed openings of a client's pool. Callers that waited for the lock
-    while an opening failed share its failure, rather than each waiting out an
-    open timeout of its own in turn (with the database away, the tenth request of
-    a web server would have waited ten timeouts)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._last = ""
-
-    def record(self, error: DatabaseUnavailable) -> DatabaseUnavailable:
-        self.count += 1
-        self._last = str(error)
-        return error
-
-    def raise_if_since(self, seen: int) -> None:
-        """Raise the last failure if one came after the caller read ``count``."""
-        if self.count != seen:
-            raise DatabaseUnavailable(self._last)
-
-
-#: How long a caller waits for a pool that none of its connections is lent
-#: from, before it looks whether the pool's connection attempts fail; if they do,
-#: a new pool is tried. psycopg's pool retries a failed connection after 1, 2,
-#: 4, 8 ... seconds: after a long outage its next try could come minutes after
-#: the database is back, while a new pool tries at once.
-POOL_ATTEMPT_SECONDS = 5.0
-
-
-def _attempt_timeout(deadline: float, wait_all: bool) -> float:
-    """How long to wait for a pool: the rest of the caller's time, or one attempt's."""
-    remaining = max(deadline - time.monotonic(), 0.0)
-    return remaining if wait_all else min(POOL_ATTEMPT_SECONDS, remaining)
-
-
-def _failing(pool: ConnectionPool | AsyncConnectionPool) -> bool:
-    """Whether the pool's connection attempts failed (so it retries with a growing
-    delay), rather than one being slow to succeed."""
-    return bool(pool.get_stats().get("connections_errors", 0))
-
-
 class Database:
     """A lazily opened pool of autocommit connections (sync).
 
@@ -126,7 +72,7 @@ class Database:
     arrive meanwhile wait for it, and none sees a pool that is not open yet. A
     pool that could not open (psycopg closes it) or that :meth:`close` closed is
     dropped, and the next use opens a new one: a psycopg pool cannot reopen. So is
-    a pool that lends no connection in ``POOL_ATTEMPT_SECONDS`` while none of its
+    a pool that lends no connection in ``pool_rules.POOL_ATTEMPT_SECONDS`` while none of its
     connections is lent and its connection attempts fail (the database was away):
     its own retries would come later and later. A caller waits up to
     ``open_timeout`` in all for its connection.
@@ -144,11 +90,11 @@ class Database:
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
-        self._settings = _pool_settings(dsn, min_size, max_size, options)
+        self._settings = pool_settings(dsn, min_size, max_size, options)
         #: The open pool; None until the first use, and again after a close.
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
-        self._failures = _OpenFailures()
+        self._failures = OpenFailures()
         #: How many of the pool's connections are lent now (under ``_lent_lock``).
         self._lent = 0
         self._lent_lock = threading.Lock()
@@ -171,10 +117,10 @@ class Database:
         while True:
             pool = ConnectionPool(**self._settings)
             try:
-                pool.open(wait=True, timeout=_attempt_timeout(deadline, slow))
+                pool.open(wait=True, timeout=attempt_timeout(deadline, slow))
                 return pool
             except PoolTimeout:  # the pool closed itself
-                slow = not _failing(pool)
+                slow = not failing(pool)
                 if time.monotonic() >= deadline:
                     error = unreachable(self.dsn, self.open_timeout, self._options)
                     raise self._failures.record(error) from None
@@ -190,7 +136,7 @@ class Database:
             while True:
                 pool = self._open_pool(deadline)
                 try:
-                    conn = pool.getconn(_attempt_timeout(deadline, self._lent > 0))
+                    conn = pool.getconn(attempt_timeout(deadline, self._lent > 0))
                     break
                 except PoolClosed:  # closed by close() once this caller had it: a new one
                     self._forget(pool)
@@ -217,7 +163,7 @@ class Database:
         """Drop ``pool`` if none of its connections is lent (it has none) and its
         attempts fail; closed in the background, its retries with it."""
         with self._lent_lock:
-            if self._pool is not pool or self._lent or not _failing(pool):
+            if self._pool is not pool or self._lent or not failing(pool):
                 return  # dropped already, busy, or slow to connect: waited for
             self._pool = None
         threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
@@ -283,11 +229,11 @@ class AsyncDatabase:
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
-        self._settings = _pool_settings(dsn, min_size, max_size, options)
+        self._settings = pool_settings(dsn, min_size, max_size, options)
         #: The open pool; None until the first use, and again after a close.
         self._pool: AsyncConnectionPool | None = None
         self._lock = asyncio.Lock()
-        self._failures = _OpenFailures()
+        self._failures = OpenFailures()
         #: How many of the pool's connections are lent now.
         self._lent = 0
         #: Dropped pools being closed in the background (awaited by close()).
@@ -311,14 +257,14 @@ class AsyncDatabase:
         while True:
             pool = AsyncConnectionPool(**self._settings)
             try:
-                await pool.open(wait=True, timeout=_attempt_timeout(deadline, slow))
+                await pool.open(wait=True, timeout=attempt_timeout(deadline, slow))
                 # The pool waits with asyncio.wait_for, which on Python 3.11 returns
                 # when the first connection and a cancellation of this task arrive
                 # together: the cancellation must not be lost.
                 raise_if_cancelling()
                 return pool
             except PoolTimeout:  # the pool closed itself
-                slow = not _failing(pool)
+                slow = not failing(pool)
                 if time.monotonic() >= deadline:
                     error = await aunreachable(self.dsn, self.open_timeout, self._options)
                     raise self._failures.record(error) from None
@@ -334,7 +280,7 @@ class AsyncDatabase:
             while True:
                 pool = await self._open_pool(deadline)
                 try:
-                    conn = await pool.getconn(_attempt_timeout(deadline, self._lent > 0))
+                    conn = await pool.getconn(attempt_timeout(deadline, self._lent > 0))
                     break
                 except PoolClosed:  # closed by close() once this caller had it: a new one
                     self._forget(pool)
@@ -357,7 +303,7 @@ class AsyncDatabase:
     def _drop_if_failing(self, pool: AsyncConnectionPool) -> None:
         """Drop ``pool`` if none of its connections is lent (it has none) and its
         attempts fail; closed in the background, its retries with it."""
-        if self._pool is not pool or self._lent or not _failing(pool):
+        if self._pool is not pool or self._lent or not failing(pool):
             return  # dropped already, busy, or slow to connect: waited for
         self._pool = None
         closing = asyncio.get_running_loop().create_task(pool.close())
