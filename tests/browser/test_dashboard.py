@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -104,13 +105,24 @@ def test_overview(page: Any, dashboard: Served, tables: leaseq.Queue) -> None:
     page.wait_for_url(f"{dashboard.url}/")
     assert reports.locator(".badge.paused").count() == 0
     assert not queue.queue_settings("reports").paused
+    # Two schedules as workers declare them: one no running worker declares any more
+    # (its tick long past due), one ticking.
+    now = queue._db.run(queue._store.clock_now())
+    queue._db.run(
+        queue._store.register_schedules(
+            [
+                ("old-digest", "emails", "cron 0 7 * * *", "UTC", now - timedelta(hours=5)),
+                ("nightly-report", "reports", "every 86400", "UTC", now + timedelta(hours=3)),
+            ]
+        )
+    )
     # The navigation reaches every page.
     for label, heading, shot in [
         ("Jobs", "Jobs", "jobs"),
         ("Running", "Running jobs", None),
         ("Failed", "Failed jobs by error", None),
         ("Blocked keys", "Blocked ordering keys", "blocked"),
-        ("Schedules", "Schedules", None),
+        ("Schedules", "Schedules", "schedules"),
         ("Audit", "Audit log", "audit"),
     ]:
         page.get_by_role("navigation").get_by_role("link", name=label, exact=True).click()
