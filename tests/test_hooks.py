@@ -233,3 +233,103 @@ def test_a_hung_async_hook_of_a_sync_handler_times_its_attempt_out(
         assert job.status is JobStatus.FAILED
         assert "timed out after 1s" in (job.last_error or "")
     assert exited == [2]  # only an entered context is exited
+
+
+def test_a_hung_async_exit_cannot_hold_a_slot_for_ever(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """An async around_job hook's exit is bounded too: under the job's timeout when
+    the handler returned or raised in time, and by a short grace once the job
+    timed out (its deadline is gone). Never may a hung exit keep a job running."""
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+
+    @app.around_job
+    @asynccontextmanager
+    async def hung_exit(job: leaseq.JobContext) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if job.payload["hang_exit"]:
+                await asyncio.sleep(3600)
+
+    @app.task("plain", max_attempts=1, timeout=1)
+    def plain(job: leaseq.JobContext) -> None:
+        ran.append(job.payload["n"])
+        if job.payload["slow"]:
+            threading.Event().wait(1.5)  # past the timeout
+        if job.payload["raise"]:
+            raise ValueError("the handler's own error")
+
+    @app.task("coroutines", max_attempts=1, timeout=1)
+    async def coroutine(job: leaseq.JobContext) -> None:
+        ran.append(job.payload["n"])
+        if job.payload["slow"]:
+            await asyncio.sleep(3600)
+
+    def job(n: int, *, hang_exit: bool, slow: bool = False, fail: bool = False) -> dict[str, Any]:
+        return {"n": n, "hang_exit": hang_exit, "slow": slow, "raise": fail}
+
+    plain_ids = queue.enqueue_many(
+        "plain",
+        [
+            job(0, hang_exit=True),  # returned in time, hung on the way out
+            job(1, hang_exit=True, fail=True),  # raised in time, hung on the way out
+            job(2, hang_exit=True, slow=True),  # timed out, then hung on the way out
+            job(3, hang_exit=False),
+        ],
+    )
+    async_ids = queue.enqueue_many(
+        "coroutines", [job(10, hang_exit=True, slow=True), job(11, hang_exit=False)]
+    )
+    stats = drain(app, dsn=database_url, concurrency=6, timeout=40)
+
+    assert sorted(ran) == [0, 1, 2, 3, 10, 11]
+    statuses = {job_id: queue.get(job_id) for job_id in plain_ids + async_ids}
+    assert [statuses[i].status for i in plain_ids] == [JobStatus.FAILED] * 3 + [JobStatus.DONE]
+    assert [statuses[i].status for i in async_ids] == [JobStatus.FAILED, JobStatus.DONE]
+    for job_id in (*plain_ids[:3], async_ids[0]):
+        assert "timed out after 1s" in (statuses[job_id].last_error or ""), job_id
+    assert (stats.completed, stats.failed) == (2, 4)
+
+
+def test_a_hung_after_hook_frees_its_slot_after_the_jobs_timeout(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """on_success and on_failure run after the outcome was recorded; one that hangs
+    is waited for as long as its job may run, never for ever (the slot is freed),
+    and what it hangs on changes no outcome."""
+    app = leaseq.App(schema=schema)
+    release = threading.Event()
+
+    @app.on_success
+    async def hung_success(job: leaseq.JobContext, result: Any) -> None:
+        if job.payload["hang"]:
+            await asyncio.sleep(3600)
+
+    @app.on_failure
+    def hung_failure(job: leaseq.JobContext, error: Any, will_retry: bool) -> None:
+        if job.payload["hang"]:
+            release.wait(60)  # a plain hook, in a thread of its own
+
+    @app.task("jobs", max_attempts=1, timeout=1)
+    async def handler(job: leaseq.JobContext) -> str:
+        if job.payload["fail"]:
+            raise ValueError("no")
+        return "ok"
+
+    try:
+        ids = queue.enqueue_many(
+            "jobs",
+            [
+                {"hang": True, "fail": False},
+                {"hang": True, "fail": True},
+                {"hang": False, "fail": False},
+            ],
+        )
+        stats = drain(app, dsn=database_url, concurrency=3, timeout=30)
+    finally:
+        release.set()
+
+    assert [queue.get(i).status for i in ids] == [JobStatus.DONE, JobStatus.FAILED, JobStatus.DONE]
+    assert (stats.completed, stats.failed) == (2, 1)

@@ -74,6 +74,9 @@ class AttemptRunner:
         self._stats = stats
         self._metrics = metrics
         self._threads = DaemonThreads(slots, "leaseq-job")  # sync handlers: one per slot
+        # The app's plain after-hooks: threads of their own, so that one still
+        # running past its wait keeps no handler from a thread.
+        self._hook_threads = DaemonThreads(slots, "leaseq-hook")
 
     def start(self, attempt: Attempt, task: Task, *, traced: bool | None = None) -> None:
         """Run the attempt in a task of its own; ``traced``: what ``_tracing.active()``
@@ -84,6 +87,7 @@ class AttemptRunner:
         """Let the threads end once free; never waits (one still running ends with the
         process); stop the handlers' child processes."""
         self._threads.shutdown()
+        self._hook_threads.shutdown()
         if self._processes is not None:
             self._processes.close()
 
@@ -109,7 +113,14 @@ class AttemptRunner:
                 label = await self._acknowledge(attempt, outcome)
                 if self._hooks.after_outcomes:
                     error = None if outcome is None else outcome.error
-                    await self._hooks.after(attempt.context, label, attempt.context.result, error)
+                    await self._hooks.after(
+                        attempt.context,
+                        label,
+                        attempt.context.result,
+                        error,
+                        threads=self._hook_threads,
+                        timeout=task.timeout_of(claim),
+                    )
                 span.ended(label, None if outcome is None else _exception(outcome.error))
                 _log_finished(claim, label, elapsed, outcome)
                 if instruments is not None and label in FINISHED:
@@ -221,8 +232,8 @@ class AttemptRunner:
             left = None if deadline is None else max(deadline - loop.time(), 0.0)
             return run_in_thread(self._threads, function, context, left, timed_out)
 
-        def on_loop(awaitable: Awaitable[Any]) -> Awaitable[Any]:
-            # The app's async hooks before the thread count against the job's time,
+        def in_time(awaitable: Awaitable[Any]) -> Awaitable[Any]:
+            # The app's async hooks around the thread count against the job's time,
             # as they do around an async handler: a hung one cannot hold the slot.
             return run_until(awaitable, deadline, timed_out)
 
@@ -231,7 +242,7 @@ class AttemptRunner:
             assert self._processes is not None  # the worker makes one for such apps
             handler = functools.partial(self._processes.call, task.handler)
         if hooks.wrap_handlers:
-            return await hooks.call_in_thread(handler, context, in_thread, on_loop)
+            return await hooks.call_in_thread(handler, context, in_thread, in_time)
         return await in_thread(handler)
 
     def _timed_out(self, attempt: Attempt) -> None:

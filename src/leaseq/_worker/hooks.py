@@ -13,11 +13,17 @@ Where they run:
   the handler's thread (for a plain ``def`` handler) or on the event loop (for
   an ``async def`` one); an ``async def`` hook, or an async context manager, is
   awaited on the event loop in both cases (for a plain handler: before its
-  thread starts, and around it). Whatever runs before the handler counts
-  against the job's timeout: a hook that hangs times the attempt out;
+  thread starts, and around it). They count against the job's timeout: a hook
+  that hangs times the attempt out. Once the job timed out or was cancelled, an
+  async context manager still gets EXIT_GRACE_SECONDS to exit, then is
+  cancelled: a hung exit cannot hold the job's slot and lease for ever (a sync
+  one, in the handler's thread, holds them as long as that thread runs);
 * ``on_success(job, result)`` and ``on_failure(job, error, will_retry)`` run
   after the outcome was acknowledged: async hooks on the loop, plain ones in a
-  thread of their own, so that a slow one never holds up the loop.
+  thread of their own, so that a slow one never holds up the loop. Each is
+  waited for as long as its job may run (its timeout), no longer: one that
+  hangs cannot keep the job's slot taken (an async one is cancelled, a plain
+  one's thread left to end on its own).
 """
 
 from __future__ import annotations
@@ -31,8 +37,15 @@ from typing import Any, TypeAlias
 
 from .._logs import get_logger, job_fields
 from .context import JobContext
+from .handlers import TimedOut
+from .threads import DaemonThreads
 
 log = get_logger("leaseq.worker")
+
+#: How long an async ``around_job`` context manager may take to exit once its
+#: job's deadline is gone (the job timed out, or the worker cancelled it at
+#: shutdown). Enough to end a span or flush a report; then it is cancelled.
+EXIT_GRACE_SECONDS = 5.0
 
 BeforeHook: TypeAlias = Callable[[JobContext], Any]
 AroundHook: TypeAlias = Callable[
@@ -66,7 +79,7 @@ class Hooks:
     async def call_async(self, handler: Callable[[JobContext], Any], job: JobContext) -> Any:
         """Await an ``async def`` handler inside the hooks (all on the loop)."""
         for hook in self.before:
-            await _call(hook, job, on_loop=True)
+            await _call_before(hook, job)
         entered = [cm for cm in self._managers(job) if await _enter(cm, job)]
         try:
             returned = await handler(job)
@@ -81,18 +94,16 @@ class Hooks:
         handler: Callable[[JobContext], Any],
         job: JobContext,
         run_in_thread: Callable[[Callable[[JobContext], Any]], Awaitable[Any]],
-        before_thread: Callable[[Awaitable[Any]], Awaitable[Any]],
+        in_time: Callable[[Awaitable[Any]], Awaitable[Any]],
     ) -> Any:
         """Run a plain handler in its thread (``run_in_thread``) inside the hooks:
-        the sync ones in that thread, the async ones on the loop around it; those
-        before the thread are awaited through ``before_thread`` (the job's timeout)."""
+        the sync ones in that thread, the async ones on the loop around it, awaited
+        through ``in_time`` (the job's timeout)."""
         for hook in self.before:
             if is_async_callable(hook):
-                await before_thread(_call(hook, job, on_loop=True))
+                await in_time(_call_before(hook, job))
         managers = self._managers(job)
-        entered_here = [
-            cm for cm in managers if _is_async(cm) and await before_thread(_enter(cm, job))
-        ]
+        entered_here = [cm for cm in managers if _is_async(cm) and await in_time(_enter(cm, job))]
         in_thread = [cm for cm in managers if not _is_async(cm)]
         sync_before = [hook for hook in self.before if not is_async_callable(hook)]
 
@@ -111,9 +122,10 @@ class Hooks:
         try:
             returned = await run_in_thread(hooked)
         except BaseException as exc:
-            await _exit_all(entered_here, exc, job)
+            exits = _exit_all(entered_here, exc, job)
+            await (exits if _out_of_time(exc) else in_time(exits))
             raise
-        await _exit_all(entered_here, None, job)
+        await in_time(_exit_all(entered_here, None, job))
         return returned
 
     def _managers(self, job: JobContext) -> Entered:
@@ -128,14 +140,24 @@ class Hooks:
 
     # -- after the outcome ---------------------------------------------------------
 
-    async def after(self, job: JobContext, label: str, result: Any, error: Any) -> None:
-        """The outcome the database acknowledged: ``done``, ``retried`` or ``failed``."""
+    async def after(
+        self,
+        job: JobContext,
+        label: str,
+        result: Any,
+        error: Any,
+        *,
+        threads: DaemonThreads,
+        timeout: float | None,
+    ) -> None:
+        """The outcome the database acknowledged: ``done``, ``retried`` or ``failed``;
+        plain hooks run in ``threads``, each hook waited for ``timeout`` at most."""
         if label == "done":
             for success in self.success:
-                await _call(success, job, result, on_loop=False)
+                await _call_after(success, job, (result,), threads, timeout)
         elif label in ("retried", "failed"):
             for failure in self.failure:
-                await _call(failure, job, error, label == "retried", on_loop=False)
+                await _call_after(failure, job, (error, label == "retried"), threads, timeout)
 
 
 def is_async_callable(function: object) -> bool:
@@ -150,15 +172,44 @@ def _is_async(manager: object) -> bool:
     return hasattr(manager, "__aenter__")
 
 
-async def _call(hook: Callable[..., Any], job: JobContext, *args: Any, on_loop: bool) -> None:
-    """Call a hook, logging what it raises; a plain one on the loop or in a thread."""
+async def _call_before(hook: BeforeHook, job: JobContext) -> None:
+    """Call a before hook on the loop (awaited if async), logging what it raises."""
     try:
         if is_async_callable(hook):
-            await hook(job, *args)
-        elif on_loop:
-            hook(job, *args)
+            await hook(job)
         else:
-            await asyncio.to_thread(hook, job, *args)
+            hook(job)
+    except Exception:
+        _log_failure(hook, job)
+
+
+async def _call_after(
+    hook: Callable[..., Any],
+    job: JobContext,
+    args: tuple[Any, ...],
+    threads: DaemonThreads,
+    timeout: float | None,
+) -> None:
+    """Call an after hook, on the loop if async, else in one of ``threads``; wait
+    ``timeout`` at most (past it, an async one is cancelled; a thread cannot be,
+    and is left to end on its own); log what it raises."""
+    scope = asyncio.timeout(timeout)
+    try:
+        async with scope:
+            if is_async_callable(hook):
+                await hook(job, *args)
+            else:
+                await threads.submit(lambda _: hook(job, *args), None)
+    except TimeoutError:
+        if not scope.expired():
+            _log_failure(hook, job)  # the hook's own
+            return
+        log.error(
+            "hook %s did not return within %gs (its job's timeout); no longer waited for",
+            _name(hook),
+            timeout,
+            extra=job_fields(job.claim),
+        )
     except Exception:
         _log_failure(hook, job)
 
@@ -208,17 +259,46 @@ def _exit_sync(manager: Any, details: Details, job: JobContext) -> None:
         _log_failure(manager, job)
 
 
+def _out_of_time(error: BaseException) -> bool:
+    """Whether ``error`` says the job's time is up: its timeout passed (TimedOut
+    from a thread, a cancellation on the loop) or the worker cancelled it."""
+    return isinstance(error, TimedOut | asyncio.CancelledError)
+
+
 async def _exit_all(entered: Entered, error: BaseException | None, job: JobContext) -> None:
-    """Exit in reverse order, as :func:`_exit_sync` does, awaiting async ones."""
+    """Exit in reverse order, as :func:`_exit_sync` does, awaiting async ones;
+    when the job is out of time, each of those for EXIT_GRACE_SECONDS at most."""
     details = _details(error)
+    graced = error is not None and _out_of_time(error)
     for manager in reversed(entered):
         if not _is_async(manager):
             _exit_sync(manager, details, job)
             continue
         try:
-            await manager.__aexit__(*details)  # type: ignore[union-attr]
+            if graced:
+                await _exit_within_grace(manager, details, job)
+            else:
+                await manager.__aexit__(*details)  # type: ignore[union-attr]
         except Exception:
             _log_failure(manager, job)
+
+
+async def _exit_within_grace(manager: Any, details: Details, job: JobContext) -> None:
+    """Await an async exit for EXIT_GRACE_SECONDS at most (a timeout of its own:
+    the one that ended the job has fired), then cancel it, logged."""
+    scope = asyncio.timeout(EXIT_GRACE_SECONDS)
+    try:
+        async with scope:
+            await manager.__aexit__(*details)
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the hook's own, logged as its failure
+        log.error(
+            "hook %s did not exit within %gs of its job's end; cancelled",
+            _name(manager),
+            EXIT_GRACE_SECONDS,
+            extra=job_fields(job.claim),
+        )
 
 
 def _exit_all_sync(entered: Entered, error: BaseException | None, job: JobContext) -> None:
@@ -227,11 +307,14 @@ def _exit_all_sync(entered: Entered, error: BaseException | None, job: JobContex
         _exit_sync(manager, details, job)
 
 
+def _name(hook: object) -> str:
+    return getattr(hook, "__qualname__", None) or type(hook).__qualname__
+
+
 def _log_failure(hook: object, job: JobContext) -> None:
-    name = getattr(hook, "__qualname__", None) or type(hook).__qualname__
     log.exception(
         "hook %s failed on job %d; the job goes on",
-        name,
+        _name(hook),
         job.job_id,
         extra=job_fields(job.claim),
     )
