@@ -155,6 +155,7 @@ def test_accepted_request_and_status(client: tuple[TestClient, leaseq.Queue]) ->
     assert "queued" in page.text
     assert http.get("/reports/999999").status_code == 404
     assert http.get("/reports/abc").status_code == 404
+    assert http.get("/reports/²").status_code == 404  # isdigit(), but no int()
 
 
 def test_ordered_requests_carry_their_key(client: tuple[TestClient, leaseq.Queue]) -> None:

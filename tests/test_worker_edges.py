@@ -376,3 +376,40 @@ async def test_a_handler_and_hooks_whose_call_is_async_are_awaited(
     )
     assert await aqueue.result(job_id) == "ran"
     assert seen == ["before", "handler", "success"]
+
+
+async def test_notifications_that_are_no_job_id_leave_the_worker_running(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Any role that may connect may NOTIFY on the schema's channel: what it sends
+    is a hint at most, and a hint the worker cannot read is ignored. "!lost"
+    followed by a digit int() refuses (a superscript), by more digits than int()
+    reads, or by a number past bigint, must not stop the worker."""
+    app = leaseq.App(schema=schema)
+    done: list[int] = []
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        done.append(job.payload["n"])
+
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=2, poll_interval=0.2)
+    running = asyncio.create_task(worker.run())
+    try:
+        await aqueue.enqueue("work", {"n": 1})
+        deadline = time.monotonic() + 30
+        while done != [1]:
+            assert time.monotonic() < deadline
+            assert not running.done()
+            await asyncio.sleep(0.05)
+        async with aqueue.connection() as conn:
+            for payload in ("!lost ²", "!lost " + "9" * 5000, "!lost 99999999999999999999", "!"):
+                await conn.execute("SELECT pg_notify(%s, %s)", (aqueue._store.channel, payload))
+        await asyncio.sleep(0.5)  # heard by now
+        await aqueue.enqueue("work", {"n": 2})
+        while done != [1, 2]:
+            assert not running.done(), running.exception()
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)

@@ -21,6 +21,9 @@ log = get_logger("leaseq.worker")
 #: The notification of a job whose claim an operator ended (cancel.sql sends it).
 LOST_PREFIX = "!lost "
 
+#: A bigint's largest value: no job id is beyond it.
+_MAX_JOB_ID = 2**63 - 1
+
 
 async def listen_for_work(
     listener: AsyncQueue,
@@ -46,10 +49,23 @@ async def listen_for_work(
                     work(None)
                 elif payload in queues:
                     work(payload)
-                elif payload.startswith(LOST_PREFIX) and payload[len(LOST_PREFIX) :].isdigit():
-                    lost(int(payload[len(LOST_PREFIX) :]))
+                elif payload.startswith(LOST_PREFIX):
+                    job_id = _job_id(payload[len(LOST_PREFIX) :])
+                    if job_id is not None:
+                        lost(job_id)
         except TransientError as exc:
             log.info("LISTEN connection lost (%s); reconnecting", exc)
         stats.listen_reconnects += 1
         await pause(delay)
         delay = min(delay * 2, 5.0)
+
+
+def _job_id(text: str) -> int | None:
+    """The job id ``text`` names, or None. Any role that may connect may NOTIFY
+    on the channel: what is not a job id (a digit int() refuses, like a
+    superscript; more digits than it reads; past bigint) is ignored, never
+    raised (that stopped the worker)."""
+    if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
+        return None
+    job_id = int(text)
+    return job_id if job_id <= _MAX_JOB_ID else None

@@ -175,7 +175,8 @@ def app_from_environment() -> Starlette:
 
 def _report_id(request: Request) -> int | None:
     text = request.path_params["report_id"]
-    return int(text) if text.isdigit() and len(text) < 18 else None
+    # (ASCII only: str.isdigit() also accepts "²", which int() refuses)
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 18 else None
 
 
 def _is_form(request: Request) -> bool:
