@@ -243,6 +243,21 @@ def test_a_hung_async_exit_cannot_hold_a_slot_for_ever(
     timed out (its deadline is gone). Never may a hung exit keep a job running."""
     app = leaseq.App(schema=schema)
     ran: list[int] = []
+    exited: list[int] = []
+
+    class Outer:
+        # (a class: a generator's finally would also run when it is collected)
+        def __init__(self, job: leaseq.JobContext) -> None:
+            self.n = job.payload["n"]
+
+        async def __aenter__(self) -> None:
+            pass
+
+        async def __aexit__(self, *details: object) -> None:
+            await asyncio.sleep(0)
+            exited.append(self.n)  # after the inner one, hung or not
+
+    app.around_job(Outer)
 
     @app.around_job
     @asynccontextmanager
@@ -285,6 +300,7 @@ def test_a_hung_async_exit_cannot_hold_a_slot_for_ever(
     stats = drain(app, dsn=database_url, concurrency=6, timeout=40)
 
     assert sorted(ran) == [0, 1, 2, 3, 10, 11]
+    assert sorted(exited) == [0, 1, 2, 3, 10, 11]  # a hung exit cost no other its exit
     statuses = {job_id: queue.get(job_id) for job_id in plain_ids + async_ids}
     assert [statuses[i].status for i in plain_ids] == [JobStatus.FAILED] * 3 + [JobStatus.DONE]
     assert [statuses[i].status for i in async_ids] == [JobStatus.FAILED, JobStatus.DONE]

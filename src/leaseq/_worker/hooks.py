@@ -267,9 +267,12 @@ def _out_of_time(error: BaseException) -> bool:
 
 async def _exit_all(entered: Entered, error: BaseException | None, job: JobContext) -> None:
     """Exit in reverse order, as :func:`_exit_sync` does, awaiting async ones;
-    when the job is out of time, each of those for EXIT_GRACE_SECONDS at most."""
+    when the job is out of time, each of those for EXIT_GRACE_SECONDS at most.
+    An exit cut short by the job's time running out does not cost the others
+    theirs: they get their grace, then the cancellation goes on."""
     details = _details(error)
     graced = error is not None and _out_of_time(error)
+    cut_short: asyncio.CancelledError | None = None
     for manager in reversed(entered):
         if not _is_async(manager):
             _exit_sync(manager, details, job)
@@ -279,8 +282,12 @@ async def _exit_all(entered: Entered, error: BaseException | None, job: JobConte
                 await _exit_within_grace(manager, details, job)
             else:
                 await manager.__aexit__(*details)  # type: ignore[union-attr]
+        except asyncio.CancelledError as cancelled:
+            cut_short, graced = cancelled, True
         except Exception:
             _log_failure(manager, job)
+    if cut_short is not None:
+        raise cut_short
 
 
 async def _exit_within_grace(manager: Any, details: Details, job: JobContext) -> None:
