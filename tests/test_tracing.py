@@ -235,3 +235,32 @@ async def test_a_process_handler_runs_inside_its_attempts_span(
         "trace_id": f"{request.get_span_context().trace_id:032x}",
         "span_id": f"{process.context.span_id:016x}",
     }
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ['"00-abc"', "[1, 2]", "42", '{"traceparent": 5}', '{"traceparent": ["x", {"y": 1}]}'],
+)
+async def test_a_trace_context_that_is_no_carrier_is_ignored_and_the_job_runs(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, stored: str
+) -> None:
+    """leaseq writes the column, but any role with UPDATE on the table (a restore, a
+    hand-made fix, another tool) may leave something else there. A job's trace is a
+    hint: it must never stop the job from being processed and acknowledged."""
+    app = leaseq.App(schema=schema)
+    ran: list[trace.SpanContext] = []
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> None:
+        ran.append(trace.get_current_span().get_span_context())
+
+    job_id = await aqueue.enqueue("reports", {"n": 1})
+    async with aqueue.connection() as conn:
+        await conn.execute(
+            f'UPDATE "{schema}".job SET trace_context = %s::jsonb WHERE job_id = %s',
+            (stored, job_id),
+        )
+    await adrain(app, dsn=database_url, timeout=30)
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (leaseq.JobStatus.DONE, 1)
+    assert len(ran) == 1 and ran[0].is_valid  # still traced, as a root of its own

@@ -164,7 +164,8 @@ def process(
 
 @contextmanager
 def _process_span(claim: Claim, trace_context: Mapping[str, str] | None) -> Iterator[Process]:
-    parent = propagate.extract(dict(trace_context)) if trace_context else None
+    carrier = _carrier(trace_context)
+    parent = propagate.extract(carrier) if carrier else None
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "process",
@@ -185,6 +186,16 @@ def _process_span(claim: Claim, trace_context: Mapping[str, str] | None) -> Iter
         set_status_on_exception=False,
     ) as span:
         yield Process(span)
+
+
+def _carrier(stored: object) -> TraceContext | None:
+    """The text fields of a job's stored context. leaseq writes a JSON object of
+    strings, but the column is plain jsonb that anyone with UPDATE may change, and
+    a propagator handed another shape raises: the trace is then started afresh
+    rather than the job made unprocessable."""
+    if not isinstance(stored, Mapping):
+        return None
+    return {k: v for k, v in stored.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 #: What :func:`process` gives when there is nothing to trace.
