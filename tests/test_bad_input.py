@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
@@ -63,6 +65,8 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
         {"run_at": datetime(2030, 1, 1, tzinfo=NoOffset())},
         InvalidJob,
     ),
+    ("run_at in year 9999", {"run_at": datetime(9999, 12, 31, tzinfo=UTC)}, InvalidJob),
+    ("run_at in year 1", {"run_at": datetime(1, 1, 1, tzinfo=UTC)}, InvalidJob),
     ("delay too large for a float", {"delay": 10**400}, InvalidJob),
     ("timeout too large for a float", {"timeout": 10**400}, InvalidJob),
     ("unique_for too large for a float", {"unique_key": "u", "unique_for": 10**400}, InvalidJob),
@@ -96,6 +100,10 @@ BAD_BATCHES: list[tuple[str, dict[str, Any]]] = [
     ("negative unique_for", {"unique_keys": ["u", "v"], "unique_for": -1}),
     ("delay too large for a float", {"delay": 10**400}),
     ("over-long group", {"group": "g" * 256}),
+    ("seqs a generator", {"key": "k", "seqs": (n for n in (1, 2))}),
+    ("seqs a string", {"key": "k", "seqs": "12"}),
+    ("unique_keys a generator", {"unique_keys": (k for k in "uv")}),
+    ("run_at in year 9999", {"run_at": datetime(9999, 12, 31, tzinfo=UTC)}),
 ]
 
 
@@ -222,3 +230,92 @@ def test_an_empty_unique_batch_enqueues_nothing(client: Client) -> None:
     _nothing_written(client)
     assert client.enqueue_many("reports", [], unique_keys=[]) == []
     assert client.enqueue_many("reports", []) == []
+
+
+@pytest.mark.parametrize("payloads", ["abc", b"ab", {"to": "a", "subject": "b"}, 5, None], ids=repr)
+def test_a_batch_that_is_no_collection_of_payloads_is_refused(
+    client: Client, payloads: Any
+) -> None:
+    """A string or a mapping is iterable: it was one job per character or key."""
+    with pytest.raises(InvalidJob, match="payloads must be"):
+        client.enqueue_many("reports", payloads)
+    _nothing_written(client)
+
+
+def test_run_at_within_ten_years_is_taken(client: Client) -> None:
+    soon = datetime.now(UTC) + timedelta(days=9 * 365)
+    past = datetime.now(UTC) - timedelta(days=9 * 365)  # already due: runs at once
+    later = client.enqueue("reports", {}, run_at=soon)
+    due = client.enqueue("reports", {}, run_at=past)
+    assert [c.job_id for c in client.claim("reports", limit=2)] == [due]
+    assert client.get(later).status is leaseq.JobStatus.QUEUED
+
+
+def test_cancel_takes_running_as_a_flag_only(client: Client) -> None:
+    """running=True ends a claim: a truthy string must not do it by accident."""
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    for wrong in ("no", 1, None):
+        with pytest.raises(InvalidArgument, match="running"):
+            client.cancel(claim.job_id, running=wrong)
+    assert client.get(claim.job_id).status is leaseq.JobStatus.RUNNING
+    client.complete(claim)
+
+
+LONE_SURROGATE = "\ud800"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c, job_id: c.cancel(job_id, actor=LONE_SURROGATE),
+        lambda c, job_id: c.replay(job_id, actor=LONE_SURROGATE),
+        lambda c, job_id: c.configure_queue("reports", max_attempts=3, actor=LONE_SURROGATE),
+        lambda c, job_id: c.find_jobs(error=LONE_SURROGATE),
+        lambda c, job_id: c.find_jobs(key=LONE_SURROGATE),
+        lambda c, job_id: c.find_jobs(payload={"a": LONE_SURROGATE}),
+    ],
+    ids=["cancel actor", "replay actor", "configure actor", "error", "key", "payload"],
+)
+def test_operator_text_that_is_no_unicode_is_refused(client: Client, call: Any) -> None:
+    job_id = client.enqueue("reports", {"a": 1})
+    with pytest.raises(InvalidArgument):
+        call(client, job_id)
+    assert client.get(job_id).status is leaseq.JobStatus.QUEUED
+    assert client.queue_settings("reports").max_attempts != 3  # type: ignore[union-attr]
+
+
+def test_a_payload_nested_past_the_servers_stack_is_bad_input_not_transient(
+    queue: leaseq.Queue,
+) -> None:
+    """PostgreSQL refuses jsonb nested tens of thousands deep ("stack depth limit
+    exceeded"): retrying cannot help, so it is no TransientError. The client's JSON
+    encoder only gets that deep with a raised recursion limit, on a large stack."""
+    depth = 40_000
+    payload: Any = 0
+    for _ in range(depth):
+        payload = [payload]
+    raised: list[BaseException] = []
+
+    def enqueue() -> None:
+        try:
+            queue.enqueue("reports", payload)
+        except BaseException as exc:  # reported to the test's thread
+            raised.append(exc)
+
+    limit, stack = sys.getrecursionlimit(), threading.stack_size()
+    sys.setrecursionlimit(4 * depth)
+    threading.stack_size(512 * 1024 * 1024)
+    try:
+        thread = threading.Thread(target=enqueue)
+        thread.start()
+    finally:
+        threading.stack_size(stack)
+        sys.setrecursionlimit(limit)
+    thread.join(60)
+    assert len(raised) == 1, raised
+    assert isinstance(raised[0], InvalidArgument), repr(raised[0])
+    assert not isinstance(raised[0], leaseq.TransientError)
+    # (The queue's settings row is made before the enqueue is sent, on purpose:
+    # steps.enqueue. No job was written.)
+    assert queue.list_jobs(leaseq.JobStatus.QUEUED) == []

@@ -263,4 +263,5 @@ async def test_a_trace_context_that_is_no_carrier_is_ignored_and_the_job_runs(
     await adrain(app, dsn=database_url, timeout=30)
     job = await aqueue.get(job_id)
     assert (job.status, job.attempts) == (leaseq.JobStatus.DONE, 1)
-    assert len(ran) == 1 and ran[0].is_valid  # still traced, as a root of its own
+    assert len(ran) == 1
+    assert ran[0].is_valid  # still traced, as a root of its own

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ._errors import InvalidArgument, InvalidJob, InvalidResult, PayloadTooLarge
@@ -155,6 +155,14 @@ def run_at(value: object) -> datetime | None:
     # Aware means an offset, not just a tzinfo: one whose utcoffset() is None is naive.
     if not isinstance(value, datetime) or value.utcoffset() is None:
         raise InvalidJob("run_at must be a timezone-aware datetime")
+    # As absurd as a delay past MAX_DELAY_SECONDS (datetime.max, a year typed
+    # wrong), in the future or the past. This host's clock suffices to tell:
+    # the database's time decides when the job runs, and any skew is far smaller.
+    if abs((value - datetime.now(UTC)).total_seconds()) > MAX_DELAY_SECONDS:
+        raise InvalidJob(
+            f"run_at must be within {MAX_DELAY_SECONDS / (365 * 24 * 3600):.0f} years "
+            f"of now, got {value.isoformat()}"
+        )
     return value
 
 
@@ -162,6 +170,27 @@ def lease(value: object) -> float | None:
     if value is None:
         return None
     return seconds(value, "lease", MAX_LEASE_SECONDS, allow_zero=False)
+
+
+def payload_batch(values: object) -> Iterable[object]:
+    """enqueue_many's payloads: a collection of them. A string or a mapping is
+    iterable too, and would have become one job per character or key."""
+    if isinstance(values, str | bytes | bytearray | memoryview | Mapping) or not isinstance(
+        values, Iterable
+    ):
+        raise InvalidJob(
+            f"payloads must be a list (or other iterable) of payloads, got {type(values).__name__}"
+        )
+    return values
+
+
+def per_payload(values: object, count: int, what: str) -> Sequence[object]:
+    """A list of one value per payload (seqs, unique_keys)."""
+    if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+        raise InvalidJob(f"{what} must be a list with one entry per payload")
+    if len(values) != count:
+        raise InvalidJob(f"{what} must have one entry per payload ({count}), got {len(values)}")
+    return values
 
 
 def payload(value: object, limit: int) -> EncodedPayload:
@@ -310,6 +339,8 @@ def actor(value: object) -> str | None:
         raise InvalidArgument(f"actor must be a non-empty string, got {value!r}")
     if len(value) > MAX_ACTOR_CHARS:
         raise InvalidArgument(f"actor is {len(value)} characters; the limit is {MAX_ACTOR_CHARS}")
+    if not _is_unicode(value):
+        raise InvalidArgument("actor is not valid Unicode (a lone surrogate)")
     return value
 
 
@@ -327,7 +358,18 @@ def search_text(value: object, what: str) -> str | None:
         return None
     if not isinstance(value, str) or not value or "\x00" in value or len(value) > 1000:
         raise InvalidArgument(f"{what} must be a non-empty string of at most 1000 characters")
+    if not _is_unicode(value):
+        raise InvalidArgument(f"{what} is not valid Unicode (a lone surrogate)")
     return value
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8, as the database stores it (no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def payload_filter(value: object) -> str | None:
@@ -337,9 +379,11 @@ def payload_filter(value: object) -> str | None:
     if not isinstance(value, Mapping) or not value:
         raise InvalidArgument(f"payload filter must be a non-empty mapping, got {value!r}")
     try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        text = _PAYLOAD_ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"payload filter is not JSON-serialisable: {exc}") from None
+    if not _is_unicode(text):
+        raise InvalidArgument("payload filter contains text that is not valid Unicode")
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidArgument(
             "payload filter contains a NUL character, which PostgreSQL's jsonb refuses"

@@ -38,7 +38,7 @@ def enqueue(
     """Enqueue one job whose payload is the JSON text given."""
     try:
         value = json.loads(payload)
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: also an int past 4,300 digits
         raise InvalidArgument(f"payload is not valid JSON: {exc}") from None
     with open_queue(database_url, schema) as queue:
         job_id = queue.enqueue(queue_name, value, **options)

@@ -42,6 +42,9 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "23514": InvalidArgument,  # check_violation
     "22003": InvalidArgument,  # numeric_value_out_of_range
     "22008": InvalidArgument,  # datetime_field_overflow
+    # statement_too_complex: "stack depth limit exceeded", e.g. a payload nested
+    # tens of thousands deep. An OperationalError, but sending it again fails again.
+    "54001": InvalidArgument,
 }
 
 #: Plain words for the check constraints that input validation cannot see coming

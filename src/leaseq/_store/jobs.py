@@ -103,9 +103,11 @@ class JobOperations(StoreBase):
         group: str | None = None,
         trace_context: Mapping[str, str] | None = None,
     ) -> Operation[JobIds]:
-        encoded = [validate.payload(p, self.max_payload_bytes) for p in payloads]
-        if seqs is not None and len(seqs) != len(encoded):
-            raise InvalidJob("seqs must have one entry per payload")
+        encoded = [
+            validate.payload(p, self.max_payload_bytes) for p in validate.payload_batch(payloads)
+        ]
+        if seqs is not None:
+            validate.per_payload(seqs, len(encoded), "seqs")
         ordering = [
             validate.ordering(key, None if seqs is None else seqs[i]) for i in range(len(encoded))
         ]
@@ -133,8 +135,7 @@ class JobOperations(StoreBase):
                 (Statement(self.sql("enqueue_many.sql"), params),),
                 lambda r: JobIds(sorted(row[0] for row in r[0])),
             )
-        if isinstance(unique_keys, str) or len(unique_keys) != len(encoded):
-            raise InvalidJob("unique_keys must have one key per payload")
+        validate.per_payload(unique_keys, len(encoded), "unique_keys")
         keys = [validate.unique(k, unique_for)[0] for k in unique_keys]
         params |= {"unique_keys": keys, "unique_for": validate.unique_window(unique_for)}
         if not keys:

@@ -134,7 +134,7 @@ class OperatorOperations(StoreBase):
     ) -> Operation[bool]:
         params = {
             "job_id": validate.job_id(job_id),
-            "running": bool(running),
+            "running": validate.flag(running, "running"),
             "only_failed": validate.flag(only_failed, "only_failed"),
             "actor": validate.actor(actor),
             "channel": self._notify_channel,
