@@ -319,3 +319,42 @@ def test_first_use_of_a_new_queue_inside_a_transaction_does_not_block_other_prod
         with other_tx.transaction():
             other.enqueue("fresh", {"n": 4}, conn=other_tx)
     assert client.stats("fresh")[0].queued == 4
+
+
+def test_a_refusal_inside_a_savepoint_leaves_the_callers_transaction_going(
+    client: Client, client_connect: ClientConnect
+) -> None:
+    """The README's recipe: BacklogFull comes from the database, so it aborts the
+    transaction it ran in; inside a savepoint only the savepoint is lost, and the
+    business row still commits."""
+    client.configure_queue("reports", max_queued_jobs=1)
+    client.enqueue("reports", {"n": 0})
+    conn = client_connect()
+    conn.execute("CREATE TEMPORARY TABLE report (id int)")
+    with conn.transaction():
+        conn.execute("INSERT INTO report VALUES (1)")
+        with pytest.raises(BacklogFull), conn.transaction():
+            client.enqueue("reports", {"n": 1}, conn=conn)
+        conn.execute("INSERT INTO report VALUES (2)")
+    assert list(conn.execute("SELECT count(*) FROM report")) == [(2,)]
+    assert _job_count(client) == 1
+
+
+def test_overlapping_producers_are_counted_once_they_commit(
+    client: Client, client_connect: ClientConnect
+) -> None:
+    """What the README says of a limit: open transactions do not see each other's
+    jobs, so two may each pass it; once they commit the counters hold every job,
+    and the queue refuses more until it drains below the limit."""
+    client.configure_queue("reports", max_queued_jobs=10)
+    first, second = client_connect(), client_connect()
+    with first.transaction(), second.transaction():
+        client.enqueue_many("reports", [{"n": n} for n in range(10)], conn=first)
+        client.enqueue_many("reports", [{"n": n} for n in range(10)], conn=second)
+    assert client.queue_settings("reports").backlog_jobs == 20  # type: ignore[union-attr]
+    with pytest.raises(BacklogFull, match="20 unfinished jobs, limit 10"):
+        client.enqueue("reports", {"n": 20})
+    claims = client.claim("reports", limit=11)
+    client.complete_many(list(claims))
+    client.enqueue("reports", {"n": 21})
+    assert _job_count(client) == 21
