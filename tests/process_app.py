@@ -69,12 +69,14 @@ def crash(job: leaseq.JobContext) -> None:
 
 
 def raises(job: leaseq.JobContext) -> None:
-    """payload['raise']: retry (job.retry with a delay), permanent, value."""
+    """payload['raise']: retry (job.retry with a delay), permanent, stop, value."""
     match job.payload["raise"]:
         case "retry":
             job.retry(delay=600, reason="later, please")
         case "permanent":
             raise leaseq.PermanentError("not worth a retry")
+        case "stop":
+            next(iter(()))  # StopIteration, which no Future takes as it is
         case _:
             raise ValueError("bad value")
 

@@ -141,11 +141,11 @@ def test_a_childs_exceptions_keep_their_meaning(
     tables: leaseq.Queue, database_url: str, schema: str
 ) -> None:
     queue = tables
-    retry, permanent, value = (
-        queue.enqueue("raises", {"raise": kind}) for kind in ("retry", "permanent", "value")
+    retry, permanent, value, stop = (
+        queue.enqueue("raises", {"raise": kind}) for kind in ("retry", "permanent", "value", "stop")
     )
     # A long backoff: the retried job must not come due while the drain runs.
-    drain(_app(schema, max_attempts=2, backoff=(600, 600)), dsn=database_url, concurrency=3)
+    drain(_app(schema, max_attempts=2, backoff=(600, 600)), dsn=database_url, concurrency=4)
 
     job = queue.get(retry)  # job.retry(delay=600): queued again, ten minutes out
     assert job.status is JobStatus.QUEUED
@@ -161,6 +161,9 @@ def test_a_childs_exceptions_keep_their_meaning(
     job = queue.get(value)
     assert job.status is JobStatus.QUEUED  # an ordinary error: retried
     assert "bad value" in (job.last_error or "")
+    job = queue.get(stop)  # retried too, not left running for ever
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 1)
+    assert "StopIteration" in (job.last_error or "")
 
 
 def test_process_handlers_are_checked_when_declared(schema: str) -> None:

@@ -38,6 +38,10 @@ def _raise_own_base_exception() -> None:
     raise OwnBaseException("unwound")
 
 
+def _raise_stop_iteration() -> None:
+    next(iter(()))  # a next() on an exhausted iterator, outside any generator
+
+
 async def _await_something_cancelled() -> None:
     inner = asyncio.ensure_future(asyncio.sleep(10))
     inner.cancel()
@@ -48,6 +52,9 @@ RAISERS: dict[str, Callable[[], Any]] = {
     "system_exit": _raise_system_exit,
     "keyboard_interrupt": _raise_keyboard_interrupt,
     "own_base_exception": _raise_own_base_exception,
+    # A Future refuses StopIteration as an exception: a sync handler's went nowhere,
+    # and its job stayed running, renewed, for ever.
+    "stop_iteration": _raise_stop_iteration,
 }
 
 

@@ -79,6 +79,17 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
     if future.done():  # nobody waits any more (cancelled)
         return
     if error is not None:
-        future.set_exception(error)
+        future.set_exception(_settleable(error))
     else:
         future.set_result(result)
+
+
+def _settleable(error: BaseException) -> BaseException:
+    """What a Future takes: it refuses StopIteration (it would end the awaiting
+    coroutine as if it returned), which a handler's stray ``next()`` raises. As a
+    coroutine's StopIteration does, it becomes a RuntimeError, the original chained."""
+    if not isinstance(error, StopIteration):
+        return error
+    wrapped = RuntimeError(f"StopIteration: {error}" if str(error) else "StopIteration")
+    wrapped.__cause__ = error
+    return wrapped
