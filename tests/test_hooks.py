@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import pytest
+
 import leaseq
 from leaseq import JobStatus
 from leaseq.testing import drain, set_clock_offset
@@ -114,24 +116,50 @@ def test_hooks_see_each_job_where_its_handler_runs(
     assert of("plain", 1)[-1] == ("failure", "ValueError('no')", False)  # failed for good
 
 
+class OwnBaseException(BaseException):
+    """Not an Exception: what some libraries raise to unwind."""
+
+
+#: What a hook may raise: an error, and what is no Exception (sys.exit() in a hook,
+#: a Ctrl-C delivered to its thread). None of them may stop the worker.
+HOOK_ERRORS: dict[str, type[BaseException]] = {
+    "error": RuntimeError,
+    "system_exit": SystemExit,
+    "keyboard_interrupt": KeyboardInterrupt,
+    "own_base_exception": OwnBaseException,
+}
+
+
+@pytest.mark.parametrize("raised", list(HOOK_ERRORS))
 def test_a_failing_hook_never_changes_an_outcome(
-    queue: leaseq.Queue, database_url: str, schema: str
+    queue: leaseq.Queue, database_url: str, schema: str, raised: str
 ) -> None:
     app = leaseq.App(schema=schema)
     ran: list[int] = []
+    error = HOOK_ERRORS[raised]
 
     @app.before_job
     def broken_before(job: leaseq.JobContext) -> None:
-        raise RuntimeError("before")
+        raise error("before")
+
+    @app.before_job
+    async def broken_async_before(job: leaseq.JobContext) -> None:
+        raise error("async before")
 
     @app.around_job
     def broken_factory(job: leaseq.JobContext) -> Any:
-        raise RuntimeError("factory")
+        raise error("factory")
 
     @app.around_job
     @contextmanager
     def broken_enter(job: leaseq.JobContext) -> Iterator[None]:
-        raise RuntimeError("enter")
+        raise error("enter")
+        yield  # pragma: no cover
+
+    @app.around_job
+    @asynccontextmanager
+    async def broken_async_enter(job: leaseq.JobContext) -> AsyncIterator[None]:
+        raise error("async enter")
         yield  # pragma: no cover
 
     class Swallowing:
@@ -148,18 +176,37 @@ def test_a_failing_hook_never_changes_an_outcome(
 
     class RaisingOnExit(Swallowing):
         def __exit__(self, *details: object) -> bool:
-            raise RuntimeError("exit")
+            raise error("exit")
+
+    class RaisingOnAsyncExit:
+        def __init__(self, job: leaseq.JobContext) -> None:
+            pass
+
+        async def __aenter__(self) -> None:
+            pass
+
+        async def __aexit__(self, *details: object) -> bool:
+            raise error("async exit")
 
     app.around_job(Swallowing)
     app.around_job(RaisingOnExit)
+    app.around_job(RaisingOnAsyncExit)
 
     @app.on_success
     def broken_success(job: leaseq.JobContext, result: Any) -> None:
-        raise RuntimeError("success")
+        raise error("success")
+
+    @app.on_success
+    async def broken_async_success(job: leaseq.JobContext, result: Any) -> None:
+        raise error("async success")
 
     @app.on_failure
-    async def broken_failure(job: leaseq.JobContext, error: Any, will_retry: bool) -> None:
-        raise RuntimeError("failure")
+    async def broken_failure(job: leaseq.JobContext, error_: Any, will_retry: bool) -> None:
+        raise error("failure")
+
+    @app.on_failure
+    def broken_plain_failure(job: leaseq.JobContext, error_: Any, will_retry: bool) -> None:
+        raise error("plain failure")
 
     @app.task("jobs", max_attempts=1)
     def handler(job: leaseq.JobContext) -> int:
@@ -168,11 +215,16 @@ def test_a_failing_hook_never_changes_an_outcome(
             raise ValueError("odd")
         return int(job.payload["n"])
 
-    ids = queue.enqueue_many("jobs", [{"n": n} for n in range(6)])
-    stats = drain(app, dsn=database_url, concurrency=3)
+    @app.task("async_jobs", max_attempts=1)
+    async def async_handler(job: leaseq.JobContext) -> int:
+        return int(handler(job))
 
-    assert sorted(ran) == list(range(6))  # each handler ran, once
-    assert (stats.completed, stats.failed) == (3, 3)
+    ids = queue.enqueue_many("jobs", [{"n": n} for n in range(6)])
+    ids += queue.enqueue_many("async_jobs", [{"n": n} for n in range(6, 12)])
+    stats = drain(app, dsn=database_url, concurrency=3, timeout=60)
+
+    assert sorted(ran) == list(range(12))  # each handler ran, once
+    assert (stats.completed, stats.failed) == (6, 6)
     for n, job_id in enumerate(ids):
         job = queue.get(job_id)
         if n % 2:

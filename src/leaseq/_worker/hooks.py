@@ -134,8 +134,8 @@ class Hooks:
         for hook in self.around:
             try:
                 managers.append(hook(job))
-            except Exception:
-                _log_failure(hook, job)
+            except BaseException as exc:
+                _log_failure(hook, job, exc)
         return managers
 
     # -- after the outcome ---------------------------------------------------------
@@ -179,8 +179,8 @@ async def _call_before(hook: BeforeHook, job: JobContext) -> None:
             await hook(job)
         else:
             hook(job)
-    except Exception:
-        _log_failure(hook, job)
+    except BaseException as exc:
+        _log_failure(hook, job, exc)
 
 
 async def _call_after(
@@ -210,23 +210,23 @@ async def _call_after(
             timeout,
             extra=job_fields(job.claim),
         )
-    except Exception:
-        _log_failure(hook, job)
+    except BaseException as exc:
+        _log_failure(hook, job, exc)
 
 
 def _call_sync(hook: Callable[..., Any], job: JobContext) -> None:
     try:
         hook(job)
-    except Exception:
-        _log_failure(hook, job)
+    except BaseException as exc:
+        _log_failure(hook, job, exc)
 
 
 def _enter_sync(manager: Any, job: JobContext) -> bool:
     """Enter a context manager; False (logged) if that raised."""
     try:
         manager.__enter__()
-    except Exception:
-        _log_failure(manager, job)
+    except BaseException as exc:
+        _log_failure(manager, job, exc)
         return False
     return True
 
@@ -237,8 +237,8 @@ async def _enter(manager: Any, job: JobContext) -> bool:
         return _enter_sync(manager, job)
     try:
         await manager.__aenter__()
-    except Exception:
-        _log_failure(manager, job)
+    except BaseException as exc:
+        _log_failure(manager, job, exc)
         return False
     return True
 
@@ -255,8 +255,8 @@ def _exit_sync(manager: Any, details: Details, job: JobContext) -> None:
     exception), what it raises is logged."""
     try:
         manager.__exit__(*details)
-    except Exception:
-        _log_failure(manager, job)
+    except BaseException as exc:
+        _log_failure(manager, job, exc)
 
 
 def _out_of_time(error: BaseException) -> bool:
@@ -284,8 +284,8 @@ async def _exit_all(entered: Entered, error: BaseException | None, job: JobConte
                 await manager.__aexit__(*details)  # type: ignore[union-attr]
         except asyncio.CancelledError as cancelled:
             cut_short, graced = cancelled, True
-        except Exception:
-            _log_failure(manager, job)
+        except BaseException as exc:
+            _log_failure(manager, job, exc)
     if cut_short is not None:
         raise cut_short
 
@@ -318,7 +318,12 @@ def _name(hook: object) -> str:
     return getattr(hook, "__qualname__", None) or type(hook).__qualname__
 
 
-def _log_failure(hook: object, job: JobContext) -> None:
+def _log_failure(hook: object, job: JobContext, error: BaseException | None = None) -> None:
+    """A hook's failure is logged and the job goes on, whatever it raised: SystemExit
+    or KeyboardInterrupt from a hook must not stop the worker (a handler's do not).
+    A cancellation is the worker's (a timeout, a stop), not the hook's: raised on."""
+    if isinstance(error, asyncio.CancelledError):
+        raise error
     log.exception(
         "hook %s failed on job %d; the job goes on",
         _name(hook),
