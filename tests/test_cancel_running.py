@@ -129,3 +129,34 @@ async def test_without_notifications_the_next_renewal_tells(
     await _until(lambda: asyncio.sleep(0, bool(ended)), timeout=10)
     await running.stop()
     assert (await aqueue.get(job_id)).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("listen", [True, False])
+async def test_the_next_job_of_a_cancelled_jobs_key_never_starts_beside_it(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, listen: bool
+) -> None:
+    """What must never happen: two handlers of one ordering key running at once.
+    The cancelled handler winds down for a while once told; without notifications
+    it is told only at its next renewal (a third of its lease)."""
+    app = leaseq.App(schema=schema)
+    started = threading.Event()
+    spans: dict[int, list[float]] = {}
+
+    @app.task("ordered", lease=3.0)
+    def handler(job: leaseq.JobContext) -> None:
+        spans[job.payload["n"]] = [time.monotonic()]
+        if job.payload["n"] == 1:
+            started.set()
+            job.lost.wait(10)
+            time.sleep(0.3)  # winding down, as handlers do
+        spans[job.payload["n"]].append(time.monotonic())
+
+    first = await aqueue.enqueue("ordered", {"n": 1}, key="k", seq=1)
+    await aqueue.enqueue("ordered", {"n": 2}, key="k", seq=2)
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=2, poll_interval=0.1, listen=listen)
+    running = Running(worker)
+    await _cancel_when_started(aqueue, first, started)
+    await _until(lambda: asyncio.sleep(0, len(spans.get(2, ())) == 2), timeout=20)
+    await running.stop()
+    end_1, start_2 = spans[1][1], spans[2][0]
+    assert end_1 <= start_2, f"the next job started {end_1 - start_2:.3f}s before the first ended"

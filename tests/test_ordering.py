@@ -114,3 +114,34 @@ def test_keys_are_scoped_to_their_queue(client: Client) -> None:
 # The recovery of an expired lease of a key's running job, when an earlier job of
 # the key arrived meanwhile, is in test_key_exclusion.py: the running job is
 # recovered first (ordering is mutual exclusion), a change of contract.
+
+
+def test_a_cancelled_running_head_holds_its_key_until_its_lease_would_have_ended(
+    client: Client, clock: Clock
+) -> None:
+    """Cancelling a running job fences its claim at once, but its handler runs on
+    until its worker hears of it (a notification, at the latest its next renewal).
+    Its key's next job must not start beside it: not before the cut lease's end."""
+    client.enqueue("events", {}, key="k", seq=1)
+    second = client.enqueue("events", {}, key="k", seq=2)
+    third = client.enqueue("events", {}, key="k", seq=3)
+    (running,) = client.claim("events", lease=30)
+    assert client.cancel(running.job_id, running=True)
+    assert _claim_ids(client) == []
+    clock.advance(20)
+    assert _claim_ids(client) == []  # still within the cancelled claim's lease
+    clock.advance(11)
+    assert _claim_ids(client) == [second]  # the lease is over: the key moves on, in order
+    assert _claim_ids(client) == []
+    del third
+
+
+def test_a_cancelled_running_head_whose_lease_had_expired_lets_its_key_go_on(
+    client: Client, clock: Clock
+) -> None:
+    client.enqueue("events", {}, key="k", seq=1)
+    second = client.enqueue("events", {}, key="k", seq=2)
+    (running,) = client.claim("events", lease=10)
+    clock.advance(11)  # its worker is gone: nobody runs it any more
+    assert client.cancel(running.job_id, running=True)
+    assert _claim_ids(client) == [second]

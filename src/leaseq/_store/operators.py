@@ -139,15 +139,19 @@ class OperatorOperations(StoreBase):
             "actor": validate.actor(actor),
             "channel": self._notify_channel,
         }
-        return self._transition("cancel.sql", job_id, params)
 
-    def _transition(self, name: str, job_id: int, params: dict[str, Any]) -> Operation[bool]:
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
                 raise JobNotFound(f"no job {job_id}")
             return bool(rows[0][0][2])
 
-        return Operation((Statement(self.sql(name), params),), decode)
+        return Operation(
+            (
+                Statement(self.sql("cancel.sql"), params),
+                Statement(self.sql("cancel_hold_key.sql"), {"job_id": params["job_id"]}),
+            ),
+            decode,
+        )
 
     def get(self, job_id: int) -> Operation[Job]:
         schema = self.schema
