@@ -265,3 +265,34 @@ async def test_a_trace_context_that_is_no_carrier_is_ignored_and_the_job_runs(
     assert (job.status, job.attempts) == (leaseq.JobStatus.DONE, 1)
     assert len(ran) == 1
     assert ran[0].is_valid  # still traced, as a root of its own
+
+
+async def test_a_handlers_error_is_exported_without_the_secrets_it_quotes(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The README: no secret leaves leaseq. The span's exception event is exported
+    to whatever backend the application configured, as a log line would be."""
+    app = leaseq.App(schema=schema)
+    secret = "Sup3r-S3cret-9"
+
+    @app.task("imports", max_attempts=1)
+    async def failing(job: leaseq.JobContext) -> None:
+        dsn = f"postgresql://app:{secret}@db.internal/prod"
+        raise ConnectionError(f"could not reach {dsn}; password={secret}")
+
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /imports") as request:
+        await aqueue.enqueue("imports", {})
+    await adrain(app, dsn=database_url, timeout=30)
+    (process,) = [
+        s for s in _spans_of(request.get_span_context().trace_id) if s.name == "process imports"
+    ]
+    (event,) = process.events
+    assert event.name == "exception"
+    attributes = dict(event.attributes or {})
+    assert attributes["exception.type"] == "ConnectionError"
+    assert "could not reach postgresql://app:***@db.internal" in str(
+        attributes["exception.message"]
+    )
+    assert "Traceback" in str(attributes["exception.stacktrace"])
+    assert secret not in repr(process.to_json())

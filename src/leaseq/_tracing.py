@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -31,6 +32,7 @@ try:
 except ImportError:  # the otel extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
+from ._redact import redact
 from ._types import Claim
 
 SYSTEM = "leaseq"
@@ -110,8 +112,27 @@ class Process:
             return
         self._span.set_attribute("leaseq.outcome", outcome)
         if error is not None:
-            self._span.record_exception(error)
+            # Not span.record_exception(): it exports the error's text and traceback
+            # as they are, and a handler's error may quote a DSN with its password.
+            self._span.add_event("exception", _exception_attributes(error))
             self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+
+
+def _exception_attributes(error: BaseException) -> dict[str, str]:
+    """The semantic conventions' exception event, its texts scrubbed of secrets."""
+    kind, module = type(error), type(error).__module__
+    attributes = {
+        "exception.type": kind.__qualname__
+        if module in ("builtins", "")
+        else f"{module}.{kind.__qualname__}",
+        "exception.escaped": "False",
+    }
+    try:
+        attributes["exception.message"] = redact(str(error))
+        attributes["exception.stacktrace"] = redact("".join(traceback.format_exception(error)))
+    except Exception:  # an error whose text cannot be rendered still gets its event
+        attributes.setdefault("exception.message", f"({kind.__qualname__}: no text)")
+    return attributes
 
 
 def current() -> TraceContext | None:
