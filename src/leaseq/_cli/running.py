@@ -162,6 +162,12 @@ def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
     restarted and crash again forever, the worker a process short."""
     if not port:  # none, or 0 (any free port)
         return
+    if port + processes - 1 > 65535:
+        # Checked before any probe: getaddrinfo wraps 65536 to 0, "any port".
+        raise InvalidArgument(
+            f"--metrics-port {port} with --processes {processes} needs ports up to "
+            f"{port + processes - 1}; the highest is 65535"
+        )
     for taken in range(port, port + processes):
         try:
             family, kind, proto, _, address = socket.getaddrinfo(
@@ -210,12 +216,10 @@ def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> N
     if port:  # port 0 (any free port) stays 0 in every process
         port += slot
     try:
+        # The gauges of what this worker works: the app's schema (which --schema's
+        # default leaves alone) in the database the worker resolved, maybe the app's.
         with serving_metrics(
-            port,
-            options["metrics_host"],
-            options["database_url"],
-            options["schema"],
-            database=slot == 0,
+            port, options["metrics_host"], runner.dsn, app.schema, database=slot == 0
         ):
             asyncio.run(runner.run(install_signal_handlers=True, burst=options["burst"]))
     except asyncio.CancelledError:
