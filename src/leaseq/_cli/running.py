@@ -138,7 +138,7 @@ def migrate(database_url: str | None, schema: str) -> None:
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
-    App.load(app_reference)  # fail early, in the parent, on a bad reference
+    load_app(app_reference)  # fail early, in the parent, on a bad reference
     if processes < 1:
         raise InvalidArgument("--processes must be at least 1")
     _check_metrics_ports(options["metrics_port"], options["metrics_host"], processes)
@@ -154,6 +154,16 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
         done_on_clean_exit=options["burst"],  # a burst child is done once idle
     )
     sys.exit(supervisor.run())
+
+
+def load_app(reference: str) -> App:
+    """The App of MODULE:APP, its module found in the current directory too, as
+    `python -m`, uvicorn and celery find theirs: `leaseq worker myjobs:app` runs
+    where myjobs.py is (the `leaseq` script's path holds only the script's folder)."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return App.load(reference)
 
 
 def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
@@ -194,8 +204,7 @@ def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) 
 
 def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> None:
     configure_logging(options["log_format"])
-    sys.path.insert(0, os.getcwd())
-    app = App.load(app_reference)
+    app = load_app(app_reference)
     if options["schema"] != "leaseq" or app.schema == "leaseq":
         app.schema = options["schema"]
     runner = Worker(
