@@ -214,6 +214,20 @@ def test_the_log_level_is_read_in_any_case(database_url: str, queue: leaseq.Queu
     assert '"level": "debug"' in result.stderr
 
 
+@pytest.mark.parametrize("output", [(), ("--json",)])
+def test_health_of_an_unmigrated_schema_is_one_clear_line(
+    database_url: str, schema: str, output: tuple[str, ...]
+) -> None:
+    """As `status` does: exit 1, and no report (its autovacuum line claimed a job
+    table that does not exist was vacuumed by autovacuum)."""
+    result = _leaseq("health", *output, "--schema", schema, database_url=database_url)
+    assert result.returncode == 1, result
+    assert result.stderr.startswith(f"error: schema {schema!r} has no job table"), result.stderr
+    assert "leaseq migrate" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stdout == ""
+
+
 def test_health_prints_session_names_as_they_are(
     invoke: Invoke, queue: leaseq.Queue, connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
