@@ -228,6 +228,22 @@ def test_health_of_an_unmigrated_schema_is_one_clear_line(
     assert result.stdout == ""
 
 
+def test_migrate_into_a_schema_it_cannot_use_is_one_clear_line(
+    database_url: str, schema: str
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".job (x int)')
+    for target, message in (
+        ("pg_x", "error: schema name 'pg_x' is reserved"),
+        (schema, "error: cannot migrate: the schema holds objects leaseq's migrations did not"),
+    ):
+        result = _leaseq("migrate", "--schema", target, database_url=database_url)
+        assert result.returncode == 1, result
+        assert result.stderr.startswith(message), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_health_prints_session_names_as_they_are(
     invoke: Invoke, queue: leaseq.Queue, connect: Callable[..., psycopg.Connection[Any]]
 ) -> None:
