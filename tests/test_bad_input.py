@@ -202,6 +202,24 @@ def test_bad_schema_names(client_class: type[Client], database_url: str, schema:
         client_class(database_url, schema=schema)
 
 
+@pytest.mark.parametrize("schema", ["pg_x", "pg_catalog", "pg_temp", "information_schema"])
+def test_schema_names_postgresql_reserves(
+    client_class: type[Client], database_url: str, schema: str
+) -> None:
+    """Refused up front, not by the server's ReservedName (a driver error) at migrate()."""
+    with pytest.raises(InvalidArgument, match="reserved"):
+        client_class(database_url, schema=schema)
+    with pytest.raises(InvalidArgument, match="reserved"):
+        leaseq.App(schema=schema)
+
+
+def test_public_is_a_schema_name_like_any_other(
+    client_class: type[Client], database_url: str
+) -> None:
+    client_class(database_url, schema="public").close()  # (not migrated: a shared database)
+    assert leaseq.App(schema="public").schema == "public"
+
+
 def test_unmigrated_schema_says_so(client_class: type[Client], database_url: str) -> None:
     with client_class(database_url, schema="never_migrated_here") as client:
         with pytest.raises(leaseq.NotMigrated, match="leaseq migrate"):

@@ -138,10 +138,10 @@ def test_queue_limits_and_groups(invoke: Invoke, queue: leaseq.Queue) -> None:
     assert queue.get(job_id).group == "tenant-7"
 
 
-def _leaseq(*arguments: str, database_url: str) -> subprocess.CompletedProcess[str]:
+def _leaseq(*arguments: str, database_url: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "leaseq", *arguments],
-        env={**os.environ, "DATABASE_URL": database_url},
+        env={**os.environ, "DATABASE_URL": database_url, **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -181,6 +181,67 @@ def test_unmigrated_schema_is_one_clear_line(database_url: str) -> None:
     result = _leaseq("status", "--schema", "not_migrated_yet", database_url=database_url)
     assert result.returncode == 1
     assert "leaseq migrate" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ("maintenance",),
+        ("worker", "tests.worker_app:app"),
+        ("worker", "tests.worker_app:app", "-p", "2"),
+    ],
+)
+def test_an_unknown_log_level_is_one_clear_line(
+    database_url: str, schema: str, arguments: tuple[str, ...]
+) -> None:
+    result = _leaseq(
+        *arguments, "--schema", schema, database_url=database_url, LEASEQ_LOG_LEVEL="bogus"
+    )
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("error: LEASEQ_LOG_LEVEL: unknown level 'bogus'"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_log_level_is_read_in_any_case(database_url: str, queue: leaseq.Queue) -> None:
+    """`debug` as `DEBUG` (logging itself knows only the upper-case names)."""
+    result = _leaseq(
+        *("worker", "tests.worker_app:app", "--burst", "--no-listen", "--schema", queue.schema),
+        database_url=database_url,
+        LEASEQ_LOG_LEVEL="debug",
+        LEASEQ_LOG_FORMAT="json",
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"level": "debug"' in result.stderr
+
+
+@pytest.mark.parametrize("output", [(), ("--json",)])
+def test_health_of_an_unmigrated_schema_is_one_clear_line(
+    database_url: str, schema: str, output: tuple[str, ...]
+) -> None:
+    """As `status` does: exit 1, and no report (its autovacuum line claimed a job
+    table that does not exist was vacuumed by autovacuum)."""
+    result = _leaseq("health", *output, "--schema", schema, database_url=database_url)
+    assert result.returncode == 1, result
+    assert result.stderr.startswith(f"error: schema {schema!r} has no job table"), result.stderr
+    assert "leaseq migrate" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stdout == ""
+
+
+def test_migrate_into_a_schema_it_cannot_use_is_one_clear_line(
+    database_url: str, schema: str
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'CREATE TABLE "{schema}".job (x int)')
+    for target, message in (
+        ("pg_x", "error: schema name 'pg_x' is reserved"),
+        (schema, "error: cannot migrate: the schema holds objects leaseq's migrations did not"),
+    ):
+        result = _leaseq("migrate", "--schema", target, database_url=database_url)
+        assert result.returncode == 1, result
+        assert result.stderr.startswith(message), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_health_prints_session_names_as_they_are(

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -134,3 +135,64 @@ def test_maintenance_serves_the_database_gauges(queue: leaseq.Queue, database_ur
             process.wait(10)
         if process.stdout:
             process.stdout.close()
+
+
+#: An app that names its own database and schema, as a deployment's module does.
+_OWN_APP = """
+import leaseq
+
+app = leaseq.App({dsn!r}, schema={schema!r})
+
+
+@app.task("work")
+def work(job: leaseq.JobContext) -> None:
+    pass
+"""
+
+
+def test_the_database_gauges_come_from_the_apps_schema_and_the_workers_database(
+    queue: leaseq.Queue, database_url: str, tmp_path: Path
+) -> None:
+    """Not from --schema's default ("leaseq") and the command's own URL: the worker
+    serves gauges of the schema and database it works (here the command's URL is
+    a dead one, which nothing but the gauges would read)."""
+    (tmp_path / "own_app.py").write_text(_OWN_APP.format(dsn=database_url, schema=queue.schema))
+    queue.enqueue("work", {}, delay=3600)  # stays queued: the gauge has something to count
+    port = _two_free_ports()
+    env = {k: v for k, v in os.environ.items() if k not in ("LEASEQ_SCHEMA", "LEASEQ_DATABASE_URL")}
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "leaseq", "worker", "own_app:app", "--no-listen"),
+            *("--poll-interval", "0.2", "--metrics-port", str(port)),
+        ],
+        cwd=tmp_path,
+        env={**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/nowhere"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        scraped = _scrape(port)
+        assert scraped["leaseq_queue_stats_up"][()] == 1
+        assert scraped["leaseq_queue_jobs"][(("queue", "work"), ("state", "queued"))] == 1
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        if process.stdout:
+            process.stdout.close()
+
+
+def test_metrics_ports_past_65535_are_one_clear_error_before_any_worker_starts(
+    queue: leaseq.Queue, spawn_worker: Spawn
+) -> None:
+    """PORT + 1 = 65536 is no port (the early check's probe wrapped it to 0, any
+    port, and the second process then crashed at start, restarted forever)."""
+    worker = spawn_worker("--processes", "2", "--metrics-port", "65535")
+    assert worker.wait(60) == 1
+    output = output_of(worker)
+    assert "error: --metrics-port 65535 with --processes 2 needs ports up to 65536" in output
+    assert "Traceback" not in output
+    assert "started worker" not in output

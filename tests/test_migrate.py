@@ -12,6 +12,8 @@ import pytest
 import leaseq
 from leaseq import _migrate as migrate
 
+from .clients import Client
+
 GOLDEN = Path(leaseq.__file__).parent / "sql" / "migrations" / "golden_schema.txt"
 
 
@@ -104,3 +106,30 @@ def test_a_migration_cut_short_by_a_statement_timeout_writes_nothing(
     assert found == (0,)
     with leaseq.Queue(database_url, schema=schema) as patient:
         assert patient.migrate() == list(range(1, migrate.latest_version() + 1))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "CREATE TABLE {schema}.job (x int)",
+        "CREATE FUNCTION {schema}.clock() RETURNS timestamptz LANGUAGE sql AS 'SELECT now()'",
+    ],
+)
+def test_a_schema_holding_objects_leaseq_did_not_make_is_one_clear_error(
+    client_class: type[Client], database_url: str, schema: str, other: str
+) -> None:
+    """A table (or function) of someone else's named like one of leaseq's: a typed
+    error saying so, not the driver's DuplicateTable; and nothing written."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(other.format(schema=f'"{schema}"'))
+    with (
+        client_class(database_url, schema=schema) as client,
+        pytest.raises(leaseq.InvalidArgument, match="holds objects leaseq's migrations did not"),
+    ):
+        client.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (schema,)
+        ).fetchone()
+    assert tables == ((1,) if "TABLE" in other else (0,))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -160,6 +161,38 @@ def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> 
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: cannot import 'tests.no_such_module'")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_the_app_module_is_imported_from_the_current_directory(
+    queue: leaseq.Queue, database_url: str, tmp_path: Path, processes: str
+) -> None:
+    """`leaseq worker myjobs:app` where myjobs.py is, as the README runs it, with no
+    PYTHONPATH=. (as `python -m`, uvicorn and celery do): the parent's early check
+    of the reference failed with "cannot import" before anything put the current
+    directory on the path."""
+    (tmp_path / "cwd_jobs.py").write_text(
+        "import leaseq\n\napp = leaseq.App()\n\n\n"
+        "@app.task('work')\ndef work(job: leaseq.JobContext) -> None:\n    pass\n"
+    )
+    job_id = queue.enqueue("work", {})
+    leaseq_itself = str(Path(leaseq.__file__).resolve().parent.parent)
+    result = subprocess.run(
+        # -P: `python -m` puts the current directory on the path by itself; the
+        # `leaseq` script does not.
+        [
+            *(sys.executable, "-P", "-m", "leaseq", "worker", "cwd_jobs:app", "--burst"),
+            *("--no-listen", "--processes", processes, "--schema", queue.schema),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": leaseq_itself},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert queue.get(job_id).status is JobStatus.DONE
 
 
 def test_maintenance_as_its_own_process(queue: leaseq.Queue, clock: Any, database_url: str) -> None:

@@ -52,6 +52,12 @@ def schema_name(name: str) -> str:
         raise InvalidArgument(
             f"schema name must be lowercase letters, digits and _ (max 63), got {name!r}"
         )
+    # PostgreSQL's own: CREATE SCHEMA refuses pg_* (ReservedName, a driver error at
+    # migrate()), and leaseq's tables have no place among the catalog's.
+    if name.startswith("pg_") or name == "information_schema":
+        raise InvalidArgument(
+            f"schema name {name!r} is reserved by PostgreSQL (pg_*, information_schema)"
+        )
     return name
 
 

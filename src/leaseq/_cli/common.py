@@ -21,6 +21,7 @@ from rich.logging import RichHandler
 
 from leaseq import (
     DatabaseUnavailable,
+    InvalidArgument,
     LeaseqError,
     Queue,
     TransientError,
@@ -140,6 +141,16 @@ def configure_logging(log_format: str = "rich") -> None:
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())
-    logging.basicConfig(
-        level=os.environ.get("LEASEQ_LOG_LEVEL", "INFO"), format="%(message)s", handlers=[handler]
-    )
+    logging.basicConfig(level=_log_level(), format="%(message)s", handlers=[handler])
+
+
+def _log_level() -> int:
+    """LEASEQ_LOG_LEVEL's level, its name in any case: a bad one is the command's
+    one-line error (logging raised a ValueError, printed as a traceback)."""
+    name = os.environ.get("LEASEQ_LOG_LEVEL", "INFO")
+    levels = logging.getLevelNamesMapping()
+    level = levels.get(name.strip().upper())
+    if level is None:
+        known = ", ".join(sorted(levels, key=levels.__getitem__))
+        raise InvalidArgument(f"LEASEQ_LOG_LEVEL: unknown level {name!r} (one of {known})")
+    return level

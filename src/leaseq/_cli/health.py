@@ -12,7 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from leaseq import ClaimPlan, Health
+from leaseq import ClaimPlan, Health, NotMigrated
 
 from .common import cli, console, database_options, open_queue
 
@@ -31,6 +31,10 @@ def health(as_json: bool, long_transaction: float, database_url: str | None, sch
     """Table and index sizes, dead rows, vacuum, what holds back cleanup; warnings."""
     with open_queue(database_url, schema) as queue:
         report = queue.health(long_transaction=long_transaction)
+    if not any(table.name == "job" for table in report.tables):
+        # Queue.health() reports this as a warning; a command fails on it, as
+        # `status` does, and prints no report about a job table that is not there.
+        raise NotMigrated(f"schema {schema!r} has no job table: run `leaseq migrate`")
     if as_json:
         click.echo(json.dumps(dataclasses.asdict(report), indent=2, default=_json_value))
         return

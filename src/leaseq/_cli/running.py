@@ -138,7 +138,7 @@ def migrate(database_url: str | None, schema: str) -> None:
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
-    App.load(app_reference)  # fail early, in the parent, on a bad reference
+    load_app(app_reference)  # fail early, in the parent, on a bad reference
     if processes < 1:
         raise InvalidArgument("--processes must be at least 1")
     _check_metrics_ports(options["metrics_port"], options["metrics_host"], processes)
@@ -156,12 +156,28 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
     sys.exit(supervisor.run())
 
 
+def load_app(reference: str) -> App:
+    """The App of MODULE:APP, its module found in the current directory too, as
+    `python -m`, uvicorn and celery find theirs: `leaseq worker myjobs:app` runs
+    where myjobs.py is (the `leaseq` script's path holds only the script's folder)."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return App.load(reference)
+
+
 def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
     """Fail early, in the parent, on a metrics port taken: each process serves
     PORT + its slot, and a child that cannot bind its port crashed at start, to be
     restarted and crash again forever, the worker a process short."""
     if not port:  # none, or 0 (any free port)
         return
+    if port + processes - 1 > 65535:
+        # Checked before any probe: getaddrinfo wraps 65536 to 0, "any port".
+        raise InvalidArgument(
+            f"--metrics-port {port} with --processes {processes} needs ports up to "
+            f"{port + processes - 1}; the highest is 65535"
+        )
     for taken in range(port, port + processes):
         try:
             family, kind, proto, _, address = socket.getaddrinfo(
@@ -188,8 +204,7 @@ def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) 
 
 def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> None:
     configure_logging(options["log_format"])
-    sys.path.insert(0, os.getcwd())
-    app = App.load(app_reference)
+    app = load_app(app_reference)
     if options["schema"] != "leaseq" or app.schema == "leaseq":
         app.schema = options["schema"]
     runner = Worker(
@@ -210,12 +225,10 @@ def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> N
     if port:  # port 0 (any free port) stays 0 in every process
         port += slot
     try:
+        # The gauges of what this worker works: the app's schema (which --schema's
+        # default leaves alone) in the database the worker resolved, maybe the app's.
         with serving_metrics(
-            port,
-            options["metrics_host"],
-            options["database_url"],
-            options["schema"],
-            database=slot == 0,
+            port, options["metrics_host"], runner.dsn, app.schema, database=slot == 0
         ):
             asyncio.run(runner.run(install_signal_handlers=True, burst=options["burst"]))
     except asyncio.CancelledError:

@@ -47,6 +47,11 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "54001": InvalidArgument,
 }
 
+#: Names taken, during a migration: duplicate_table (or index), duplicate_object (a
+#: type, a trigger), duplicate_function. leaseq's migrations never create what their
+#: migration table says exists, so someone else's object holds the name.
+_MIGRATION_CONFLICTS = frozenset({"42P07", "42710", "42723"})
+
 #: Plain words for the check constraints that input validation cannot see coming
 #: (they compare a given setting with a stored one), by constraint name.
 _CONSTRAINT_MESSAGES = {
@@ -56,12 +61,13 @@ _CONSTRAINT_MESSAGES = {
 
 
 @contextmanager
-def translated_errors() -> Iterator[None]:
+def translated_errors(*, migrating: bool = False) -> Iterator[None]:
     """Driver errors as leaseq's typed errors, every text scrubbed of secrets.
 
     OperationalError (a lost or refused connection, a deadlock, a serialization
     failure, a cancelled statement), a pool timeout and a socket error become
     TransientError; the SQLSTATEs of _ERRORS_BY_SQLSTATE their leaseq types;
+    ``migrating``: a name already taken (_MIGRATION_CONFLICTS) InvalidArgument;
     other driver errors pass through (their SQLSTATE still says what they are).
     """
     try:
@@ -73,6 +79,12 @@ def translated_errors() -> Iterator[None]:
     except psycopg.Error as exc:
         _scrub(exc)
         raise_if_cancelling(exc)
+        if migrating and exc.sqlstate in _MIGRATION_CONFLICTS:
+            raise InvalidArgument(
+                "cannot migrate: the schema holds objects leaseq's migrations did not make "
+                f"({redact(exc.diag.message_primary or str(exc).strip())}); give leaseq a "
+                "schema of its own"
+            ) from exc
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
         if kind is None and isinstance(exc, psycopg.OperationalError):
             kind = TransientError

@@ -77,7 +77,7 @@ async def aexecute(conn: AsyncConnection, operation: Operation[T]) -> T:
 
 def drive(conn: Connection, plan: Plan) -> list[int]:
     """Run a statement-yielding plan (migrations) in one transaction."""
-    with translated_errors(), conn.transaction(), conn.cursor() as cursor:
+    with translated_errors(migrating=True), conn.transaction(), conn.cursor() as cursor:
         try:
             statement = next(plan)
             while True:
@@ -90,7 +90,7 @@ def drive(conn: Connection, plan: Plan) -> list[int]:
 
 async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
     """The async twin of :func:`drive`."""
-    with translated_errors():
+    with translated_errors(migrating=True):
         async with conn.transaction(), conn.cursor() as cursor:
             try:
                 statement = next(plan)
