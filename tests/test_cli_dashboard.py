@@ -151,3 +151,36 @@ def test_the_dashboard_serves_pages(database_url: str, schema: str, queue: lease
         output, _ = process.communicate(timeout=30)
     assert f"leaseq dashboard on http://127.0.0.1:{port}/ (TokenAuth)" in output
     assert TOKEN not in output
+
+
+async def _status(app: Any, base_url: str) -> int:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url=base_url
+    ) as client:
+        return (await client.get("/")).status_code
+
+
+async def test_without_auth_it_answers_only_to_loopback_names(
+    served: list[dict[str, Any]], database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    """No auth: a page of another site whose name points at 127.0.0.1 (DNS
+    rebinding) must get nothing from it. With auth, any name: the credentials guard it."""
+    arguments = ["dashboard", "--host", "127.0.0.2", "--database-url", database_url]
+    result = CliRunner().invoke(cli, [*arguments, "--schema", schema])
+    assert result.exit_code == 0, result.output
+    app = served[-1]["app"]
+    try:
+        for base in ("http://localhost:8080", "http://127.0.0.2:8080", "http://[::1]:8080"):
+            assert await _status(app, base) == 200, base
+        assert await _status(app, "http://attacker.example:8080") == 400
+    finally:
+        await app.state.leaseq.client.close()
+    result = CliRunner().invoke(
+        cli, [*arguments, "--schema", schema], env={"LEASEQ_DASHBOARD_TOKEN": TOKEN}
+    )
+    assert result.exit_code == 0, result.output
+    app = served[-1]["app"]
+    try:
+        assert await _status(app, "http://dashboard.example.com") == 401  # asked to sign in
+    finally:
+        await app.state.leaseq.client.close()

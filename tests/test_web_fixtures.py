@@ -109,7 +109,7 @@ class Browser:
     def __init__(self, app: Starlette, **options: Any) -> None:
         self.app = app
         self.http = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url=BASE, **options
+            transport=httpx.ASGITransport(app=app), **{"base_url": BASE, **options}
         )
 
     async def get(self, path: str, **options: Any) -> httpx.Response:

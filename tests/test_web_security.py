@@ -288,3 +288,33 @@ async def test_tokens_and_cookies_of_any_text_are_refused_cleanly(
             assert "content-security-policy" in page.headers
     finally:
         await signed_in.close()
+
+
+async def test_allowed_hosts_refuse_a_rebound_name(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """DNS rebinding: a page of attacker.example, its name pointed at 127.0.0.1,
+    sends the dashboard requests that carry its own Host and Origin, so the
+    origin checks pass. Only the Host names allowed are answered."""
+    app = make_app(allowed_hosts=["localhost", "127.0.0.1", "::1"])
+    for base in ("http://localhost:8080", "http://127.0.0.1", "http://[::1]:8080"):
+        local = Browser(app, base_url=base)
+        try:
+            assert (await local.get("/")).status_code == 200, base
+        finally:
+            await local.close()
+    rebound = Browser(app, base_url="http://attacker.example:8080")
+    try:
+        page = await rebound.get("/")
+        assert page.status_code == 400
+        assert "content-security-policy" in page.headers
+        action = await rebound.http.post(
+            f"/jobs/{jobs.failed[0]}/replay",
+            headers={"origin": "http://attacker.example:8080"},
+        )
+        assert action.status_code == 400
+    finally:
+        await rebound.close()
+    _still_failed(queue, jobs)
+    with pytest.raises(leaseq.InvalidArgument):
+        make_app(allowed_hosts="localhost")

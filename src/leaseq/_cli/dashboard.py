@@ -1,11 +1,13 @@
 """``leaseq dashboard``: the web dashboard (``leaseq.web``) served by uvicorn.
 
 Bound to a loopback address it needs no auth (whoever can reach it is on this
-machine). Bound anywhere else it refuses to start unless the environment
-configures auth: ``LEASEQ_DASHBOARD_TOKEN`` (a bearer token; browsers sign in
-once with it) or ``LEASEQ_DASHBOARD_USER`` + ``LEASEQ_DASHBOARD_PASSWORD`` (HTTP
-basic). Secrets come from the environment, never from options, so that they do
-not show in ``ps`` or shell history.
+machine), and answers only to loopback names in ``Host``: a page of another site
+that points its own name at 127.0.0.1 (DNS rebinding) gets a 400. Bound anywhere
+else it refuses to start unless the environment configures auth:
+``LEASEQ_DASHBOARD_TOKEN`` (a bearer token; browsers sign in once with it) or
+``LEASEQ_DASHBOARD_USER`` + ``LEASEQ_DASHBOARD_PASSWORD`` (HTTP basic). Secrets
+come from the environment, never from options, so that they do not show in
+``ps`` or shell history.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from .common import CommandError, cli, database_options
 TOKEN_VARIABLE = "LEASEQ_DASHBOARD_TOKEN"
 USER_VARIABLE = "LEASEQ_DASHBOARD_USER"
 PASSWORD_VARIABLE = "LEASEQ_DASHBOARD_PASSWORD"
+#: The names a browser on this machine reaches a loopback dashboard by.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def is_loopback(host: str) -> bool:
@@ -79,7 +83,15 @@ def dashboard(host: str, port: int, read_only: bool, database_url: str | None, s
             f"the dashboard needs its extra: pip install 'leaseq[web]' ({exc.name} is missing)"
         ) from exc
     auth = auth_from_environment(host, os.environ)
-    app = create_app(database_url, schema=schema, read_only=read_only, auth=auth)
+    app = create_app(
+        database_url,
+        schema=schema,
+        read_only=read_only,
+        auth=auth,
+        # Without auth, whoever can reach it is on this machine, and a page of
+        # another site must not reach it under its own name (DNS rebinding).
+        allowed_hosts=(*LOOPBACK_NAMES, host) if auth is None else None,
+    )
     shown = f"[{host}]" if ":" in host else host
     mode = " (read-only)" if read_only else ""
     how = "no auth: loopback only" if auth is None else type(auth).__name__

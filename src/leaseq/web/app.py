@@ -18,7 +18,7 @@ import leaseq
 from . import actions, pages, views
 from .context import Dashboard
 from .data import Aggregates, SharedCache
-from .security import Auth, Csrf, SecurityHeaders
+from .security import Auth, Csrf, SecurityHeaders, TrustedHosts
 from .views import SECRET_FIELDS, SecretMask
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +72,7 @@ def create_app(
     bulk_limit: int = 1000,
     title: str = "leaseq",
     secret: bytes | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The leaseq dashboard as an ASGI app.
 
@@ -80,12 +81,16 @@ def create_app(
     ``Request -> Principal | None`` (sync or async) for apps that mount it behind
     their own sign-in; without it everyone gets every permission (``read_only``:
     only ``read``). ``secret``: the key of the CSRF tokens, the same in every
-    process serving the app (default: random, fine for one process)."""
+    process serving the app (default: random, fine for one process).
+    ``allowed_hosts``: the only ``Host`` names answered (None: any); ``leaseq
+    dashboard`` without auth answers to loopback names only (DNS rebinding)."""
     if bulk_limit < 1 or search_window < 1 or cache_seconds < 0 or statement_timeout <= 0:
         raise leaseq.InvalidArgument(
             "bulk_limit and search_window must be positive, cache_seconds >= 0, "
             "statement_timeout > 0"
         )
+    if isinstance(allowed_hosts, str):
+        raise leaseq.InvalidArgument("allowed_hosts must be a list of host names, not one string")
     client = _client(queue, schema, statement_timeout)
     dashboard = Dashboard(
         client=client,
@@ -108,7 +113,10 @@ def create_app(
 
     app = Starlette(
         routes=_routes(),
-        middleware=[Middleware(SecurityHeaders)],
+        middleware=[
+            Middleware(SecurityHeaders),
+            *([] if allowed_hosts is None else [Middleware(TrustedHosts, allowed_hosts)]),
+        ],
         lifespan=lifespan,
     )
     app.state.leaseq = dashboard

@@ -8,6 +8,9 @@
 * CSRF: a random session cookie and, in every form, a token that is the HMAC of
   it under the app's secret; plus ``Origin`` and ``Sec-Fetch-Site`` checks.
 * :class:`SecurityHeaders`: the strict CSP and friends on every response.
+* :class:`TrustedHosts`: only the ``Host`` names given (``allowed_hosts``): a
+  dashboard without auth on loopback is otherwise open to DNS rebinding, a page
+  of another site whose name the attacker points at 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import HTTPConnection, Request
+from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .forms import digits
@@ -243,3 +247,40 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+def host_name(header: str) -> str:
+    """The name of a ``Host`` header, its port and an IPv6 address's brackets
+    removed, in lower case (``[::1]:8080`` -> ``::1``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class TrustedHosts:
+    """ASGI middleware: a request whose ``Host`` is none of ``allowed`` gets a 400.
+
+    A page of another site can make a browser send requests to 127.0.0.1 under
+    its own name (DNS rebinding). They carry that name in ``Host``: refusing it
+    keeps such a page from reading or acting on a dashboard that has no auth
+    (its origin checks compare with ``Host``, which the attacker chose)."""
+
+    def __init__(self, app: ASGIApp, allowed: Iterable[str]) -> None:
+        self.app = app
+        self.allowed = frozenset(host_name(name) for name in allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = HTTPConnection(scope).headers.get("host", "")
+        if host_name(header) not in self.allowed:
+            refusal = PlainTextResponse(
+                "This dashboard answers only to its own address "
+                f"({', '.join(sorted(self.allowed))}).",
+                status_code=400,
+            )
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
