@@ -4,6 +4,7 @@ may raise, what a handler's process may be sent, how a stop ends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import time
@@ -103,6 +104,38 @@ async def test_a_handler_that_raises_what_is_not_an_exception_is_retried_and_the
 
 
 # -- stopping ---------------------------------------------------------------------------
+
+
+async def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopping_worker(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It swallows every cancellation: run() still returns (after the grace and the
+    releases' bounded wait), leaving the job to its lease, never acknowledged."""
+    monkeypatch.setattr(runner, "ACKNOWLEDGEMENT_WAIT", 1.0)
+    app = leaseq.App(schema=schema)
+    started = asyncio.Event()
+    stop_deafness = asyncio.Event()
+
+    @app.task("work")
+    async def deaf(job: leaseq.JobContext) -> None:
+        started.set()
+        while not stop_deafness.is_set():
+            with contextlib.suppress(BaseException):
+                await asyncio.sleep(0.05)
+
+    job_id = await aqueue.enqueue("work", {})
+    worker = leaseq.Worker(
+        app, dsn=database_url, concurrency=1, poll_interval=0.1, shutdown_grace=0.5
+    )
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 30)
+    worker.request_stop()
+    done, _ = await asyncio.wait({running}, timeout=60)
+    stop_deafness.set()  # the test's own loop must not keep it either
+    assert done, "the worker did not stop"
+    running.result()
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.RUNNING, 1)  # to its lease's expiry
 
 
 async def test_a_stop_with_the_database_away_ends_and_leaves_the_jobs_to_their_leases(

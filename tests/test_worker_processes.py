@@ -273,3 +273,26 @@ def test_a_cli_worker_without_durable_acknowledgements_runs_each_job_once(
     assert process.wait(60) == 0, output_of(process)
     assert _effects(queue) == dict.fromkeys(ids, 1)
     assert {queue.get(job_id).status for job_id in ids} == {JobStatus.DONE}
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopped_worker_alive(
+    queue: leaseq.Queue, spawn_worker: Spawn, signals: int
+) -> None:
+    """Its task swallows every cancellation, for two minutes. One stop signal: the
+    grace period, the releases' wait, then the worker leaves it (as it leaves a
+    sync handler's thread). A second signal: the worker leaves at once."""
+    job_id = queue.enqueue("deaf", {"for": 120})
+    worker = spawn_worker("--shutdown-grace", "1")
+    _wait(lambda: queue.get(job_id).status is JobStatus.RUNNING, what="job started")
+    worker.send_signal(signal.SIGTERM)
+    if signals == 2:
+        time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+    try:
+        code = worker.wait(45)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker did not exit:\n{output_of(worker)}")
+    assert (code != 0) is (signals == 2), output_of(worker)
+    # Never acknowledged: its lease will expire and another worker will recover it.
+    assert queue.get(job_id).status is JobStatus.RUNNING

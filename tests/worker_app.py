@@ -8,6 +8,7 @@ completion. The schema comes from LEASEQ_SCHEMA.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -102,3 +103,13 @@ async def logged_run(job: leaseq.JobContext) -> None:
 
 for _queue in ("limited", "rated", "fair"):
     app.task(_queue)(logged_run)
+
+
+@app.task("deaf")
+async def deaf(job: leaseq.JobContext) -> None:
+    """An async handler that swallows every cancellation (some libraries' retry
+    loops do) for payload['for'] seconds, then returns on its own."""
+    deadline = time.monotonic() + job.payload["for"]
+    while time.monotonic() < deadline:
+        with contextlib.suppress(BaseException):  # deaf on purpose: the case under test
+            await asyncio.sleep(0.2)

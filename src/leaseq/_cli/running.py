@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import click
@@ -26,6 +27,7 @@ from leaseq import (
 from .._config import configured_database_url
 from .._logs import get_logger
 from .._redact import remember_dsn
+from .._worker.registry import STRAGGLER_WAIT
 from .._worker.supervisor import Supervisor
 from .common import (
     _remember_url,
@@ -230,10 +232,48 @@ def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> N
         with serving_metrics(
             port, options["metrics_host"], runner.dsn, app.schema, database=slot == 0
         ):
-            asyncio.run(runner.run(install_signal_handlers=True, burst=options["burst"]))
+            _run_leaving_stragglers(
+                runner.run(install_signal_handlers=True, burst=options["burst"])
+            )
     except asyncio.CancelledError:
         # A second signal: leave now; unfinished leases expire and are recovered.
-        os._exit(1)
+        _leave(1)
+
+
+def _run_leaving_stragglers(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, except that tasks still running once ``main`` is over
+    do not keep the process for ever. asyncio.run cancels them and waits; a
+    handler that swallows its cancellation would never let it return. The worker
+    has left its job to its lease by then, as it leaves a sync handler's thread."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main)
+    except BaseException:
+        _cancel_what_is_left(loop, exit_code=1)
+        loop.close()
+        raise
+    _cancel_what_is_left(loop, exit_code=0)
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
+def _cancel_what_is_left(loop: asyncio.AbstractEventLoop, exit_code: int) -> None:
+    """Cancel the loop's tasks; if some ignore it for STRAGGLER_WAIT, exit without them."""
+    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        _, deaf = loop.run_until_complete(asyncio.wait(left, timeout=STRAGGLER_WAIT))
+        if deaf:
+            log.error("%d tasks ignored their cancellation; exiting without them", len(deaf))
+            _leave(exit_code)
+
+
+def _leave(code: int) -> None:
+    """Exit now, whatever still runs (a thread, a task), the logs flushed first."""
+    logging.shutdown()
+    os._exit(code)
 
 
 @cli.command()

@@ -42,6 +42,11 @@ def acknowledgement_backlog(concurrency: int) -> int:
     return max(2 * concurrency, 8)
 
 
+#: How long a stopping worker waits for attempt tasks it cancelled a last time.
+#: A handler that swallows cancellation would otherwise keep the worker for ever.
+STRAGGLER_WAIT = 1.0
+
+
 class AttemptRegistry:
     def __init__(self, concurrency: int, stats: WorkerStats, metrics: Metrics | None) -> None:
         self._concurrency = concurrency
@@ -130,7 +135,8 @@ class AttemptRegistry:
 
         Waits ``timeout`` seconds at most: with the database away, the releases (and
         flushes) would be retried forever. What is not acknowledged by then is left
-        to its lease's expiry, as after a crash.
+        to its lease's expiry, as after a crash; so is an async handler that swallows
+        its cancellation (after STRAGGLER_WAIT more), as a sync handler's thread is.
         """
         self.releasing = True
         deadline = time.monotonic() + timeout
@@ -158,7 +164,13 @@ class AttemptRegistry:
             )
             for task in unsettled:
                 task.cancel()
-            await asyncio.gather(*unsettled, return_exceptions=True)
+            _, deaf = await asyncio.wait(unsettled, timeout=STRAGGLER_WAIT)
+            if deaf:
+                log.error(
+                    "%d handlers did not stop when cancelled; left running (their jobs' "
+                    "leases will expire and they will run again)",
+                    len(deaf),
+                )
 
     def wake(self) -> None:
         self._wakeup.set()
