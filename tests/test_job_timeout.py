@@ -70,3 +70,32 @@ async def test_a_bad_timeout_is_refused_and_writes_nothing(
     with pytest.raises(leaseq.InvalidJob, match="timeout"):
         await aqueue.enqueue_many("short", [{}], timeout=value)  # type: ignore[arg-type]
     assert await aqueue.stats("short") == []
+
+
+async def test_a_handler_that_swallows_its_timeout_still_timed_out(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """It catches the cancellation its timeout sends and returns a value: that is
+    no success (the README: a timeout counts as a transient error). As for a sync
+    handler, what a timed-out handler ends with is not its outcome."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("swallowing", timeout=0.2, max_attempts=1)
+    async def swallowing(job: leaseq.JobContext) -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "finished anyway"
+        return "slept"
+
+    job_id = await aqueue.enqueue("swallowing", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False)
+    running = Running(worker)
+    try:
+        await _until(lambda: _all_finished(aqueue, "swallowing"))
+    finally:
+        await running.stop()
+    job = await aqueue.get(job_id)
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "timed out after 0.2s"
+    assert worker.stats.timeouts == 1

@@ -39,12 +39,19 @@ async def run_until(
     scope = asyncio.timeout_at(deadline)
     try:
         async with scope:
-            return await awaitable
+            returned = await awaitable
     except TimeoutError:
         if not scope.expired():
             raise  # the handler's own
         timed_out()
         raise TimedOut from None
+    if scope.expired():
+        # The handler caught the cancellation its deadline sent and returned: it
+        # still ran out of time, and what it ended with is not its outcome (as for
+        # a sync handler that returns after its timeout).
+        timed_out()
+        raise TimedOut
+    return returned
 
 
 async def run_in_thread(

@@ -123,12 +123,16 @@ class Outcomes:
         self._pending: deque[_Pending] = deque()
         self._arrived = asyncio.Event()
         self._max_batch = max_batch
+        self._closed = False
 
     async def report(self, outcome: Outcome) -> Answer:
         """Queue an outcome and wait for its flush: what the database did with it.
 
-        Raises what prevented this outcome (and only this one) from being sent.
+        Raises what prevented this outcome (and only this one) from being sent, and
+        RuntimeError once the worker has stopped (nobody would ever flush it).
         """
+        if self._closed:
+            raise RuntimeError("the worker has stopped: this outcome is not sent (lease expiry)")
         pending = _Pending(outcome, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
         self._arrived.set()
@@ -149,7 +153,10 @@ class Outcomes:
             await self._flush(batch)
 
     async def drain(self) -> None:
-        """Flush whatever is pending (at shutdown, after run() was cancelled)."""
+        """Flush whatever is pending (at shutdown, after run() was cancelled); what
+        is reported after that raises (a handler that ignored its cancellation and
+        returned late would otherwise wait for a flush for ever)."""
+        self._closed = True
         batch = list(self._pending)
         self._pending.clear()
         if batch:
