@@ -210,6 +210,21 @@ async def test_cookies_and_redirects_stay_within_the_app(browser: Browser, jobs:
     assert other.headers["location"] == "/"
 
 
+@pytest.mark.parametrize("next_path", ["/\\evil.example", "/\\/evil.example", "/\t/evil.example"])
+async def test_a_next_path_a_browser_reads_as_another_host_is_refused(
+    browser: Browser, jobs: Jobs, next_path: str
+) -> None:
+    """Browsers read a backslash as a slash (and drop tabs and newlines): ``/\\evil``
+    is ``//evil``, another site. Neither the redirect nor the confirmation's link
+    may lead there."""
+    response = await browser.post(f"/jobs/{jobs.queued}/cancel", {"next": next_path})
+    assert response.headers["location"] == "/"
+    confirm = await browser.post("/replay", {"queue": "reports", "next": next_path})
+    assert confirm.status_code == 200
+    assert "evil" not in confirm.text
+    assert 'href="/">Back' in confirm.text
+
+
 async def test_mounted_under_a_path(make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue) -> None:
     outer = Starlette(routes=[Mount("/ops/queue", app=make_app())])
     client = Browser(outer)
