@@ -245,6 +245,30 @@ def test_replay_many_only_failed_leaves_a_job_skipped_meanwhile_skipped(client: 
         client.replay_many([kept], only_failed="yes")  # type: ignore[arg-type]
 
 
+def test_replay_many_with_lease_versions_leaves_a_job_that_changed_since_alone(
+    client: Client,
+) -> None:
+    """An operator confirmed a replay of two failed jobs; since then one was
+    replayed, ran again and failed again (another failure): still failed, but not
+    the job that was shown. Its lease_version moved on: it is left alone."""
+    kept, changed = _fail(client, "mail", "boom"), _fail(client, "mail", "boom")
+    shown = [client.get(kept).lease_version, client.get(changed).lease_version]
+    assert client.replay(changed)
+    (claim,) = client.claim("mail")
+    client.fail(claim, "a different failure")
+    assert client.get(changed).status is JobStatus.FAILED
+    replayed = client.replay_many(
+        [kept, changed], only_failed=True, lease_versions=shown, actor="dashboard:alice"
+    )
+    assert replayed == [kept]
+    assert client.get(changed).status is JobStatus.FAILED
+    assert client.get(changed).last_error == "a different failure"
+    assert client.get(kept).status is JobStatus.QUEUED
+    for bad in ([1], [shown[0], -1], [shown[0], True]):
+        with pytest.raises(leaseq.InvalidArgument):
+            client.replay_many([kept, changed], lease_versions=bad)  # type: ignore[arg-type]
+
+
 def test_cancel_only_failed_skips_a_failed_job_and_nothing_else(client: Client) -> None:
     """A skip that comes after someone replayed the job leaves the replay alone."""
     failed, second = _fail(client, "mail", "boom"), _fail(client, "mail", "boom")

@@ -303,6 +303,30 @@ async def test_confirming_a_bulk_replay_leaves_a_job_skipped_meanwhile_alone(
     assert [queue.get(i).status for i in jobs.failed[:2]] == [JobStatus.QUEUED] * 2
 
 
+async def test_confirming_a_bulk_replay_leaves_a_job_that_ran_again_meanwhile_alone(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The confirmation listed a job of group "boom-group"; since then someone
+    replayed it, it ran and failed with another error. It is failed again, but not
+    the failure the operator confirmed: it is left alone, and the message says so."""
+    (job_id,) = _failed(queue, 1, "boom-group")
+    confirm = await browser.post(
+        "/replay", {"queue": "work", "error": "boom-group", "group": "1", "next": "/failed"}
+    )
+    assert _confirmed_ids(confirm.text) == {job_id}
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', confirm.text))
+    assert queue.replay(job_id, actor="someone-else")
+    (claim,) = queue.claim("work")
+    queue.fail(claim, "a different failure")
+    done = await browser.follow(await browser.post("/replay/confirm", fields))
+    assert "Replayed 0 of 1 jobs (1 had changed meanwhile and were left alone)" in text_of(
+        done.text
+    )
+    job = queue.get(job_id)
+    assert (job.status, job.last_error) == (JobStatus.FAILED, "a different failure")
+    assert [e.action for e in _audit(queue)] == []
+
+
 async def test_a_skip_never_undoes_a_replay_made_meanwhile(
     make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
