@@ -73,6 +73,28 @@ def test_find_jobs_searches_only_the_newest_window(client: Client) -> None:
     assert not wide.window_end
 
 
+def test_find_jobs_of_failed_jobs_is_not_bounded_by_the_window_of_job_ids(
+    client: Client,
+) -> None:
+    """Failed jobs stay until replayed: a search of them reads their index, the
+    newest ``window`` failures of each queue, not the newest ``window`` job ids,
+    which newer jobs of any queue push them out of."""
+    old = [_fail(client, "mail", "boom") for _ in range(3)]
+    client.enqueue_many("reports", [{"n": n} for n in range(30)])
+    page = client.find_jobs(status="failed", window=10)
+    assert [j.job_id for j in page.jobs] == old[::-1]
+    assert not page.window_end
+    by_error = client.find_jobs(status="failed", queue="mail", error="BOOM", window=10, limit=2)
+    assert [j.job_id for j in by_error.jobs] == old[:0:-1]
+    assert by_error.next_before == old[1]
+    rest = client.find_jobs(status="failed", error="boom", window=10, before=old[1])
+    assert [j.job_id for j in rest.jobs] == [old[0]]
+    # The newest 2 failures of each queue: older ones are not searched, and it says so.
+    capped = client.find_jobs(status="failed", window=2)
+    assert [j.job_id for j in capped.jobs] == old[:0:-1]
+    assert capped.window_end
+
+
 def test_find_jobs_reports_the_lease_remaining_of_running_jobs(client: Client) -> None:
     client.enqueue("reports", {})
     client.claim("reports", lease=30)

@@ -280,6 +280,27 @@ async def test_a_failed_groups_replay_takes_exactly_that_group(
     }
 
 
+async def test_a_failed_groups_replay_finds_failures_older_than_the_search_window(
+    make_app: AppFactory, queue: leaseq.Queue
+) -> None:
+    """The Failed page counts a group's jobs however old: its "Replay these…" and
+    the Jobs page's failed jobs find them too, once newer jobs of any queue fill
+    the search window."""
+    failed = _failed(queue, 3, "boom")
+    queue.enqueue_many("other", [{"n": n} for n in range(50)])
+    client = Browser(make_app(search_window=20))
+    try:
+        confirm = await client.post(
+            "/replay", {"queue": "work", "error": "boom", "group": "1", "next": "/failed"}
+        )
+        assert "Replay 3 failed jobs?" in text_of(confirm.text)
+        assert _confirmed_ids(confirm.text) == set(failed)
+        listed = (await client.get("/jobs?queue=work&state=failed")).text
+        assert all(f'href="/jobs/{job_id}"' in listed for job_id in failed)
+    finally:
+        await client.close()
+
+
 async def test_confirming_a_bulk_replay_leaves_a_job_skipped_meanwhile_alone(
     make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
 ) -> None:
