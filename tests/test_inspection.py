@@ -73,6 +73,28 @@ def test_find_jobs_searches_only_the_newest_window(client: Client) -> None:
     assert not wide.window_end
 
 
+def test_find_jobs_of_failed_jobs_is_not_bounded_by_the_window_of_job_ids(
+    client: Client,
+) -> None:
+    """Failed jobs stay until replayed: a search of them reads their index, the
+    newest ``window`` failures of each queue, not the newest ``window`` job ids,
+    which newer jobs of any queue push them out of."""
+    old = [_fail(client, "mail", "boom") for _ in range(3)]
+    client.enqueue_many("reports", [{"n": n} for n in range(30)])
+    page = client.find_jobs(status="failed", window=10)
+    assert [j.job_id for j in page.jobs] == old[::-1]
+    assert not page.window_end
+    by_error = client.find_jobs(status="failed", queue="mail", error="BOOM", window=10, limit=2)
+    assert [j.job_id for j in by_error.jobs] == old[:0:-1]
+    assert by_error.next_before == old[1]
+    rest = client.find_jobs(status="failed", error="boom", window=10, before=old[1])
+    assert [j.job_id for j in rest.jobs] == [old[0]]
+    # The newest 2 failures of each queue: older ones are not searched, and it says so.
+    capped = client.find_jobs(status="failed", window=2)
+    assert [j.job_id for j in capped.jobs] == old[:0:-1]
+    assert capped.window_end
+
+
 def test_find_jobs_reports_the_lease_remaining_of_running_jobs(client: Client) -> None:
     client.enqueue("reports", {})
     client.claim("reports", lease=30)
@@ -243,6 +265,30 @@ def test_replay_many_only_failed_leaves_a_job_skipped_meanwhile_skipped(client: 
     assert client.get(kept).status is JobStatus.QUEUED
     with pytest.raises(leaseq.InvalidArgument):
         client.replay_many([kept], only_failed="yes")  # type: ignore[arg-type]
+
+
+def test_replay_many_with_lease_versions_leaves_a_job_that_changed_since_alone(
+    client: Client,
+) -> None:
+    """An operator confirmed a replay of two failed jobs; since then one was
+    replayed, ran again and failed again (another failure): still failed, but not
+    the job that was shown. Its lease_version moved on: it is left alone."""
+    kept, changed = _fail(client, "mail", "boom"), _fail(client, "mail", "boom")
+    shown = [client.get(kept).lease_version, client.get(changed).lease_version]
+    assert client.replay(changed)
+    (claim,) = client.claim("mail")
+    client.fail(claim, "a different failure")
+    assert client.get(changed).status is JobStatus.FAILED
+    replayed = client.replay_many(
+        [kept, changed], only_failed=True, lease_versions=shown, actor="dashboard:alice"
+    )
+    assert replayed == [kept]
+    assert client.get(changed).status is JobStatus.FAILED
+    assert client.get(changed).last_error == "a different failure"
+    assert client.get(kept).status is JobStatus.QUEUED
+    for bad in ([1], [shown[0], -1], [shown[0], True]):
+        with pytest.raises(leaseq.InvalidArgument):
+            client.replay_many([kept, changed], lease_versions=bad)  # type: ignore[arg-type]
 
 
 def test_cancel_only_failed_skips_a_failed_job_and_nothing_else(client: Client) -> None:

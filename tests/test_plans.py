@@ -105,6 +105,24 @@ def test_claim_uses_the_partial_indexes(finished_rows: leaseq.Queue) -> None:
     assert all(kind != "Seq Scan" for kind in scans.values()), scans
 
 
+def test_a_search_of_failed_jobs_reads_their_index_not_the_table(
+    finished_rows: leaseq.Queue,
+) -> None:
+    """A search of failed jobs is not bounded by a window of job ids (failed jobs
+    stay however old): it reads the newest failures of each queue from
+    job_failed_idx alone, then the rows of the page by primary key."""
+    for filters in ({}, {"queue": "reports"}, {"queue": "reports", "error": "nothing like it"}):
+        operation = finished_rows._store.find_jobs(status="failed", limit=50, **filters)
+        plan = _explain(finished_rows, operation, analyze=True)
+        scans = _job_scans(plan)
+        assert scans.get("job_failed_idx") == "Index Only Scan", (filters, scans)
+        assert all(kind != "Seq Scan" for kind in scans.values()), (filters, scans)
+        blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        # 10,000 failed rows of 100,000: a scan of the table would read ~1,000 pages.
+        limit = 200 if not filters.get("error") else 40_000
+        assert blocks < limit, (filters, blocks)
+
+
 @pytest.mark.parametrize("rows", ["never analyzed", "100k finished", "100k queued"])
 def test_the_claims_generic_plan_reads_the_heads_of_the_partial_indexes(
     queue: leaseq.Queue, rows: str, request: pytest.FixtureRequest

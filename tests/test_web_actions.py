@@ -280,6 +280,27 @@ async def test_a_failed_groups_replay_takes_exactly_that_group(
     }
 
 
+async def test_a_failed_groups_replay_finds_failures_older_than_the_search_window(
+    make_app: AppFactory, queue: leaseq.Queue
+) -> None:
+    """The Failed page counts a group's jobs however old: its "Replay these…" and
+    the Jobs page's failed jobs find them too, once newer jobs of any queue fill
+    the search window."""
+    failed = _failed(queue, 3, "boom")
+    queue.enqueue_many("other", [{"n": n} for n in range(50)])
+    client = Browser(make_app(search_window=20))
+    try:
+        confirm = await client.post(
+            "/replay", {"queue": "work", "error": "boom", "group": "1", "next": "/failed"}
+        )
+        assert "Replay 3 failed jobs?" in text_of(confirm.text)
+        assert _confirmed_ids(confirm.text) == set(failed)
+        listed = (await client.get("/jobs?queue=work&state=failed")).text
+        assert all(f'href="/jobs/{job_id}"' in listed for job_id in failed)
+    finally:
+        await client.close()
+
+
 async def test_confirming_a_bulk_replay_leaves_a_job_skipped_meanwhile_alone(
     make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue
 ) -> None:
@@ -301,6 +322,30 @@ async def test_confirming_a_bulk_replay_leaves_a_job_skipped_meanwhile_alone(
     assert "Replayed 2 of 3 jobs (1 had changed meanwhile" in text_of(done.text)
     assert queue.get(jobs.blocked_head).status is JobStatus.CANCELLED
     assert [queue.get(i).status for i in jobs.failed[:2]] == [JobStatus.QUEUED] * 2
+
+
+async def test_confirming_a_bulk_replay_leaves_a_job_that_ran_again_meanwhile_alone(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The confirmation listed a job of group "boom-group"; since then someone
+    replayed it, it ran and failed with another error. It is failed again, but not
+    the failure the operator confirmed: it is left alone, and the message says so."""
+    (job_id,) = _failed(queue, 1, "boom-group")
+    confirm = await browser.post(
+        "/replay", {"queue": "work", "error": "boom-group", "group": "1", "next": "/failed"}
+    )
+    assert _confirmed_ids(confirm.text) == {job_id}
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', confirm.text))
+    assert queue.replay(job_id, actor="someone-else")
+    (claim,) = queue.claim("work")
+    queue.fail(claim, "a different failure")
+    done = await browser.follow(await browser.post("/replay/confirm", fields))
+    assert "Replayed 0 of 1 jobs (1 had changed meanwhile and were left alone)" in text_of(
+        done.text
+    )
+    job = queue.get(job_id)
+    assert (job.status, job.last_error) == (JobStatus.FAILED, "a different failure")
+    assert [e.action for e in _audit(queue)] == []
 
 
 async def test_a_skip_never_undoes_a_replay_made_meanwhile(

@@ -10,7 +10,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.routing import Mount
+from starlette.responses import Response
+from starlette.routing import Mount, Route
 
 import leaseq
 from leaseq import JobStatus
@@ -210,6 +211,21 @@ async def test_cookies_and_redirects_stay_within_the_app(browser: Browser, jobs:
     assert other.headers["location"] == "/"
 
 
+@pytest.mark.parametrize("next_path", ["/\\evil.example", "/\\/evil.example", "/\t/evil.example"])
+async def test_a_next_path_a_browser_reads_as_another_host_is_refused(
+    browser: Browser, jobs: Jobs, next_path: str
+) -> None:
+    """Browsers read a backslash as a slash (and drop tabs and newlines): ``/\\evil``
+    is ``//evil``, another site. Neither the redirect nor the confirmation's link
+    may lead there."""
+    response = await browser.post(f"/jobs/{jobs.queued}/cancel", {"next": next_path})
+    assert response.headers["location"] == "/"
+    confirm = await browser.post("/replay", {"queue": "reports", "next": next_path})
+    assert confirm.status_code == 200
+    assert "evil" not in confirm.text
+    assert 'href="/">Back' in confirm.text
+
+
 async def test_mounted_under_a_path(make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue) -> None:
     outer = Starlette(routes=[Mount("/ops/queue", app=make_app())])
     client = Browser(outer)
@@ -256,6 +272,46 @@ async def test_an_unexpected_error_is_a_page_with_the_headers(
     assert response.status_code == 500
     assert "a bug" not in response.text
     assert "content-security-policy" in response.headers
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/jobs/{id}"),
+        ("GET", "/jobs/{id}/live"),
+        ("POST", "/jobs/{id}/replay"),
+        ("POST", "/jobs/{id}/cancel"),
+        ("POST", "/jobs/{id}/skip"),
+    ],
+)
+async def test_a_job_id_longer_than_any_job_id_is_not_found(
+    browser: Browser, jobs: Jobs, method: str, path: str
+) -> None:
+    """``int()`` refuses more than 4,300 digits: routing must not call it on them
+    (it was a bare 500 without our headers)."""
+    for job_id in ("9" * 4301, "9" * 20):
+        url = path.format(id=job_id)
+        response = await (browser.get(url) if method == "GET" else browser.post(url))
+        assert response.status_code == 404, (url[-20:], response.status_code)
+        assert response.headers["content-security-policy"]
+
+
+async def test_an_error_outside_every_handler_still_has_the_headers(make_app: AppFactory) -> None:
+    """Starlette's own 500 (an error in routing, before any handler of ours runs)
+    carries the security headers too."""
+    app = make_app()
+
+    async def broken(request: Request) -> Response:
+        raise RuntimeError("a bug outside the handlers")
+
+    app.router.routes.append(Route("/broken", broken))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+        response = await http.get("/broken")
+    assert response.status_code == 500
+    assert "a bug" not in response.text
+    assert response.headers["content-security-policy"]
+    assert response.headers["x-frame-options"] == "DENY"
 
 
 async def test_tokens_and_cookies_of_any_text_are_refused_cleanly(

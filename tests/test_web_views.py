@@ -176,6 +176,26 @@ async def test_the_cache_loads_once_for_many_readers_and_forgets_failures() -> N
     assert await cache.get("b", load) == 3  # the failure was not kept
 
 
+async def test_the_cache_keeps_a_bounded_number_of_entries() -> None:
+    """One entry per distinct ``?queue=`` value must not pile up for ever: expired
+    entries go when another is added, and at most ``max_entries`` are kept, the
+    oldest out first."""
+    now = [0.0]
+    cache = SharedCache(2.0, clock=lambda: now[0], max_entries=50)
+
+    async def load() -> int:
+        return 1
+
+    for n in range(120):
+        await cache.get(("failed_groups", f"nosuch{n}"), load)
+    assert len(cache) == 50
+    assert ("failed_groups", "nosuch119") in cache
+    assert ("failed_groups", "nosuch69") not in cache  # the oldest went first
+    now[0] = 2.5  # every entry expired
+    await cache.get(("stats",), load)
+    assert len(cache) == 1
+
+
 async def test_secret_fields_option(make_app: AppFactory, jobs: Jobs) -> None:
     http = Browser(make_app(secret_fields=("customer",)))
     try:

@@ -55,14 +55,27 @@ class OperatorCalls:
         return self._db.run(self._store.replay(job_id, actor=actor))
 
     def replay_many(
-        self, job_ids: Sequence[int], *, actor: str | None = None, only_failed: bool = False
+        self,
+        job_ids: Sequence[int],
+        *,
+        actor: str | None = None,
+        only_failed: bool = False,
+        lease_versions: Sequence[int] | None = None,
     ) -> list[int]:
         """Replay those of the jobs (up to 10,000) that are failed or cancelled, in one
         statement; returns their ids. ``only_failed``: those still failed only (one
         cancelled meanwhile, a skipped one say, stays cancelled; the status is
-        checked on the locked row). BacklogFull (its ``replayed`` holding what was
-        done) if a queue had no room for some. Audited under ``actor``."""
-        return self._db.run(self._store.replay_many(job_ids, actor=actor, only_failed=only_failed))
+        checked on the locked row). ``lease_versions`` (one per id, the ids then
+        distinct): the ``lease_version`` each job had when it was looked at; one
+        that moved on since (replayed, run again, maybe failed again) is left
+        alone, checked on the locked row too. BacklogFull (its ``replayed``
+        holding what was done) if a queue had no room for some. Audited under
+        ``actor``."""
+        return self._db.run(
+            self._store.replay_many(
+                job_ids, actor=actor, only_failed=only_failed, lease_versions=lease_versions
+            )
+        )
 
     def replay_failed(
         self, queue: str, *, batch: int = 1000, actor: str | None = None
@@ -206,7 +219,9 @@ class OperatorCalls:
         payload contains (``{"customer": "acme"}``). Pass the page's
         ``next_before`` as ``before`` for the next. Only the newest ``window`` job
         ids are searched, so a search costs the same on any table (``window_end``
-        tells when older jobs were left out)."""
+        tells when older jobs were left out); failed jobs (``status="failed"``),
+        kept until replayed, are found however old: older ones through their
+        index, the newest ``window`` failures of each queue."""
         operation = self._store.find_jobs(
             queue=queue,
             status=status,

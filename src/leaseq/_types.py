@@ -157,8 +157,9 @@ class JobPage:
     jobs: tuple[Job, ...]
     #: The ``before`` of the next (older) page; None when this is the last.
     next_before: int | None
-    #: The search reached the edge of its window (the newest ``window`` jobs):
-    #: older jobs were not searched.
+    #: The search reached the edge of its window (the newest ``window`` jobs; of
+    #: failed jobs, the newest ``window`` older failures of each queue): older
+    #: jobs were not searched.
     window_end: bool = False
 
 

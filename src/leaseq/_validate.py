@@ -317,6 +317,25 @@ def job_id(value: object) -> int:
     return value
 
 
+def lease_versions(values: object, job_ids: list[int]) -> list[int]:
+    """The lease_version seen of each of ``job_ids`` (distinct then): one per id, each
+    a bigint >= 0."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidArgument(f"lease_versions must be a sequence of integers, got {values!r}")
+    versions = list(values)
+    if len(versions) != len(job_ids):
+        raise InvalidArgument(
+            f"lease_versions must hold one version per job id: {len(versions)} for "
+            f"{len(job_ids)} ids"
+        )
+    for version in versions:
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
+            raise InvalidArgument(f"a lease version must be an integer >= 0, got {version!r}")
+    if len(set(job_ids)) != len(job_ids):
+        raise InvalidArgument("with lease_versions, each job id may be given once")
+    return versions
+
+
 MAX_ACTOR_CHARS = 200
 MAX_SCHEDULE_NAME_BYTES = 128
 

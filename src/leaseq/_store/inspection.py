@@ -73,20 +73,30 @@ class InspectionOperations(StoreBase):
             "window": validate.search_window(window),
         }
         schema = self.schema
+        # Failed jobs are kept however old (until replayed), and newer jobs of any
+        # queue push them out of the id window: their search reads the window as
+        # any search does, then, if the page is not full, older failures through
+        # their index (the newest `window` of each queue). Done and cancelled jobs
+        # (the long history) keep the id window; running jobs of any age are what
+        # running_jobs() lists.
+        failed = params["status"] == JobStatus.FAILED.value
+        sql = self.sql("find_failed_jobs.sql" if failed else "find_jobs.sql")
 
         def decode(rows: list[Rows]) -> JobPage:
-            floor = rows[0][0][-1]
+            # find_jobs.sql: the window's floor; find_failed_jobs.sql: whether a queue
+            # had more failures than the window.
+            edge = rows[0][0][-1]
             found = [row for row in rows[0] if row[0] is not None]
             jobs = tuple(decoding.job_from_row(schema, row) for row in found[:limit])
             more = len(found) > limit
             return JobPage(
                 jobs=jobs,
                 next_before=jobs[-1].job_id if more else None,
-                # The search went down to the window's floor and jobs may lie below it.
-                window_end=not more and floor > 0,
+                # The search reached the window's edge and jobs may lie beyond it.
+                window_end=not more and (bool(edge) if failed else edge > 0),
             )
 
-        return Operation((Statement(self.sql("find_jobs.sql"), params),), decode)
+        return Operation((Statement(sql, params),), decode)
 
     def running_jobs(self, queue: str | None = None, *, limit: int = 100) -> Operation[list[Job]]:
         params = {"queue": _queue(queue), "limit": _page_limit(limit)}

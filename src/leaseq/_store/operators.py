@@ -71,16 +71,24 @@ class OperatorOperations(StoreBase):
         return Operation((Statement(self.sql("replay.sql"), params),), decode)
 
     def replay_many(
-        self, job_ids: Sequence[int], *, actor: str | None = None, only_failed: bool = False
+        self,
+        job_ids: Sequence[int],
+        *,
+        actor: str | None = None,
+        only_failed: bool = False,
+        lease_versions: Sequence[int] | None = None,
     ) -> Operation[list[int]]:
         """Replay those of the jobs that are failed or cancelled (``only_failed``:
         failed), in one statement; their ids. BacklogFull (carrying them) if a
         queue had no room for some. A unique job whose key another job holds is
-        left as it is."""
+        left as it is; so is one whose lease_version is no longer the one given
+        for it in ``lease_versions`` (one per id)."""
         ids = validate.job_ids(job_ids)
         params = self._replay_params(ids, None, max(len(ids), 1), actor)
         if validate.flag(only_failed, "only_failed"):
             params["statuses"] = ["failed"]
+        if lease_versions is not None:
+            params["lease_versions"] = validate.lease_versions(lease_versions, ids)
 
         def decode(rows: list[Rows]) -> list[int]:
             replayed = [row[0] for row in rows[0] if row[2]]
@@ -122,6 +130,7 @@ class OperatorOperations(StoreBase):
             "limit": limit,
             "actor": validate.actor(actor),
             "statuses": ["failed", "cancelled"],
+            "lease_versions": None,
         }
 
     def cancel(

@@ -19,9 +19,21 @@
 -- this batch takes it: a replay never makes a second unfinished job of a key.
 -- The batch of a queue leaves held jobs out, so it reaches the end. The
 -- trigger job_unique_follow_status re-checks under the key's lock (LQ003).
-WITH candidates AS (
-    SELECT j.job_id, j.queue, j.status, j.payload_bytes, j.finished_at, j.unique_key, h.held
+-- %(lease_versions)s (NULL, or one per id of %(job_ids)s, which are then
+-- distinct): the lease_version each job had when someone looked at it. A job
+-- whose lease_version moved on since (replayed, run again, maybe failed again) is
+-- `stale` and left alone, checked again on the locked row.
+WITH shown AS (
+    SELECT s.job_id, s.lease_version
+    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS s (job_id, lease_version)
+    WHERE %(lease_versions)s::bigint[] IS NOT NULL
+),
+candidates AS (
+    SELECT j.job_id, j.queue, j.status, j.payload_bytes, j.finished_at, j.unique_key, h.held,
+           shown.lease_version AS expected,
+           coalesce(shown.lease_version <> j.lease_version, false) AS stale
     FROM {schema}.job AS j
+    LEFT JOIN shown ON shown.job_id = j.job_id
     CROSS JOIN LATERAL (
         SELECT j.unique_key IS NOT NULL AND EXISTS (
             SELECT 1 FROM {schema}.job AS o
@@ -40,7 +52,7 @@ eligible AS (
            c.unique_key IS NOT NULL AND row_number() OVER (
                PARTITION BY c.queue, c.unique_key ORDER BY c.finished_at, c.job_id) > 1 AS twin
     FROM candidates AS c
-    WHERE c.status = ANY(%(statuses)s::text[]) AND NOT c.held
+    WHERE c.status = ANY(%(statuses)s::text[]) AND NOT c.held AND NOT c.stale
 ),
 room AS (
     SELECT q.name,
@@ -54,7 +66,7 @@ room AS (
     WHERE q.name IN (SELECT c.queue FROM candidates AS c) AND q.counts_backlog
 ),
 ranked AS (
-    SELECT c.job_id, c.queue,
+    SELECT c.job_id, c.queue, c.expected,
            row_number() OVER w AS position,
            sum(c.payload_bytes) OVER w AS bytes
     FROM eligible AS c
@@ -62,7 +74,7 @@ ranked AS (
     WINDOW w AS (PARTITION BY c.queue ORDER BY c.finished_at, c.job_id)
 ),
 admitted AS (
-    SELECT r.job_id
+    SELECT r.job_id, r.expected
     FROM ranked AS r LEFT JOIN room ON room.name = r.queue
     WHERE (room.jobs IS NULL OR r.position <= room.jobs)
       AND (room.bytes IS NULL OR r.bytes <= room.bytes)
@@ -87,6 +99,7 @@ replayed AS (
             'actor', coalesce(%(actor)s::text, session_user::text)))
     FROM admitted AS a
     WHERE j.job_id = a.job_id AND j.status = ANY(%(statuses)s::text[])
+      AND (a.expected IS NULL OR j.lease_version = a.expected)
     RETURNING j.job_id, j.queue
 ),
 audit AS (
@@ -99,7 +112,7 @@ audit AS (
 SELECT c.job_id, c.status,
        replayed.job_id IS NOT NULL AS changed,
        c.status = ANY(%(statuses)s::text[]) AND admitted.job_id IS NULL
-           AND NOT (c.held OR coalesce(e.twin, false)) AS refused,
+           AND NOT (c.held OR c.stale OR coalesce(e.twin, false)) AS refused,
        c.held OR coalesce(e.twin, false) AS held
 FROM candidates AS c
 LEFT JOIN eligible AS e ON e.job_id = c.job_id

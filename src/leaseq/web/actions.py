@@ -119,12 +119,14 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
         error = form.get("error", "")
         member = failed_group(error)
         arguments["error"] = group_search(error)
-    ids, more, window_end = await _failed_jobs(dashboard, arguments, member)
+    found_jobs, more, window_end = await _failed_jobs(dashboard, arguments, member)
     return ctx.render(
         "confirm_replay.html",
         filter=found,
         group=group,
-        ids=ids,
+        ids=[job.job_id for job in found_jobs],
+        # What each job was when shown: confirming leaves alone one that moved on.
+        versions=[job.lease_version for job in found_jobs],
         more=more,
         window_end=window_end,
         back=ctx.local(form.get("next") or f"/jobs?{found.query()}"),
@@ -133,48 +135,53 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
 
 async def _failed_jobs(
     dashboard: Dashboard, arguments: dict[str, Any], member: Callable[[leaseq.Job], bool] | None
-) -> tuple[list[int], bool, bool]:
+) -> tuple[list[leaseq.Job], bool, bool]:
     """The newest failed jobs ``find_jobs(**arguments)`` finds that are ``member``s (if
     given), at most ``bulk_limit``; whether more match; whether the search stopped
     at the edge of its window."""
     limit = dashboard.bulk_limit
-    ids: list[int] = []
+    found: list[leaseq.Job] = []
     before: int | None = None
     window_end = False
     while True:
         page = await dashboard.client.find_jobs(
             **{**arguments, "before": before},
-            limit=FULL_PAGE if member else min(COLLECT_PAGE, limit - len(ids)),
+            limit=FULL_PAGE if member else min(COLLECT_PAGE, limit - len(found)),
             window=dashboard.search_window,
         )
         window_end = window_end or page.window_end
-        matching = [job.job_id for job in page.jobs if member is None or member(job)]
-        room = limit - len(ids)
-        ids += matching[:room]
+        matching = [job for job in page.jobs if member is None or member(job)]
+        room = limit - len(found)
+        found += matching[:room]
         if len(matching) > room:
-            return ids, True, window_end
+            return found, True, window_end
         if page.next_before is None:
-            return ids, False, window_end
-        if member is None and len(ids) == limit:
-            return ids, True, window_end  # find_jobs says more follow
+            return found, False, window_end
+        if member is None and len(found) == limit:
+            return found, True, window_end  # find_jobs says more follow
         before = page.next_before
 
 
 @handler(security.REPLAY, post=True)
 async def replay_confirmed(request: Request, ctx: Context) -> Response:
-    """Step two: replay the jobs the confirmation showed that are still failed (one
-    replayed, or skipped, meanwhile is left alone)."""
+    """Step two: replay the jobs the confirmation showed that are still failed and
+    as they were shown (one replayed, or skipped, meanwhile is left alone)."""
     form = await _form(request)
-    ids = _job_ids(form.get("ids", ""))
-    if ids is None:
+    shown = _shown_jobs(form.get("ids", ""), form.get("versions"))
+    if shown is None:
         return refuse(ctx, 400, "The list of jobs to replay is malformed.")
+    ids, versions = shown
     if len(ids) > ctx.dashboard.bulk_limit:
         return refuse(ctx, 400, f"At most {ctx.dashboard.bulk_limit:,} jobs per replay.")
     back = form.get("next") or "/failed"
     try:
         # Only those still failed, checked on each locked row: a job replayed, or
         # skipped, since the confirmation was shown is left as it is.
-        replayed = await ctx.dashboard.client.replay_many(ids, actor=ctx.actor, only_failed=True)
+        # and whose lease_version is still the one shown: a job replayed since, run
+        # again and failed again is failed, but not the failure that was confirmed.
+        replayed = await ctx.dashboard.client.replay_many(
+            ids, actor=ctx.actor, only_failed=True, lease_versions=versions
+        )
     except leaseq.BacklogFull as exc:
         message = f"Replayed {len(exc.replayed):,} of {len(ids):,} jobs, then: {exc}"
         return _done(ctx, form, back, message)
@@ -183,13 +190,28 @@ async def replay_confirmed(request: Request, ctx: Context) -> Response:
     return _done(ctx, form, back, f"Replayed {len(replayed):,} of {len(ids):,} jobs{tail}.")
 
 
-def _job_ids(text: str) -> list[int] | None:
-    """``"12,7,9"`` as job ids (each once), or None if any is not one."""
+def _numbers(text: str) -> list[int] | None:
+    """``"12,7,9"`` as numbers, or None if any is not one."""
     texts = [part.strip() for part in text.split(",") if part.strip()]
     if not all(digits(part) for part in texts):
         return None
-    ids = list(dict.fromkeys(int(part) for part in texts))
-    return ids if all(0 < job_id <= MAX_JOB_ID for job_id in ids) else None
+    return [int(part) for part in texts]
+
+
+def _shown_jobs(ids: str, versions: str | None) -> tuple[list[int], list[int] | None] | None:
+    """The confirmation's ``ids`` (``"12,7,9"``, each kept once) and, if it sent
+    them, their ``versions`` (the lease_version of each as shown, in the same
+    order); None if either is malformed."""
+    job_ids = _numbers(ids)
+    if job_ids is None or not all(0 < job_id <= MAX_JOB_ID for job_id in job_ids):
+        return None
+    if versions is None:  # a form of an older page, or a script: status checks only
+        return list(dict.fromkeys(job_ids)), None
+    seen = _numbers(versions)
+    if seen is None or len(seen) != len(job_ids) or not all(v <= MAX_JOB_ID for v in seen):
+        return None
+    pairs = dict(zip(job_ids, seen, strict=True))  # (an id twice: its last version)
+    return list(pairs), list(pairs.values())
 
 
 async def _pause(request: Request, ctx: Context, paused: bool) -> Response:

@@ -9,9 +9,11 @@ from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 import leaseq
 
@@ -25,6 +27,35 @@ HERE = Path(__file__).resolve().parent
 #: Connections of the dashboard's own pool: pages run a few statements each, and
 #: the shared cache keeps many tabs from multiplying them.
 POOL_SIZE = 3
+
+
+class JobIdConvertor(Convertor[int]):
+    """A job id in a path: at most 19 ASCII digits (bigints have 19). Starlette's
+    ``int`` convertor calls ``int()`` on digits of any length while routing, outside
+    every handler, and ``int()`` refuses more than 4,300: a bare 500. A longer
+    path matches no route (404); a 19-digit number past the bigint range is the
+    handler's to refuse."""
+
+    regex = "[0-9]{1,19}"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+# Under a name of ours: Starlette's convertors are one registry per process.
+register_url_convertor("leaseq_job_id", JobIdConvertor())
+
+
+class _Dashboard(Starlette):
+    """Starlette with :class:`SecurityHeaders` outside everything, its
+    ``ServerErrorMiddleware`` too: the 500 of an error outside our handlers carries
+    the headers as well."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack())
 
 
 def _client(
@@ -111,12 +142,9 @@ def create_app(
         yield
         await client.close()
 
-    app = Starlette(
+    app = _Dashboard(
         routes=_routes(),
-        middleware=[
-            Middleware(SecurityHeaders),
-            *([] if allowed_hosts is None else [Middleware(TrustedHosts, allowed_hosts)]),
-        ],
+        middleware=[Middleware(TrustedHosts, allowed_hosts)] if allowed_hosts is not None else [],
         lifespan=lifespan,
     )
     app.state.leaseq = dashboard
@@ -128,11 +156,11 @@ def _routes() -> list[Any]:
         Route("/", pages.overview, name="overview"),
         Route("/live/overview", pages.overview_live),
         Route("/jobs", pages.jobs, name="jobs"),
-        Route("/jobs/{job_id:int}", pages.job, name="job"),
-        Route("/jobs/{job_id:int}/live", pages.job_live),
-        Route("/jobs/{job_id:int}/replay", actions.replay, methods=["POST"]),
-        Route("/jobs/{job_id:int}/cancel", actions.cancel, methods=["POST"]),
-        Route("/jobs/{job_id:int}/skip", actions.skip, methods=["POST"]),
+        Route("/jobs/{job_id:leaseq_job_id}", pages.job, name="job"),
+        Route("/jobs/{job_id:leaseq_job_id}/live", pages.job_live),
+        Route("/jobs/{job_id:leaseq_job_id}/replay", actions.replay, methods=["POST"]),
+        Route("/jobs/{job_id:leaseq_job_id}/cancel", actions.cancel, methods=["POST"]),
+        Route("/jobs/{job_id:leaseq_job_id}/skip", actions.skip, methods=["POST"]),
         Route("/replay", actions.replay_matching, methods=["POST"]),
         Route("/replay/confirm", actions.replay_confirmed, methods=["POST"]),
         Route("/failed", pages.failed, name="failed"),

@@ -102,7 +102,11 @@ class Context:
     @staticmethod
     def local(path: str) -> str:
         """``path`` if it is a path of this app, else its root: a ``next`` field can
-        never send anyone elsewhere."""
+        never send anyone elsewhere. Browsers read a backslash as a slash and drop
+        tabs and line breaks, so ``/\\evil.example`` is ``//evil.example`` to them:
+        scheme-relative, another site. A path with either is refused."""
+        if "\\" in path or any(ord(char) < 0x20 or ord(char) == 0x7F for char in path):
+            return "/"
         parts = urlsplit(path)
         if parts.scheme or parts.netloc or not path.startswith("/") or path.startswith("//"):
             return "/"

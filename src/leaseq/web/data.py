@@ -21,6 +21,9 @@ T = TypeVar("T")
 
 #: Blocked keys the shared summary lists (the Blocked keys page, the Overview's count).
 BLOCKED_KEYS_READ = 100
+#: Values a cache keeps at most. Keys hold what a request asked for (``?queue=``
+#: of any text): without a bound, anyone could grow the process's memory.
+CACHE_ENTRIES = 256
 
 
 @dataclass
@@ -37,13 +40,30 @@ class SharedCache:
     A failed load is not kept: the next request tries again (every waiter of the
     failed load sees its error). A load nobody waits for any more is cancelled:
     with the database away, each load would otherwise wait out a connect timeout
-    in turn on the pool, and hold up the next page behind it."""
+    in turn on the pool, and hold up the next page behind it.
 
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+    At most ``max_entries`` values are kept: adding one drops the expired ones, then
+    the oldest while there are too many."""
+
+    def __init__(
+        self,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        max_entries: int = CACHE_ENTRIES,
+    ) -> None:
         self.ttl = ttl
         self._clock = clock
+        self.max_entries = max_entries
+        # In the order stored; with one ttl for all, also the order they expire in.
         self._values: dict[Hashable, tuple[float, Any]] = {}
         self._loading: dict[Hashable, _Load] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._values
 
     @property
     def loading(self) -> int:
@@ -73,12 +93,21 @@ class SharedCache:
     async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
         try:
             value = await load()
-            self._values[key] = (self._clock() + self.ttl, value)
+            self._store(key, value)
             return value
         finally:
             flight = self._loading.get(key)
             if flight is not None and flight.task is asyncio.current_task():
                 self._forget(key, flight)
+
+    def _store(self, key: Hashable, value: Any) -> None:
+        now = self._clock()
+        self._values.pop(key, None)  # stored anew: it goes to the end
+        values = self._values
+        # The oldest first: expired ones, then any beyond the bound.
+        while values and (len(values) >= self.max_entries or next(iter(values.values()))[0] <= now):
+            del values[next(iter(values))]
+        values[key] = (now + self.ttl, value)
 
     def _forget(self, key: Hashable, flight: _Load) -> None:
         # Only this load's entry: a cancelled one may end after a new load of its key began.
