@@ -187,6 +187,10 @@ def test_bad_renew_and_retry_arguments_change_nothing(client: Client) -> None:
     with pytest.raises(InvalidArgument):
         client.retry(claim, delay=-3)
     assert client.get(claim.job_id).status is leaseq.JobStatus.RUNNING
+    for running in (["yes"], [True, False], [None]):
+        with pytest.raises(InvalidArgument, match="handlers_running"):
+            client.release_many([claim], handlers_running=running)  # type: ignore[list-item]
+    assert client.get(claim.job_id).status is leaseq.JobStatus.RUNNING
     client.complete(claim)
 
 

@@ -208,8 +208,8 @@ class _CommitThenDrop(leaseq.AsyncQueue):
     async def fail_many(self, claims: Any, errors: Any = None) -> Any:
         return await self._drop_once("fail", await super().fail_many(claims, errors))
 
-    async def release_many(self, claims: Any) -> Any:
-        return await self._drop_once("release", await super().release_many(claims))
+    async def release_many(self, claims: Any, **kwargs: Any) -> Any:
+        return await self._drop_once("release", await super().release_many(claims, **kwargs))
 
 
 async def test_worker_acknowledgements_resent_after_an_ambiguous_commit_are_accepted(

@@ -454,3 +454,46 @@ async def test_notifications_that_are_no_job_id_leave_the_worker_running(
     finally:
         worker.request_stop()
         await asyncio.wait_for(running, 30)
+
+
+async def test_a_job_released_while_its_sync_handler_runs_on_never_runs_twice_at_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A stop releases a sync handler's job while its thread runs on (it cannot be
+    stopped; it looks at job.lost once a second). Another worker must not start the
+    job beside it: the released job waits until the lease it held would have ended."""
+    app = leaseq.App(schema=schema)
+    spans: list[list[float]] = []
+    started = threading.Event()
+
+    @app.task("slow", lease=3.0)
+    def slow(job: leaseq.JobContext) -> None:
+        span = [time.monotonic()]
+        spans.append(span)
+        started.set()
+        while len(spans) == 1:  # looks at job.lost only once a second
+            time.sleep(1.0)
+            if job.lost.is_set():
+                break
+        span.append(time.monotonic())
+
+    job_id = await aqueue.enqueue("slow", {}, key="k")
+    first = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, shutdown_grace=0.2)
+    first_run = asyncio.create_task(first.run())
+    await asyncio.wait_for(asyncio.to_thread(started.wait, 30), 35)
+    second = leaseq.Worker(app, dsn=database_url, poll_interval=0.1)
+    second_run = asyncio.create_task(second.run())
+    first.request_stop()
+    await asyncio.wait_for(first_run, 30)
+    deadline = time.monotonic() + 30
+    while not (len(spans) == 2 and all(len(span) == 2 for span in spans)):
+        assert time.monotonic() < deadline, spans
+        await asyncio.sleep(0.05)
+    second.request_stop()
+    await asyncio.wait_for(second_run, 30)
+    (first_start, first_end), (second_start, _) = spans
+    assert first_end <= second_start, f"ran twice at once for {first_end - second_start:.2f}s"
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.DONE, 1)  # the release counted none
+    assert [entry["outcome"] for entry in job.history] == ["released"]
+    del first_start

@@ -316,9 +316,13 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         """Per claim: True if failed (now, or by this claim's committed fail)."""
         return await self._db.run(self._store.fail(claims, errors))
 
-    async def release_many(self, claims: Sequence[Claim]) -> list[tuple[Claim, bool]]:
-        """Give unfinished claims back at once, without counting the attempt."""
-        return await self._db.run(self._store.release(claims))
+    async def release_many(
+        self, claims: Sequence[Claim], *, handlers_running: Sequence[bool] | None = None
+    ) -> list[tuple[Claim, bool]]:
+        """Give unfinished claims back at once, without counting the attempt. A claim
+        whose handler still runs (``handlers_running[i]``: a thread that cannot be
+        stopped) may run again only once its lease would have ended."""
+        return await self._db.run(self._store.release(claims, handlers_running=handlers_running))
 
     # async-only: begin
     # -- the worker's own needs (asyncio only) ---------------------------------------

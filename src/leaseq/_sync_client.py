@@ -299,6 +299,10 @@ class Queue(OperatorCalls, ClientBase):
         """Per claim: True if failed (now, or by this claim's committed fail)."""
         return self._db.run(self._store.fail(claims, errors))
 
-    def release_many(self, claims: Sequence[Claim]) -> list[tuple[Claim, bool]]:
-        """Give unfinished claims back at once, without counting the attempt."""
-        return self._db.run(self._store.release(claims))
+    def release_many(
+        self, claims: Sequence[Claim], *, handlers_running: Sequence[bool] | None = None
+    ) -> list[tuple[Claim, bool]]:
+        """Give unfinished claims back at once, without counting the attempt. A claim
+        whose handler still runs (``handlers_running[i]``: a thread that cannot be
+        stopped) may run again only once its lease would have ended."""
+        return self._db.run(self._store.release(claims, handlers_running=handlers_running))

@@ -283,11 +283,25 @@ class JobOperations(StoreBase):
         }
         return self._fenced("fail.sql", claims, extra, lambda row: bool(row[2]))
 
-    def release(self, claims: Sequence[Claim]) -> Operation[list[tuple[Claim, bool]]]:
-        """Give unfinished claims back at once (shutdown); the attempt is not counted.
+    def release(
+        self, claims: Sequence[Claim], *, handlers_running: Sequence[bool] | None = None
+    ) -> Operation[list[tuple[Claim, bool]]]:
+        """Give unfinished claims back (shutdown); the attempt is not counted. A claim
+        whose handler still runs (``handlers_running``) may run again only once its
+        lease would have ended.
 
         Per claim: True if released (now or by an earlier commit of this claim)."""
-        return self._fenced("release.sql", claims, {}, lambda row: bool(row[2]))
+        running = (
+            [False] * len(claims)
+            if handlers_running is None
+            else [
+                validate.flag(v, "handlers_running")
+                for v in validate.aligned(handlers_running, claims, "handlers_running")
+            ]
+        )
+        return self._fenced(
+            "release.sql", claims, {"handlers_running": running}, lambda row: bool(row[2])
+        )
 
     def _fenced(
         self,

@@ -183,7 +183,9 @@ class AttemptRunner:
             if attempt.lost:
                 return None
             if self._attempts.releasing:
-                return Outcome(Kind.RELEASE, claim)
+                # A sync handler's thread runs on until it sees job.lost: its job
+                # must not start elsewhere before its lease would have ended.
+                return Outcome(Kind.RELEASE, claim, handler_running=not attempt.cancellable)
             if _cancelling():
                 raise  # this attempt's task was cancelled: not the handler's outcome
             # the handler's own CancelledError (it awaited something cancelled)

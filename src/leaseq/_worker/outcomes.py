@@ -59,6 +59,7 @@ class Outcome:
     delay: float | None = None  # RETRY: None for the queue's backoff
     error: object = None  # RETRY and FAIL: recorded as the job's last error
     result: EncodedPayload | None = None  # COMPLETE: the handler's return value, encoded
+    handler_running: bool = False  # RELEASE: its thread runs on (the job waits for its lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,9 @@ WRITES: dict[Kind, Write] = {
         _accepted_as(Answer.FAILED),
     ),
     Kind.RELEASE: Write(
-        lambda queue, group: queue.release_many(_claims(group)),
+        lambda queue, group: queue.release_many(
+            _claims(group), handlers_running=[o.handler_running for o in group]
+        ),
         _accepted_as(Answer.RELEASED),
     ),
 }
