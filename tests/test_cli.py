@@ -307,3 +307,29 @@ def test_replay_of_one_job_refuses_a_queue(invoke: Invoke, queue: leaseq.Queue) 
     assert result.exit_code == 1
     assert "error: --queue goes with --all-failed" in result.output
     assert queue.get(job_id).status is JobStatus.FAILED
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ("--poll-interval", "0"),
+        ("--poll-interval", "-1"),
+        ("--poll-interval", "nan"),
+        ("--shutdown-grace", "-1"),
+        ("--shutdown-grace", "inf"),
+        ("--maintenance-interval", "nan"),
+        ("--lease", "-5"),
+        ("--lease", "90000"),
+    ],
+    ids=" ".join,
+)
+def test_the_workers_seconds_are_checked_before_any_process_starts(
+    option: tuple[str, str],
+) -> None:
+    """A poll interval of 0 or less claimed in a busy loop (a burst never ended);
+    under --processes N a child refused by the Worker would be restarted for ever."""
+    result = CliRunner().invoke(
+        cli, ["worker", "tests.worker_app:app", "--processes", "2", *option]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option[0]}'" in result.output

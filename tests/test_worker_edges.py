@@ -497,3 +497,26 @@ async def test_a_job_released_while_its_sync_handler_runs_on_never_runs_twice_at
     assert (job.status, job.attempts) == (JobStatus.DONE, 1)  # the release counted none
     assert [entry["outcome"] for entry in job.history] == ["released"]
     del first_start
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"poll_interval": 0},
+        {"poll_interval": -1},
+        {"poll_interval": float("nan")},
+        {"poll_interval": "1"},
+        {"shutdown_grace": -1},
+        {"shutdown_grace": float("inf")},
+        {"maintenance_interval": 0},
+        {"maintenance_interval": float("nan")},
+        {"lease": -5},
+    ],
+    ids=repr,
+)
+async def test_bad_worker_options_are_refused(schema: str, option: dict[str, Any]) -> None:
+    """A poll interval of 0 or less claimed in a busy loop, and a burst never ended."""
+    app = leaseq.App(schema=schema)
+    app.task("work")(lambda job: None)
+    with pytest.raises(leaseq.InvalidArgument):
+        leaseq.Worker(app, dsn="postgresql://nobody@127.0.0.1:1/none", **option)

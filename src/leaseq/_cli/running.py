@@ -27,7 +27,6 @@ from leaseq import (
 from .._config import configured_database_url
 from .._logs import get_logger
 from .._redact import remember_dsn
-from .._worker.registry import STRAGGLER_WAIT
 from .._worker.supervisor import Supervisor
 from .common import (
     _remember_url,
@@ -40,6 +39,32 @@ from .common import (
 )
 
 log = get_logger("leaseq.cli")
+
+#: How long ``leaseq worker`` waits, once its worker has stopped, for tasks it then
+#: cancels (a handler that swallows cancellation would keep the process for ever).
+STRAGGLER_WAIT = 1.0
+
+
+#: A day: as the Worker's own check, past it an option is a unit mistake.
+MAX_OPTION_SECONDS = 86400.0
+
+
+def seconds(*, zero: bool = False) -> Any:
+    """An option callback for the worker's seconds: finite, above 0 (or 0 with
+    ``zero``), at most a day. Checked here, in the parent: a child of ``--processes
+    N`` that the Worker refused would be restarted, to be refused again, for ever."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+        if value is None:
+            return None
+        low = "0 or more" if zero else "more than 0"
+        if not (value >= 0 if zero else value > 0) or not value <= MAX_OPTION_SECONDS:
+            raise click.BadParameter(
+                f"{value!r}: give {low} seconds, at most {MAX_OPTION_SECONDS:g}", ctx, param
+            )
+        return value
+
+    return check
 
 
 def metrics_options(command: Any) -> Any:
@@ -101,8 +126,14 @@ def migrate(database_url: str | None, schema: str) -> None:
 @click.option("--queues", "-q", multiple=True, help="Queues to work (default: all the app's).")
 @click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs per process.")
 @click.option("--processes", "-p", default=1, show_default=True, help="Worker processes.")
-@click.option("--lease", type=float, default=None, help="Lease seconds (default: per queue).")
-@click.option("--poll-interval", type=float, default=1.0, show_default=True)
+@click.option(
+    "--lease",
+    type=float,
+    callback=seconds(),
+    default=None,
+    help="Lease seconds (default: per queue).",
+)
+@click.option("--poll-interval", type=float, callback=seconds(), default=1.0, show_default=True)
 @click.option(
     "--listen/--no-listen",
     default=True,
@@ -115,14 +146,18 @@ def migrate(database_url: str | None, schema: str) -> None:
     callback=_remember_url,
     help="A direct URL just for LISTEN.",
 )
-@click.option("--shutdown-grace", type=float, default=30.0, show_default=True)
+@click.option(
+    "--shutdown-grace", type=float, callback=seconds(zero=True), default=30.0, show_default=True
+)
 @click.option(
     "--maintenance/--no-maintenance",
     default=True,
     show_default=True,
     help="Take part in the leader election for the reaper and retention.",
 )
-@click.option("--maintenance-interval", type=float, default=5.0, show_default=True)
+@click.option(
+    "--maintenance-interval", type=float, callback=seconds(), default=5.0, show_default=True
+)
 @click.option(
     "--durable-acknowledgements/--no-durable-acknowledgements",
     default=True,

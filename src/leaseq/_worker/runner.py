@@ -32,6 +32,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from .. import _metrics, _tracing
+from .. import _validate as validate
 from .._config import database_url
 from .._errors import InvalidArgument, TransientError
 from .._logs import get_logger
@@ -58,6 +59,9 @@ log = get_logger("leaseq.worker")
 #: then whatever is still unflushed) when the database does not take them; then
 #: it leaves them to their leases' expiry, as a crash would.
 ACKNOWLEDGEMENT_WAIT = 10.0
+#: A day: a poll interval, shutdown grace or maintenance interval past it is a
+#: unit mistake (milliseconds given as seconds).
+MAX_INTERVAL_SECONDS = 86400.0
 
 
 class Worker:
@@ -101,6 +105,13 @@ class Worker:
             raise InvalidArgument("concurrency must be between 1 and 10000")
         if not 0 < renew_fraction < 1:
             raise InvalidArgument("renew_fraction must be between 0 and 1")
+        # 0 or less would claim in a busy loop (and a burst never end); NaN, for ever.
+        validate.seconds(poll_interval, "poll_interval", MAX_INTERVAL_SECONDS, allow_zero=False)
+        validate.seconds(shutdown_grace, "shutdown_grace", MAX_INTERVAL_SECONDS)
+        validate.seconds(
+            maintenance_interval, "maintenance_interval", MAX_INTERVAL_SECONDS, allow_zero=False
+        )
+        validate.lease(lease)
         self.app = app
         self.dsn = database_url(dsn or app.dsn)
         self.queues = list(queues or app.tasks)
