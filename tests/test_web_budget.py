@@ -116,12 +116,20 @@ def _pages(queue: leaseq.Queue, operations: list[Operation[Any]]) -> int:
         }
         for operation in operations:
             for statement in operation.statements:
+                if _is_setting(statement.sql):  # a search's plan settings: run, not explained
+                    conn.execute(statement.sql)
+                    continue
                 sql = f"EXPLAIN (ANALYZE, BUFFERS, VERBOSE, FORMAT JSON) {statement.sql}"
                 for _ in range(2):
                     row = conn.execute(sql, statement.params or None).fetchone()
                 assert row is not None
                 total += _own_pages(row[0][0]["Plan"], queue.schema, indexes)
     return total
+
+
+def _is_setting(sql: str) -> bool:
+    code = [line for line in sql.splitlines() if line.strip() and not line.startswith("--")]
+    return bool(code) and code[0].startswith("SET ")
 
 
 def _blocks(node: dict[str, Any]) -> int:

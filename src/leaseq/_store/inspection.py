@@ -85,8 +85,8 @@ class InspectionOperations(StoreBase):
         def decode(rows: list[Rows]) -> JobPage:
             # find_jobs.sql: the window's floor; find_failed_jobs.sql: whether a queue
             # had more failures than the window.
-            edge = rows[0][0][-1]
-            found = [row for row in rows[0] if row[0] is not None]
+            edge = rows[-1][0][-1]
+            found = [row for row in rows[-1] if row[0] is not None]
             jobs = tuple(decoding.job_from_row(schema, row) for row in found[:limit])
             more = len(found) > limit
             return JobPage(
@@ -96,7 +96,10 @@ class InspectionOperations(StoreBase):
                 window_end=not more and (bool(edge) if failed else edge > 0),
             )
 
-        return Operation((Statement(sql, params),), decode)
+        search = Statement(sql, params)
+        if failed:  # its plan settings first, in its transaction
+            return Operation((Statement(self.sql("search_settings.sql"), {}), search), decode)
+        return Operation((search,), decode)
 
     def running_jobs(self, queue: str | None = None, *, limit: int = 100) -> Operation[list[Job]]:
         params = {"queue": _queue(queue), "limit": _page_limit(limit)}

@@ -27,7 +27,9 @@ older AS MATERIALIZED (
         SELECT j.job_id,
                row_number() OVER (ORDER BY j.finished_at DESC, j.job_id DESC) AS position
         FROM {schema}.job AS j
-        WHERE j.queue = qs.name AND j.status = 'failed' AND j.job_id <= edge.floor
+        -- (`+ 0`: a filter, never a range of the primary key, which the planner
+        -- took on some statistics and then sorted the table's older rows)
+        WHERE j.queue = qs.name AND j.status = 'failed' AND j.job_id + 0 <= edge.floor
         ORDER BY j.finished_at DESC, j.job_id DESC
         LIMIT %(window)s + 1
     ) AS f
