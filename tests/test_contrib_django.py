@@ -322,6 +322,7 @@ def test_tasks_run_on_a_real_worker_with_their_results(
         "args": [2],
         "kwargs": {"b": 3},
         "backend": "default",
+        "priority": 0,
     }
     run_worker()
     for result in (added, placed, doubled):
@@ -355,9 +356,20 @@ def _refreshed(result: Any) -> Any:
 def test_priority_and_run_after_are_honoured(
     shop: leaseq.Queue, run_worker: Callable[..., InProcessWorker]
 ) -> None:
+    from leaseq.contrib.django._framework import task_finished, task_started
     from tests.django_project.shop import tasks
     from tests.django_project.shop.models import Order
 
+    seen: list[tuple[str, int]] = []
+
+    def started(sender: Any, task_result: Any, **_: Any) -> None:
+        seen.append(("started", task_result.task.priority))
+
+    def finished(sender: Any, task_result: Any, **_: Any) -> None:
+        seen.append(("finished", task_result.task.priority))
+
+    task_started.connect(started)
+    task_finished.connect(finished)
     later = tasks.record.using(run_after=timezone.now() + timedelta(hours=1)).enqueue("later")
     low = tasks.record.using(priority=-10).enqueue("low")
     mid = tasks.record.enqueue("mid")
@@ -373,6 +385,10 @@ def test_priority_and_run_after_are_honoured(
         "mid",
         "low",
     ]
+    task_started.disconnect(started)
+    task_finished.disconnect(finished)
+    # The worker's signals see each task as it was enqueued (.using(priority=...)).
+    assert seen == [(event, p) for p in (50, 0, -10) for event in ("started", "finished")]
     time.sleep(0.5)  # the worker polls every 0.1 s: the deferred task is not due
     assert _refreshed(later).status == "READY"
     set_clock_offset(shop, 3600 + 60)
@@ -453,7 +469,7 @@ def test_bad_tasks_and_arguments_are_refused_and_write_nothing(
         tasks.add.using(priority=101)
     assert _count_jobs(database_url, shop.schema) == 0
     backend = tasks.add.get_backend()
-    for missing in ("12345", "not-a-number"):
+    for missing in ("12345", "not-a-number", "0", "-1", "9" * 23):
         with pytest.raises(TaskResultDoesNotExist):
             backend.get_result(missing)
     plain = shop.enqueue("default", {"not": "a task"})

@@ -114,6 +114,9 @@ def test_drain_refuses_a_running_event_loop_and_reports_a_stuck_handler(
 
     with pytest.raises(RuntimeError, match="adrain"):
         asyncio.run(inside_a_loop())
+    for bad in (-1, 0, float("nan"), "1"):  # not "jobs still ran after -1s"
+        with pytest.raises(leaseq.InvalidArgument, match="timeout"):
+            drain(app, dsn=database_url, timeout=bad)  # type: ignore[arg-type]
     queue.enqueue("stuck", {})
     with pytest.raises(TimeoutError, match="never returned"):
         drain(app, dsn=database_url, timeout=1.0)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from ._async_client import AsyncQueue
 from ._sync_client import Queue
 from ._types import Job, JobStatus
+from ._validate import seconds
 from ._worker import App, Worker, WorkerStats
 
 __all__ = [
@@ -76,6 +77,8 @@ async def adrain(
     timeout: float = 60.0,
 ) -> WorkerStats:
     """The async twin of :func:`drain`, for async tests."""
+    # (A week at most: a drain longer than that is a unit mistake.)
+    seconds(timeout, "timeout", 7 * 86400.0, allow_zero=False)
     worker = Worker(
         app,
         dsn=dsn,

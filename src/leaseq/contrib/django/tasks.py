@@ -13,9 +13,10 @@
 task result's id is the job's id. ``manage.py leaseq_worker`` runs them.
 
 The job's payload is ``{"task": "module.function", "args": [...], "kwargs": {...},
-"backend": alias}``; the framework's priority (-100..100, higher first) is the
-job's priority (leaseq's order too), ``run_after`` its ``run_at``, the task's
-return value (JSON) the job's result.
+"backend": alias, "priority": n}``; the framework's priority (-100..100, higher
+first) is the job's priority (leaseq's order too; the payload repeats it for the
+worker's signals, which see the claim, not the row), ``run_after`` its ``run_at``,
+the task's return value (JSON) the job's result.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class LeaseqBackend(BaseTaskBackend):
             "args": to_json(list(args), "args"),
             "kwargs": to_json(dict(kwargs), "kwargs"),
             "backend": self.alias,
+            "priority": task.priority,
         }
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):
@@ -190,6 +192,8 @@ class LeaseqBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
+        if not 0 < job_id < 2**63:  # "0", "-1", past bigint: no job has that id
+            raise TaskResultDoesNotExist(result_id)
         jobs = queue()
         try:
             job = jobs.get(job_id)

@@ -102,10 +102,14 @@ def _run(job: JobContext) -> Any:
     payload = job.payload
     declared = load_task(payload["task"])
     task = declared
-    # As enqueued (.using()): the job's backend and queue.
+    # As enqueued (.using()): the job's backend, queue and priority (jobs enqueued
+    # before the payload carried it: the task's declared one).
     with contextlib.suppress(InvalidTaskError, ImproperlyConfigured):
         task = replace(
-            declared, backend=payload.get("backend", declared.backend), queue_name=job.queue
+            declared,
+            backend=payload.get("backend", declared.backend),
+            queue_name=job.queue,
+            priority=payload.get("priority", declared.priority),
         )
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     now = timezone.now()
