@@ -81,6 +81,17 @@ def raises(job: leaseq.JobContext) -> None:
             raise ValueError("bad value")
 
 
+def unsendable(job: leaseq.JobContext) -> Any:
+    """payload['what']: a lambda, or a list nested past pickle's recursion limit:
+    results no attempt can send back from the child."""
+    if job.payload["what"] == "lambda":
+        return lambda: 1
+    nested: Any = []
+    for _ in range(200_000):
+        nested = [nested]
+    return nested
+
+
 def patient(job: leaseq.JobContext) -> None:
     """Say it started (with its pid), take two seconds, then the effect, completed."""
     _record(job, "started")

@@ -461,6 +461,10 @@ def test_catch_up_counts_what_it_skips() -> None:
         ({"cron": "0 0 30 2 *"}, "schedule .s.: "),  # 30 February never comes
         ({"cron": "0 0 31 4 *"}, "schedule .s.: "),
         ({"cron": "* * * * * * *"}, "not a cron expression"),  # 7 fields
+        # croniter's R draws the field anew at each computation: workers disagree.
+        ({"cron": "R * * * *"}, "random field"),
+        ({"cron": "r(0-5) 3 * * *"}, "random field"),
+        ({"cron": "0 0 * * R"}, "random field"),
         ({"every": 0.5}, "at least 1 second"),
         ({"every": 60, "tz": "Mars/Olympus"}, "unknown time zone"),
         ({"every": 60, "payload": {1, 2}}, "JSON"),
@@ -470,6 +474,10 @@ def test_catch_up_counts_what_it_skips() -> None:
 def test_a_bad_declaration_is_refused(options: dict[str, Any], message: str) -> None:
     with pytest.raises(leaseq.InvalidArgument, match=message):
         _declare(**options)
+
+
+def test_names_with_an_r_are_no_random_field() -> None:
+    _declare(cron="0 6 * APR FRI")  # (a month and a day that hold an R)
 
 
 def test_a_schedule_name_is_declared_once() -> None:

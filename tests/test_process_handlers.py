@@ -28,7 +28,7 @@ def tables(queue: leaseq.Queue) -> leaseq.Queue:
 
 def _app(schema: str, **options: Any) -> leaseq.App:
     app = leaseq.App(schema=schema)
-    for name in ("spin", "effect", "polite", "stubborn", "crash", "raises"):
+    for name in ("spin", "effect", "polite", "stubborn", "crash", "raises", "unsendable"):
         app.task(name, executor="process", **options)(getattr(process_app, name))
     return app
 
@@ -164,6 +164,21 @@ def test_a_childs_exceptions_keep_their_meaning(
     job = queue.get(stop)  # retried too, not left running for ever
     assert (job.status, job.attempts) == (JobStatus.QUEUED, 1)
     assert "StopIteration" in (job.last_error or "")
+
+
+def test_a_result_the_child_cannot_send_back_fails_the_job_at_once(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """A lambda, a structure nested past pickle's limit: no attempt could send it
+    back either, so the job fails with InvalidResult (not retried as an error,
+    nor a child that died of a RecursionError)."""
+    queue = tables
+    ids = [queue.enqueue("unsendable", {"what": what}) for what in ("lambda", "deep")]
+    drain(_app(schema, max_attempts=3, backoff=(0, 0)), dsn=database_url, concurrency=2)
+    for job_id in ids:
+        job = queue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.FAILED, 1), job.last_error
+        assert "InvalidResult: result cannot be stored" in (job.last_error or "")
 
 
 def test_process_handlers_are_checked_when_declared(schema: str) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from . import _validate as validate
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, InvalidResult
 
 
 class Retry(Exception):
@@ -73,7 +73,7 @@ class ErrorPolicy:
     fail_on: tuple[type[BaseException], ...] = field(default=())
 
     def classify(self, error: BaseException) -> Verdict:
-        if isinstance(error, (PermanentError, InvalidArgument, *self.fail_on)):
+        if isinstance(error, (PermanentError, InvalidArgument, InvalidResult, *self.fail_on)):
             return Verdict.FAIL
         if self.retry_on and not isinstance(error, self.retry_on):
             return Verdict.FAIL

@@ -45,6 +45,7 @@ from typing import Any
 
 from .. import _tracing
 from .._async_client import AsyncQueue
+from .._errors import InvalidResult
 from .._sync_client import Queue
 from .._types import Claim
 from .context import JobContext
@@ -260,8 +261,13 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
                     answer = _run_one(handler, context, lost)
             try:
                 pipe.send(answer)
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:
-                unsent = ProcessHandlerError(f"its return value cannot be sent back: {exc}")
+            except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
+                # What no attempt can send either (a lambda, a structure nested past
+                # the recursion limit): the result cannot be stored, fail at once.
+                unsent = InvalidResult(
+                    f"result cannot be stored: it cannot be sent back from the handler's "
+                    f"process ({type(exc).__name__}: {exc})"
+                )
                 pipe.send(("error", unsent, answer[2], None))
     except EOFError:
         pass  # the worker went away

@@ -14,6 +14,7 @@ its first occurrence. So "0 2 * * *" runs once on every day of the year.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -120,6 +121,10 @@ class Due:
     next_tick: datetime
 
 
+#: A cron field drawn at random by croniter: ``R``, ``R(0-5)``, ``R/5``.
+_RANDOM_FIELD = re.compile(r"R(?:$|[(/])", re.IGNORECASE)
+
+
 def schedule(
     name: str,
     *,
@@ -143,6 +148,13 @@ def schedule(
         or not croniter.is_valid(cron)
     ):
         raise InvalidArgument(f"schedule {name!r}: not a cron expression: {cron!r}")
+    if cron is not None and any(_RANDOM_FIELD.match(field) for field in cron.split()):
+        # croniter's R draws a new value at each computation: workers (and one
+        # worker's passes) would disagree on the ticks, and ticks would be lost.
+        raise InvalidArgument(
+            f"schedule {name!r}: {cron!r} has a random field (R); every worker must "
+            "compute the same ticks: give the value"
+        )
     if every is not None:
         every = validate.seconds(every, "every", 366 * 86400.0, allow_zero=False)
         if every < 1:
