@@ -173,6 +173,26 @@ async def test_a_restart_keeps_the_bookkeeping_and_a_new_spec_starts_over(
     assert info.next_tick > await _now(aqueue)
 
 
+async def test_a_worker_of_an_older_spec_leaves_a_redeclared_schedule_alone(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    """A rolling deploy: the new version declared `every 300` while an old worker
+    (`every 60`) still runs. The old one must not handle the row with its own
+    spec: it computed no tick of the new one, advanced the row past it, and the
+    tick was lost with nothing counted."""
+    old = Scheduler(aqueue, _app(schema, s={"every": 60}).schedules)
+    await old.run_once()  # declares every 60
+    new = Scheduler(aqueue, _app(schema, s={"every": 300}).schedules)
+    await new.run_once()  # redeclares: every 300, from its next tick
+    (info,) = await aqueue.schedules()
+    await aclock.advance((info.next_tick - await _now(aqueue)).total_seconds() + 0.5)
+    assert await old.run_once() == 0  # not its spec any more
+    (still,) = await aqueue.schedules()
+    assert still.next_tick == info.next_tick  # left due, for a worker of its spec
+    assert await new.run_once() == 1
+    assert await _jobs_by_tick(aqueue) == Counter({_tick("s", info.next_tick): 1})
+
+
 async def test_a_full_queue_leaves_the_tick_due(
     aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
 ) -> None:

@@ -37,9 +37,12 @@ class ScheduleOperations(StoreBase):
             lambda r: [row[0] for row in r[0]],
         )
 
-    def lock_schedule(self, name: str) -> Operation[tuple[datetime, datetime, bool] | None]:
-        """(next tick, the database's now, queue paused) if due and not taken, locked
-        until the transaction ends; else None."""
+    def lock_schedule(
+        self, name: str, *, queue: str, spec: str, tz: str
+    ) -> Operation[tuple[datetime, datetime, bool] | None]:
+        """(next tick, the database's now, queue paused) if due, not taken and
+        declared as given (queue, spec, time zone), locked until the transaction
+        ends; else None."""
 
         def decode(rows: list[Rows]) -> tuple[datetime, datetime, bool] | None:
             if not rows[0]:
@@ -47,7 +50,8 @@ class ScheduleOperations(StoreBase):
             next_tick, now, paused = rows[0][0]
             return next_tick, now, bool(paused)
 
-        return Operation((Statement(self.sql("schedule_lock.sql"), {"name": name}),), decode)
+        params = {"name": name, "queue": queue, "spec": spec, "tz": tz}
+        return Operation((Statement(self.sql("schedule_lock.sql"), params),), decode)
 
     def fire_tick(
         self,

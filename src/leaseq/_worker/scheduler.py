@@ -89,9 +89,14 @@ class Scheduler:
     async def _handle(self, schedule: Schedule) -> int:
         store = self._queue._store
         async with self._queue.connection() as conn, conn.transaction():
-            taken = await self._queue._run(store.lock_schedule(schedule.name), conn)
+            taken = await self._queue._run(
+                store.lock_schedule(
+                    schedule.name, queue=schedule.queue, spec=schedule.spec, tz=schedule.tz
+                ),
+                conn,
+            )
             if taken is None:
-                return 0  # another worker has it, or it is no longer due
+                return 0  # another worker has it, it is no longer due, or redeclared
             first, now, paused = taken
             due = schedule.due(first, now)
             handled, fired = (
