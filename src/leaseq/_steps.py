@@ -21,14 +21,8 @@ T = TypeVar("T")
 def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[Claims]:
     """Claim; if the claim says repair notes are due, settle those keys (an
     ordering key met a producer in flight when it was last settled) and, if it
-    came back empty, claim once more. If it put a recovered lease back behind an
-    earlier job of its key (claim.sql), claim the room it left: that job is its
-    key's head only now."""
+    came back empty, claim once more."""
     claimed: Claimed = yield store.claim(queue, limit=limit, lease=lease)
-    if claimed.requeued and len(claimed.claims) < limit:
-        more: Claimed = yield store.claim(queue, limit=limit - len(claimed.claims), lease=lease)
-        claimed.claims.extend(more.claims)
-        claimed = Claimed(claimed.claims, claimed.repairs_due or more.repairs_due)
     if not claimed.repairs_due:
         return claimed.claims
     yield store.repair_keys(queue)

@@ -8,12 +8,7 @@
 -- earlier job of its key is unfinished (a failed one counts under 'block');
 -- the unique index job_running_key_idx turns a race lost on a snapshot into
 -- an error the caller retries, never two running jobs of one key. An expired
--- lease is the key's running job: recovering it keeps the key's order, unless
--- an earlier job of its key committed while it ran (a slow producer): only the
--- earliest unfinished job of a key is eligible, on recovery too. Such a job is
--- put back, queued behind it (`demoted`: its crashed attempt counted, its lease
--- version moved on), and settling the key at the end of the statement makes the
--- earlier job the head: a marker row (4) tells the client to claim again.
+-- lease is the key's running job: recovering it keeps the key's order.
 -- A last row with a NULL job_id says that repair notes of this queue are due
 -- (see key_repair_run): the client acts on them in a statement of its own.
 -- Each claim also says whether it recovered an expired lease and when the job
@@ -98,68 +93,45 @@ picked AS (
     (SELECT job_id, branch, ready_at, limited FROM coordinated WHERE job_id IS NOT NULL)
     LIMIT %(limit)s
 ),
--- Recovered leases that are not their key's earliest unfinished job: a LIMIT 1
--- probe of job_ordering_idx each. (Read from the recovering branches, every row
--- of which is picked, not from `picked`: a second reader would materialize it.)
-demoted AS (
-    SELECT x.job_id
-    FROM (SELECT job_id FROM expired
-          UNION ALL
-          SELECT job_id FROM coordinated WHERE branch = 0) AS p
-    JOIN {schema}.job AS x ON x.job_id = p.job_id
-    WHERE x.ordering_key IS NOT NULL
-      AND (SELECT e.job_id FROM {schema}.job AS e
-           WHERE e.queue = x.queue AND e.ordering_key = x.ordering_key
-             AND e.status IN ('queued', 'running')
-           ORDER BY e.ordering_seq, e.job_id
-           LIMIT 1) <> x.job_id
-),
 claimed AS (
     UPDATE {schema}.job AS j
-    SET status = CASE WHEN d.job_id IS NULL THEN 'running' ELSE 'queued' END,
-        blocked = d.job_id IS NOT NULL,
-        available_at = CASE WHEN d.job_id IS NULL THEN j.available_at ELSE {schema}.clock() END,
-        lease_seconds = CASE WHEN d.job_id IS NULL THEN s.lease ELSE j.lease_seconds END,
-        lease_until = CASE WHEN d.job_id IS NULL
-            THEN {schema}.clock() + make_interval(secs => s.lease) END,
+    SET status = 'running',
+        lease_seconds = s.lease,
+        lease_until = {schema}.clock() + make_interval(secs => s.lease),
         lease_version = j.lease_version + 1,
-        attempts = j.attempts + (d.job_id IS NULL)::int,
+        attempts = j.attempts + 1,
         -- A coordinated claim waited for its queue's turn before it picked (its
         -- rate windows are reckoned from then): it is stamped with that time,
         -- not with the statement's start, or its starts would show earlier
         -- than its window allowed them.
         claimed_at = {schema}.clock()
             + (clock_timestamp() - statement_timestamp()) * s.coordinated::int,
-        limited = picked.limited AND d.job_id IS NULL,  -- a queued job takes no slot
+        limited = picked.limited,
         history = CASE WHEN j.status = 'running'
             THEN {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired',
-                'lease_version', j.lease_version, 'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds))
-                || CASE WHEN d.job_id IS NULL THEN '{}'::jsonb
-                        ELSE jsonb_build_object('requeued', 'behind an earlier job of its key') END)
+                'lease_version', j.lease_version, 'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
             ELSE j.history END
-    FROM picked CROSS JOIN settings AS s LEFT JOIN demoted AS d ON d.job_id = picked.job_id
+    FROM picked, settings AS s
     WHERE j.job_id = picked.job_id
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
         j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
         picked.branch, j.priority, j.available_at, picked.ready_at, j.claimed_at,
-        j.trace_context, j.timeout_seconds, j.group_key, d.job_id IS NOT NULL AS demoted
+        j.trace_context, j.timeout_seconds, j.group_key
 )
 -- In claim order: recovered leases first, then by priority, age and id; then
 -- the markers (NULL job_id): 2, repair notes are due; 3, a limit held the
 -- claim back (`wait`: seconds until a rate window has room; NULL: until a
--- running job of the queue ends); 4, a recovered lease was put back behind an
--- earlier job of its key, now its key's head: claim again.
+-- running job of the queue ends).
 SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
        r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key,
        r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds,
        r.group_key, r.branch, r.wait
 FROM (
-    SELECT claimed.*, NULL::double precision AS wait FROM claimed WHERE NOT claimed.demoted
+    SELECT claimed.*, NULL::double precision AS wait FROM claimed
     UNION ALL
     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.branch, NULL,
-        NULL, NULL, NULL, NULL::jsonb, NULL::double precision, NULL::text, NULL::boolean,
-        m.wait
+        NULL, NULL, NULL, NULL::jsonb, NULL::double precision, NULL::text, m.wait
     FROM (
         SELECT 2 AS branch, NULL::double precision AS wait
         WHERE EXISTS (
@@ -167,8 +139,6 @@ FROM (
             WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
         UNION ALL
         SELECT 3, c.wait FROM coordinated AS c WHERE c.job_id IS NULL
-        UNION ALL
-        SELECT 4, NULL WHERE EXISTS (SELECT 1 FROM claimed WHERE claimed.demoted)
     ) AS m
 ) AS r
 ORDER BY r.branch, r.priority DESC, r.available_at, r.job_id
