@@ -29,7 +29,7 @@ SOURCE = Path(leaseq.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"_errors", "_types", "_health_types", "_job_ids", "_redact", "_statement", "_waiting"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
-    {"_embedded", "_retry", "_gauges", "_validate_settings"},
+    {"_embedded", "_retry", "_gauges", "_validate_settings", "_validate_operators"},
     {"_config", "_store", "_db", "_metrics"},
     {"_migrate", "_steps", "_client_base"},
     {"_async_operators", "_sync_operators"},

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import _decoding as decoding
 from .. import _validate as validate
+from .. import _validate_operators as operator_input
 from .._errors import InvalidArgument
 from .._statement import Operation, Rows, Statement
 from .._types import (
@@ -64,13 +65,13 @@ class InspectionOperations(StoreBase):
         limit = _page_limit(limit)
         params = {
             "queue": _queue(queue),
-            "status": None if status is None else validate.job_status(status).value,
-            "key": validate.search_text(key, "ordering key"),
-            "error": validate.search_text(error, "error text"),
+            "status": None if status is None else operator_input.job_status(status).value,
+            "key": operator_input.search_text(key, "ordering key"),
+            "error": operator_input.search_text(error, "error text"),
             "payload": validate.payload_filter(payload),
-            "before": None if before is None else validate.job_id(before),
+            "before": None if before is None else operator_input.job_id(before),
             "limit": limit,
-            "window": validate.search_window(window),
+            "window": operator_input.search_window(window),
         }
         schema = self.schema
         # Failed jobs are kept however old (until replayed), and newer jobs of any
@@ -187,7 +188,7 @@ class InspectionOperations(StoreBase):
     ) -> Operation[list[AuditEntry]]:
         params = {
             "queue": _queue(queue),
-            "before": None if before is None else validate.job_id(before),
+            "before": None if before is None else operator_input.job_id(before),
             "limit": _page_limit(limit),
         }
         return Operation(

@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import _decoding as decoding
 from .. import _validate as validate
+from .. import _validate_operators as operator_input
 from .. import _validate_settings as validate_settings
 from .._errors import (
     BacklogFull,
@@ -54,7 +55,7 @@ class OperatorOperations(StoreBase):
         """True if replayed, False if the job was not failed or cancelled;
         BacklogFull (nothing written) if its queue has no room for it;
         UniqueKeyHeld if another job of its queue holds its unique key."""
-        params = self._replay_params([validate.job_id(job_id)], None, 1, actor)
+        params = self._replay_params([operator_input.job_id(job_id)], None, 1, actor)
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
@@ -83,12 +84,12 @@ class OperatorOperations(StoreBase):
         queue had no room for some. A unique job whose key another job holds is
         left as it is; so is one whose lease_version is no longer the one given
         for it in ``lease_versions`` (one per id)."""
-        ids = validate.job_ids(job_ids)
+        ids = operator_input.job_ids(job_ids)
         params = self._replay_params(ids, None, max(len(ids), 1), actor)
         if validate.flag(only_failed, "only_failed"):
             params["statuses"] = ["failed"]
         if lease_versions is not None:
-            params["lease_versions"] = validate.lease_versions(lease_versions, ids)
+            params["lease_versions"] = operator_input.lease_versions(lease_versions, ids)
 
         def decode(rows: list[Rows]) -> list[int]:
             replayed = [row[0] for row in rows[0] if row[2]]
@@ -128,7 +129,7 @@ class OperatorOperations(StoreBase):
             "job_ids": job_ids,
             "queue": queue,
             "limit": limit,
-            "actor": validate.actor(actor),
+            "actor": operator_input.actor(actor),
             "statuses": ["failed", "cancelled"],
             "lease_versions": None,
         }
@@ -142,10 +143,10 @@ class OperatorOperations(StoreBase):
         actor: str | None = None,
     ) -> Operation[bool]:
         params = {
-            "job_id": validate.job_id(job_id),
+            "job_id": operator_input.job_id(job_id),
             "running": validate.flag(running, "running"),
             "only_failed": validate.flag(only_failed, "only_failed"),
-            "actor": validate.actor(actor),
+            "actor": operator_input.actor(actor),
             "channel": self._notify_channel,
         }
 
@@ -171,13 +172,13 @@ class OperatorOperations(StoreBase):
             return decoding.job_from_row(schema, rows[0][0])
 
         return Operation(
-            (Statement(self.sql("get_job.sql"), {"job_id": validate.job_id(job_id)}),), decode
+            (Statement(self.sql("get_job.sql"), {"job_id": operator_input.job_id(job_id)}),), decode
         )
 
     def result(self, job_id: int) -> Operation[Any]:
         """A done job's result (None if its handler returned none); JobNotFound,
         ResultNotReady (queued or running) or JobFailed (failed or cancelled)."""
-        checked = validate.job_id(job_id)
+        checked = operator_input.job_id(job_id)
 
         def decode(rows: list[Rows]) -> Any:
             if not rows[0]:
@@ -199,7 +200,7 @@ class OperatorOperations(StoreBase):
     def await_result(self, job_id: int) -> Operation[None]:
         """Mark the job as waited for: its end notifies the results channel."""
         return Operation(
-            (Statement(self.sql("await_result.sql"), {"job_id": validate.job_id(job_id)}),),
+            (Statement(self.sql("await_result.sql"), {"job_id": operator_input.job_id(job_id)}),),
             ignore,
         )
 
@@ -231,7 +232,7 @@ class OperatorOperations(StoreBase):
         named = {"name": params["name"]}
         audit = {
             **named,
-            "actor": validate.actor(actor),
+            "actor": operator_input.actor(actor),
             "action": _settings_action(settings),
             "detail": json.dumps(settings, default=str),
         }

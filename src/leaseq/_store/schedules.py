@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .. import _validate as validate
+from .. import _validate_operators as operator_input
 from .._statement import Operation, Rows, Statement
 from .._types import ScheduleInfo
 from .base import StoreBase, ignore
@@ -106,7 +106,7 @@ class ScheduleOperations(StoreBase):
 
     def remove_schedule(self, name: str, *, actor: str | None) -> Operation[bool]:
         """Remove a schedule's row and ticks, audited: whether there was one."""
-        params = {"name": validate.schedule_name(name), "actor": validate.actor(actor)}
+        params = {"name": operator_input.schedule_name(name), "actor": operator_input.actor(actor)}
         return Operation(
             (Statement(self.sql("schedule_remove.sql"), params),), lambda r: bool(r[0][0][0])
         )

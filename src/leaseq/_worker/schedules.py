@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 
 from .. import _validate as validate
+from .. import _validate_operators as operator_input
 from .._errors import InvalidArgument
 
 
@@ -139,7 +140,7 @@ def schedule(
     max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Schedule:
     """A checked :class:`Schedule` (InvalidArgument for a bad declaration)."""
-    name = validate.schedule_name(name)
+    name = operator_input.schedule_name(name)
     if (cron is None) == (every is None):
         raise InvalidArgument(f"schedule {name!r}: give cron or every, not both nor neither")
     if cron is not None and (
