@@ -4,8 +4,8 @@ Each public method of :class:`Store` returns an
 :class:`~leaseq._statement.Operation`: the SQL, its parameters and a function
 that turns the rows into the result. The database layer executes it on a sync
 or an async connection; neither side builds SQL of its own. The SQL itself
-lives in ``sql/*.sql``. The store is split by who needs the operation: jobs
-(producers and workers), operators, inspection (searches, summaries),
+lives in ``sql/*.sql``. The store is split by who needs the operation:
+producers, workers (jobs), operators, inspection (searches, summaries),
 retention, health, monitoring, periodic jobs, the schema.
 """
 
@@ -16,12 +16,14 @@ from .inspection import InspectionOperations
 from .jobs import UNIQUE_VIOLATION, Claimed, JobOperations
 from .monitoring import MonitoringOperations
 from .operators import OperatorOperations, ReplayBatch
+from .producers import ProducerOperations
 from .retention import RetentionOperations
 from .schedules import ScheduleOperations
 from .schema import SchemaOperations
 
 
 class Store(
+    ProducerOperations,
     JobOperations,
     OperatorOperations,
     InspectionOperations,
