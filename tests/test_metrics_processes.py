@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -112,21 +113,25 @@ def test_maintenance_serves_the_database_gauges(queue: leaseq.Queue, database_ur
     queue.enqueue_many("work", [{} for _ in range(4)])
     queue.complete(queue.claim("work")[0])
     port = _two_free_ports()
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "leaseq", "maintenance", "--schema", queue.schema),
-            *("--interval", "0.5", "--metrics-port", str(port)),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    command = [
+        *(sys.executable, "-m", "leaseq", "maintenance", "--schema", queue.schema),
+        *("--interval", "0.5", "--metrics-port", str(port)),
+    ]
+    with _stopped_at_the_end(command, ROOT, {**os.environ, "DATABASE_URL": database_url}):
         jobs = _scrape(port)["leaseq_queue_jobs"]
         assert jobs[(("queue", "work"), ("state", "queued"))] == 3
         assert jobs[(("queue", "work"), ("state", "done"))] == 1
+
+
+@contextlib.contextmanager
+def _stopped_at_the_end(command: list[str], cwd: Path, env: dict[str, str]) -> Iterator[None]:
+    """Run ``command`` for the block; then SIGTERM, which must end it cleanly (else
+    it is killed and the test fails)."""
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        yield
         process.send_signal(signal.SIGTERM)
         assert process.wait(20) == 0
     finally:
@@ -160,29 +165,15 @@ def test_the_database_gauges_come_from_the_apps_schema_and_the_workers_database(
     queue.enqueue("work", {}, delay=3600)  # stays queued: the gauge has something to count
     port = _two_free_ports()
     env = {k: v for k, v in os.environ.items() if k not in ("LEASEQ_SCHEMA", "LEASEQ_DATABASE_URL")}
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "leaseq", "worker", "own_app:app", "--no-listen"),
-            *("--poll-interval", "0.2", "--metrics-port", str(port)),
-        ],
-        cwd=tmp_path,
-        env={**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/nowhere"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    command = [
+        *(sys.executable, "-m", "leaseq", "worker", "own_app:app", "--no-listen"),
+        *("--poll-interval", "0.2", "--metrics-port", str(port)),
+    ]
+    dead = {**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/nowhere"}
+    with _stopped_at_the_end(command, tmp_path, dead):
         scraped = _scrape(port)
         assert scraped["leaseq_queue_stats_up"][()] == 1
         assert scraped["leaseq_queue_jobs"][(("queue", "work"), ("state", "queued"))] == 1
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
-        if process.stdout:
-            process.stdout.close()
 
 
 def test_metrics_ports_past_65535_are_one_clear_error_before_any_worker_starts(
