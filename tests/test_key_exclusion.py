@@ -68,20 +68,22 @@ def test_a_producer_rollback_leaves_the_key_claimable(
     assert _claim_ids(client) == [head]
 
 
-def test_expired_lease_of_the_running_job_is_recovered_before_anything_else_of_its_key(
+def test_expired_lease_of_the_running_job_is_recovered_before_the_rest_of_its_key(
     client: Client, clock: Clock
 ) -> None:
+    """(When an earlier job of the key committed while it ran, that one goes first:
+    tests/test_ordering.py, the contract's "on lease recovery alike".)"""
+    running = client.enqueue("events", {}, key="k", seq=1)
     later = client.enqueue("events", {}, key="k", seq=2)
     (crashed,) = client.claim("events", lease=10)
-    assert crashed.job_id == later
-    earlier = client.enqueue("events", {}, key="k", seq=1)  # a producer's late arrival
+    assert crashed.job_id == running
     clock.advance(11)
     # The key's running job is recovered first, never run beside another of its key.
     (recovered,) = client.claim("events", limit=10, lease=10)
-    assert (recovered.job_id, recovered.lease_version) == (later, crashed.lease_version + 1)
+    assert (recovered.job_id, recovered.lease_version) == (running, crashed.lease_version + 1)
     assert _claim_ids(client) == []
     client.complete(recovered)
-    assert _claim_ids(client) == [earlier]
+    assert _claim_ids(client) == [later]
 
 
 def test_replayed_failed_head_waits_for_the_running_successor(client: Client) -> None:

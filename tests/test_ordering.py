@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leaseq import JobStatus
+from leaseq import JobStatus, LeaseLost
 
 from .clients import Client
 from .conftest import Clock
@@ -145,3 +145,33 @@ def test_a_cancelled_running_head_whose_lease_had_expired_lets_its_key_go_on(
     clock.advance(11)  # its worker is gone: nobody runs it any more
     assert client.cancel(running.job_id, running=True)
     assert _claim_ids(client) == [second]
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "with limits"])
+def test_an_earlier_job_committed_late_goes_before_the_recovery_of_a_later_one(
+    client: Client, clock: Clock, limited: bool
+) -> None:
+    """DESIGN: only the earliest unfinished job of a key is eligible, on first
+    claim and on lease recovery alike. seq 2 started; seq 1 committed after (a
+    slow producer); seq 2's worker died. seq 1 runs next, then seq 2 again. (A
+    queue with limits is claimed through claim_limited(): its recovery too.)"""
+    if limited:
+        client.configure_queue("events", max_running=5)
+    second = client.enqueue("events", {}, key="k", seq=2)
+    (crashed,) = client.claim("events", lease=10)
+    assert crashed.job_id == second
+    first = client.enqueue("events", {}, key="k", seq=1)
+    other = client.enqueue("events", {})
+    assert _claim_ids(client) == [other]  # seq 2 still holds the key
+    clock.advance(11)
+    (recovered,) = client.claim("events", limit=10, lease=10)
+    assert recovered.job_id == first
+    assert _claim_ids(client) == []  # one job of the key at a time
+    with pytest.raises(LeaseLost):
+        client.complete(crashed)  # the dead worker's claim is fenced out
+    client.complete(recovered)
+    (again,) = client.claim("events", limit=10)
+    assert (again.job_id, again.attempts) == (second, 2)  # its crashed attempt counted
+    job = client.get(second)
+    assert [entry["outcome"] for entry in job.history] == ["lease_expired"]
+    assert job.history[0]["requeued"] == "behind an earlier job of its key"

@@ -178,7 +178,8 @@ class QueueMachine(RuleBasedStateMachine):
         """The contract's per-key rule, stated as the requirement (not as the claim's SQL):
         a queued job of a key waits while any job of its key runs (expired or not), and
         while an earlier job of its key is queued, or failed under 'block'. A running job
-        whose lease expired is its key's running job: recovering it never waits."""
+        whose lease expired is its key's running job: it is recovered, unless an earlier
+        job of its key is queued (behind_an_earlier_job)."""
         if job.key is None or job.status is RUNNING:
             return False
         assert job.seq is not None
@@ -383,42 +384,84 @@ class QueueMachine(RuleBasedStateMachine):
         """Claim from a queue, one with claimable jobs if ``steer`` and there is one."""
         useful = [name for name in QUEUES if any(self.claimable(name))] if steer else []
         queue = data.draw(st.sampled_from(useful) if useful else queue_names, label="queue")
-        expired, ready = self.claimable(queue)
-        eligible = {job.job_id for job in expired + ready}
-        expected = {job.job_id for job in (expired[:limit] + ready[:limit])[:limit]}
         claims = self.client.claim(queue, limit=limit, lease=lease)
-        stamp = self.next_stamp()
         got = [c.job_id for c in claims]
         assert len(got) == len(set(got)), f"a job was claimed twice in one call: {got}"
         assert len(got) <= limit
-        for job_id in got:
-            assert job_id in self.jobs, f"claimed unknown job {job_id}"
-            what = self.describe(job_id)
-            assert not self.blocked(self.jobs[job_id]), f"claimed before its key's turn: {what}"
-            assert job_id in eligible, f"claimed ineligible job: {what}"
-        assert len(got) == min(limit, len(eligible)), f"claimed {got} of eligible {eligible}"
-        assert set(got) == expected, f"claim order: got {got}, expected {sorted(expected)}"
-
+        by_id = {c.job_id: c for c in claims}
         seconds = QUEUE_LEASE if lease is None else lease
-        for c in claims:
-            job = self.jobs[c.job_id]
-            assert c.queue == queue
-            assert (c.lease_version, c.attempts) == (job.lease_version + 1, job.attempts + 1)
-            assert (c.max_attempts, c.key, c.seq) == (job.max_attempts, job.key, job.seq)
-            assert c.payload == job.payload
-            assert c.lease_seconds == seconds
-            assert c.idempotency_key == f"{self.schema}:{c.job_id}"
-            row = self.client.get(c.job_id)
-            assert row.lease_until == c.lease_until
-            assert row.claimed_at is not None
-            assert c.lease_until - row.claimed_at == timedelta(seconds=seconds)
-            job.status = RUNNING
-            job.attempts += 1
-            job.lease_version += 1
-            job.lease_until = (self.now + seconds, stamp)
-            job.lease_until_at = c.lease_until
-            job.lease_seconds = seconds
-            self.claims.append(IssuedClaim(c))
+        # The call as the contract has it: recovered leases first, then ready jobs in
+        # claim order, as many as the limit allows. A recovered lease that is no
+        # longer its key's earliest unfinished job (an earlier one committed while it
+        # ran) is not recovered: it is queued again behind that job, which becomes
+        # eligible, and the call claims once more for the room it left.
+        room, taken = limit, []
+        for _ in range(2):
+            expired, ready = self.claimable(queue)
+            eligible = {job.job_id for job in expired + ready}
+            picked = (expired[:room] + ready[:room])[:room]
+            requeued = [job for job in picked if self.behind_an_earlier_job(job)]
+            stamp = self.next_stamp()
+            for job in picked:
+                if job in requeued:
+                    assert job.job_id not in by_id, (
+                        f"recovered out of key order: {self.describe(job.job_id)}"
+                    )
+                    self.requeue(job, stamp)
+                    continue
+                assert job.job_id in by_id, (
+                    f"claimed {got} of eligible {eligible}, not {job.job_id}"
+                )
+                self.claimed(by_id[job.job_id], job, seconds, stamp)
+                taken.append(job.job_id)
+            room = limit - len(taken)
+            if not requeued or room == 0:
+                break
+        assert sorted(got) == sorted(taken), f"claimed {got}, expected {sorted(taken)}"
+
+    def behind_an_earlier_job(self, job: ModelJob) -> bool:
+        """A running job of a key whose earlier job (by seq) is queued: that one
+        committed while this ran, and is the key's earliest unfinished job."""
+        return job.status is RUNNING and any(
+            other.queue == job.queue
+            and other.key == job.key
+            and other.status is QUEUED
+            and (other.seq, other.job_id) < (job.seq, job.job_id)
+            for other in self.jobs.values()
+            if job.key is not None
+        )
+
+    def requeue(self, job: ModelJob, stamp: int) -> None:
+        """A recovered lease put back: queued again, its crashed attempt counted,
+        its lease version moved on (the dead worker's claim is fenced out)."""
+        job.status = QUEUED
+        job.lease_version += 1
+        job.lease_until, job.lease_until_at = None, None
+        job.available = (self.now, stamp)
+        row = self.client.get(job.job_id)
+        assert row.history[-1]["outcome"] == "lease_expired", row.history
+        assert "requeued" in row.history[-1], row.history
+        job.available_at = row.available_at
+
+    def claimed(self, c: Claim, job: ModelJob, seconds: float, stamp: int) -> None:
+        assert not self.blocked(job), f"claimed before its key's turn: {self.describe(job.job_id)}"
+        assert c.queue == job.queue
+        assert (c.lease_version, c.attempts) == (job.lease_version + 1, job.attempts + 1)
+        assert (c.max_attempts, c.key, c.seq) == (job.max_attempts, job.key, job.seq)
+        assert c.payload == job.payload
+        assert c.lease_seconds == seconds
+        assert c.idempotency_key == f"{self.schema}:{c.job_id}"
+        row = self.client.get(c.job_id)
+        assert row.lease_until == c.lease_until
+        assert row.claimed_at is not None
+        assert c.lease_until - row.claimed_at == timedelta(seconds=seconds)
+        job.status = RUNNING
+        job.attempts += 1
+        job.lease_version += 1
+        job.lease_until = (self.now + seconds, stamp)
+        job.lease_until_at = c.lease_until
+        job.lease_seconds = seconds
+        self.claims.append(IssuedClaim(c))
 
     @precondition(lambda self: bool(self.claims))
     @rule(

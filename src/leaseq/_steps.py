@@ -21,8 +21,19 @@ T = TypeVar("T")
 def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[Claims]:
     """Claim; if the claim says repair notes are due, settle those keys (an
     ordering key met a producer in flight when it was last settled) and, if it
-    came back empty, claim once more."""
+    came back empty, claim once more. If it put a recovered lease back behind an
+    earlier job of its key (claim.sql), claim the room it left: that job is its
+    key's head only now."""
     claimed: Claimed = yield store.claim(queue, limit=limit, lease=lease)
+    if claimed.requeued and len(claimed.claims) < limit:
+        more: Claimed = yield store.claim(queue, limit=limit - len(claimed.claims), lease=lease)
+        # (whether a limit held the claim back: the later claim knows)
+        both = Claims(
+            claimed.claims + more.claims,
+            held_back=more.claims.held_back,
+            retry_in=more.claims.retry_in,
+        )
+        claimed = Claimed(both, claimed.repairs_due or more.repairs_due)
     if not claimed.repairs_due:
         return claimed.claims
     yield store.repair_keys(queue)

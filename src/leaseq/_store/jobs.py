@@ -22,6 +22,7 @@ UNIQUE_VIOLATION = "23505"
 #: The claim statement's marker rows (a NULL job id), by their branch column.
 REPAIRS_DUE_MARKER = 2
 HELD_BACK_MARKER = 3
+REQUEUED_MARKER = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,9 @@ class Claimed:
 
     claims: Claims
     repairs_due: bool
+    #: A recovered lease was put back behind an earlier job of its key, which is
+    #: claimable only once the statement ended: claim again.
+    requeued: bool = False
 
 
 class JobOperations(StoreBase):
@@ -53,7 +57,8 @@ class JobOperations(StoreBase):
                 if row[0] is None and row[17] == HELD_BACK_MARKER:
                     claims.held_back, claims.retry_in = True, row[18]
             repairs_due = any(r[0] is None and r[17] == REPAIRS_DUE_MARKER for r in rows[0])
-            return Claimed(claims, repairs_due)  # in claim order (see claim.sql)
+            requeued = any(r[0] is None and r[17] == REQUEUED_MARKER for r in rows[0])
+            return Claimed(claims, repairs_due, requeued)  # in claim order (see claim.sql)
 
         return Operation(
             (Statement(self.sql("claim.sql"), params),),

@@ -8,7 +8,13 @@
 -- earlier job of its key is unfinished (a failed one counts under 'block');
 -- the unique index job_running_key_idx turns a race lost on a snapshot into
 -- an error the caller retries, never two running jobs of one key. An expired
--- lease is the key's running job: recovering it keeps the key's order.
+-- lease is the key's running job: recovering it keeps the key's order, unless
+-- an earlier job of its key committed while it ran (a slow producer): only the
+-- earliest unfinished job of a key is eligible, on recovery too. `stale` hands
+-- each expired lease picked to lease_requeue() (migration 0012), which puts
+-- such a job back behind the earlier one in a statement of its own; the claim
+-- leaves it out, and a marker row (4) tells the client to claim again, since
+-- the earlier job became the head after this statement's snapshot.
 -- A last row with a NULL job_id says that repair notes of this queue are due
 -- (see key_repair_run): the client acts on them in a statement of its own.
 -- Each claim also says whether it recovered an expired lease and when the job
@@ -93,6 +99,9 @@ picked AS (
     (SELECT job_id, branch, ready_at, limited FROM coordinated WHERE job_id IS NOT NULL)
     LIMIT %(limit)s
 ),
+stale AS (
+    SELECT job_id FROM picked WHERE branch = 0 AND {schema}.lease_requeue(job_id)
+),
 claimed AS (
     UPDATE {schema}.job AS j
     SET status = 'running',
@@ -108,12 +117,11 @@ claimed AS (
             + (clock_timestamp() - statement_timestamp()) * s.coordinated::int,
         limited = picked.limited,
         history = CASE WHEN j.status = 'running'
-            THEN {schema}.history_append(j.history, jsonb_build_object(
-                'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'lease_expired',
-                'lease_version', j.lease_version, 'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
+            THEN {schema}.attempt_ended(j.history, j.attempts, j.lease_version, j.claimed_at,
+                                        j.lease_until, j.lease_seconds, 'lease_expired')
             ELSE j.history END
     FROM picked, settings AS s
-    WHERE j.job_id = picked.job_id
+    WHERE j.job_id = picked.job_id AND picked.job_id NOT IN (SELECT job_id FROM stale)
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
         j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
         picked.branch, j.priority, j.available_at, picked.ready_at, j.claimed_at,
@@ -122,7 +130,8 @@ claimed AS (
 -- In claim order: recovered leases first, then by priority, age and id; then
 -- the markers (NULL job_id): 2, repair notes are due; 3, a limit held the
 -- claim back (`wait`: seconds until a rate window has room; NULL: until a
--- running job of the queue ends).
+-- running job of the queue ends); 4, a recovered lease was put back behind an
+-- earlier job of its key, the key's head now: claim again.
 SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
        r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key,
        r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds,
@@ -131,7 +140,7 @@ FROM (
     SELECT claimed.*, NULL::double precision AS wait FROM claimed
     UNION ALL
     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.branch, NULL,
-        NULL, NULL, NULL, NULL::jsonb, NULL::double precision, NULL::text, m.wait
+        NULL, NULL, NULL, NULL, NULL, NULL, m.wait
     FROM (
         SELECT 2 AS branch, NULL::double precision AS wait
         WHERE EXISTS (
@@ -139,6 +148,8 @@ FROM (
             WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
         UNION ALL
         SELECT 3, c.wait FROM coordinated AS c WHERE c.job_id IS NULL
+        UNION ALL
+        (SELECT 4, NULL FROM stale LIMIT 1)
     ) AS m
 ) AS r
 ORDER BY r.branch, r.priority DESC, r.available_at, r.job_id

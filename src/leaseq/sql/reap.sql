@@ -31,10 +31,9 @@ reaped AS (
         last_error = CASE WHEN j.status = 'running'
             THEN 'lease expired on the last attempt (' || j.attempts || ' of ' || j.max_attempts || ')'
             ELSE 'no attempts left (' || j.attempts || ' of ' || j.max_attempts || ')' END,
-        history = {schema}.history_append(j.history, jsonb_build_object(
-            'attempt', j.attempts, 'at', {schema}.clock(),
-            'outcome', CASE WHEN j.status = 'running' THEN 'lease_expired' ELSE 'exhausted' END,
-            'lease_version', j.lease_version, 'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
+        history = {schema}.attempt_ended(j.history, j.attempts, j.lease_version, j.claimed_at,
+            j.lease_until, j.lease_seconds,
+            CASE WHEN j.status = 'running' THEN 'lease_expired' ELSE 'exhausted' END)
     FROM doomed
     WHERE j.job_id = doomed.job_id
       AND j.attempts >= j.max_attempts
