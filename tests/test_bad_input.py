@@ -53,6 +53,10 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("NUL in payload value", {"payload": {"x": "a\x00b"}}, InvalidJob),
     ("NUL in payload key", {"payload": {"a\x00": 1}}, InvalidJob),
     ("lone surrogate", {"payload": {"x": "\ud800"}}, InvalidJob),
+    # JSON makes every key text: jsonb would keep one of the two values.
+    ("keys 1 and '1'", {"payload": {1: "a", "1": "b"}}, InvalidJob),
+    ("nested keys True and 'true'", {"payload": {"x": [{True: 1, "true": 2}]}}, InvalidJob),
+    ("keys None and 'null'", {"payload": {None: 1, "null": 2}}, InvalidJob),
     ("payload over 1 MiB", {"payload": "x" * (1024 * 1024 + 1)}, PayloadTooLarge),
     ("negative delay", {"delay": -1}, InvalidJob),
     ("infinite delay", {"delay": math.inf}, InvalidJob),
@@ -148,6 +152,13 @@ def test_error_leaves_the_callers_transaction_usable(
 def test_escaped_backslash_before_u0000_text_is_not_a_nul(client: Client) -> None:
     job_id = client.enqueue("reports", {"path": "C:\\u0000dir"})
     assert client.get(job_id).payload == {"path": "C:\\u0000dir"}
+
+
+def test_keys_of_mixed_types_that_do_not_collide_are_taken_as_json_has_them(
+    client: Client,
+) -> None:
+    job_id = client.enqueue("reports", {1: "a", "b": [{2.5: None, False: 0}], None: 1})
+    assert client.get(job_id).payload == {"1": "a", "b": [{"2.5": None, "false": 0}], "null": 1}
 
 
 def test_unicode_payload_round_trips(client: Client) -> None:
