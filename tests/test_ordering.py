@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import leaseq
 from leaseq import JobStatus, LeaseLost
+from leaseq.testing import drain
 
 from .clients import Client
 from .conftest import Clock
@@ -175,3 +177,26 @@ def test_an_earlier_job_committed_late_goes_before_the_recovery_of_a_later_one(
     job = client.get(second)
     assert [entry["outcome"] for entry in job.history] == ["lease_expired"]
     assert job.history[0]["requeued"] == "behind an earlier job of its key"
+
+
+def test_a_worker_runs_an_earlier_job_committed_late_before_recovering_a_later_one(
+    queue: leaseq.Queue, clock: Clock, database_url: str, schema: str
+) -> None:
+    """The same through the worker's own claim loop: the claim that puts the
+    crashed job back asks for another claim, which the worker makes."""
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+
+    @app.task("events")
+    def record(job: leaseq.JobContext) -> None:
+        ran.append(job.payload["seq"])
+
+    queue.enqueue("events", {"seq": 2}, key="k", seq=2)
+    (crashed,) = queue.claim("events", lease=10)  # its worker dies
+    queue.enqueue("events", {"seq": 1}, key="k", seq=1)  # a slow producer commits
+    clock.advance(11)
+    stats = drain(app, dsn=database_url)
+    assert ran == [1, 2]
+    assert stats.completed == 2
+    with pytest.raises(LeaseLost):
+        queue.complete(crashed)
