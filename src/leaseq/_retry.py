@@ -43,10 +43,20 @@ class Backoff:
     cap: float = 3600.0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.base <= self.cap:
-            raise InvalidArgument("backoff needs 0 <= base <= cap")
         # Every delay it returns must be one a retry accepts.
-        validate.seconds(self.cap, "backoff cap", validate.MAX_DELAY_SECONDS)
+        base = validate.seconds(self.base, "backoff base", validate.MAX_DELAY_SECONDS)
+        cap = validate.seconds(self.cap, "backoff cap", validate.MAX_DELAY_SECONDS)
+        if base > cap:
+            raise InvalidArgument("backoff needs 0 <= base <= cap")
+
+    @classmethod
+    def of(cls, value: object) -> Backoff:
+        """A task's ``backoff=``: a Backoff, or its (base, cap) as a pair."""
+        if isinstance(value, Backoff):
+            return value
+        if isinstance(value, tuple | list) and len(value) == 2:
+            return cls(*value)
+        raise InvalidArgument(f"backoff must be a Backoff or a (base, cap) pair, got {value!r}")
 
     def ceiling(self, attempt: int) -> float:
         return min(self.cap, self.base * 2.0 ** min(max(attempt - 1, 0), 62))
@@ -71,6 +81,19 @@ class ErrorPolicy:
 
     retry_on: tuple[type[BaseException], ...] = field(default=())
     fail_on: tuple[type[BaseException], ...] = field(default=())
+
+    @staticmethod
+    def exceptions(value: object, what: str) -> tuple[type[BaseException], ...]:
+        """A task's ``retry_on=``/``fail_on=``: an exception class or a tuple (or
+        list) of them, checked where the task is declared: a bad one found only
+        when a handler raised would leave its job with no outcome."""
+        classes = tuple(value) if isinstance(value, tuple | list) else (value,)
+        for one in classes:
+            if not (isinstance(one, type) and issubclass(one, BaseException)):
+                raise InvalidArgument(
+                    f"{what} must be an exception class or a tuple of them, got {value!r}"
+                )
+        return classes
 
     def classify(self, error: BaseException) -> Verdict:
         if isinstance(error, (PermanentError, InvalidArgument, InvalidResult, *self.fail_on)):

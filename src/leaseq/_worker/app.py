@@ -81,8 +81,8 @@ class App:
         backoff: Backoff | tuple[float, float] | None = None,
         lease: float | None = None,
         timeout: float | None = None,
-        retry_on: tuple[type[BaseException], ...] = (),
-        fail_on: tuple[type[BaseException], ...] = (),
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        fail_on: type[BaseException] | tuple[type[BaseException], ...] = (),
         max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES,
         executor: str = "thread",
     ) -> Callable[[H], H]:
@@ -100,12 +100,18 @@ class App:
             raise InvalidArgument(f"queue {queue!r} already has a handler")
         if max_attempts is not None:
             validate.integer(max_attempts, "max_attempts", range(1, 1001))
-        if isinstance(backoff, tuple):
-            backoff = Backoff(*backoff)
+        if backoff is not None:
+            backoff = Backoff.of(backoff)
+        errors = ErrorPolicy(
+            retry_on=ErrorPolicy.exceptions(retry_on, "retry_on"),
+            fail_on=ErrorPolicy.exceptions(fail_on, "fail_on"),
+        )
         validate.integer(max_result_bytes, "max_result_bytes", range(1, 2**30))
         settings = (
             validate.lease(lease),
-            None if timeout is None else validate.seconds(timeout, "timeout", 7 * 86400.0),
+            None
+            if timeout is None
+            else validate.seconds(timeout, "timeout", 7 * 86400.0, allow_zero=False),
         )
 
         if executor not in EXECUTORS:
@@ -124,7 +130,7 @@ class App:
                 backoff=backoff,
                 lease=settings[0],
                 timeout=settings[1],
-                errors=ErrorPolicy(retry_on=retry_on, fail_on=fail_on),
+                errors=errors,
                 max_result_bytes=max_result_bytes,
                 executor=executor,
             )
@@ -177,8 +183,6 @@ class App:
         the app's workers. After a downtime the latest missed tick is enqueued, and
         the earlier ones no older than ``catch_up`` seconds; the rest are skipped
         and counted. Each job's idempotency key names its tick."""
-        if name in self.schedules:
-            raise InvalidArgument(f"schedule {name!r} is already declared")
         declared = schedule(
             name,
             queue=queue,
@@ -190,6 +194,8 @@ class App:
             priority=priority,
             max_attempts=max_attempts,
         )
+        if declared.name in self.schedules:  # (the name checked first: a list is unhashable)
+            raise InvalidArgument(f"schedule {name!r} is already declared")
         self.schedules[name] = declared
         return declared
 
