@@ -29,6 +29,7 @@ def test_public_names_are_pinned() -> None:
         "ClaimPlan",
         "Claims",
         "CleanupHolder",
+        "DatabaseError",
         "DatabaseUnavailable",
         "FailedGroup",
         "FailedSummary",
@@ -90,6 +91,7 @@ def test_errors_share_one_base() -> None:
         leaseq.ResultNotReady,
         leaseq.JobFailed,
         leaseq.InvalidResult,
+        leaseq.DatabaseError,
     ):
         assert issubclass(error, leaseq.LeaseqError)
     assert issubclass(leaseq.InvalidJob, ValueError)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
-from leaseq import JobStatus, LeaseLost
+from leaseq import DatabaseError, JobStatus, LeaseLost
 
 from .clients import Client, ClientConnect, ClientConnection
 from .conftest import Clock
@@ -145,3 +146,24 @@ def test_producer_idempotency_key_survives_attempts(client: Client, clock: Clock
     (second,) = client.claim("reports")
     assert first.idempotency_key == second.idempotency_key == "invoice-2026-11-7"
     assert first.lease_version != second.lease_version
+
+
+def test_a_database_refusal_leaseq_has_no_type_for_is_a_leaseq_error_with_its_sqlstate(
+    client: Client, client_connect: ClientConnect
+) -> None:
+    """Not the driver's error: callers catch leaseq.LeaseqError (the driver's is
+    the cause)."""
+    conn = client_connect()
+    with pytest.raises(ZeroDivisionError), conn.transaction():
+        conn.execute("SET TRANSACTION READ ONLY")
+        with pytest.raises(DatabaseError) as read_only:
+            client.enqueue("reports", {"report_id": 1}, conn=conn)
+        assert read_only.value.sqlstate == "25006"
+        assert isinstance(read_only.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+        # The caller's transaction has failed: what leaseq sends next is refused too.
+        with pytest.raises(DatabaseError) as failed:
+            client.enqueue("reports", {"report_id": 2}, conn=conn)
+        assert failed.value.sqlstate == "25P02"
+        assert "SQLSTATE 25P02" in str(failed.value)
+        raise ZeroDivisionError  # the caller rolls back
+    assert client.claim("reports") == []

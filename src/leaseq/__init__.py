@@ -5,6 +5,7 @@ from ._config import database_url
 from ._errors import (
     AlreadyCompleted,
     BacklogFull,
+    DatabaseError,
     DatabaseUnavailable,
     InvalidArgument,
     InvalidJob,
@@ -67,6 +68,7 @@ __all__ = [
     "ClaimPlan",
     "Claims",
     "CleanupHolder",
+    "DatabaseError",
     "DatabaseUnavailable",
     "FailedGroup",
     "FailedSummary",

@@ -90,6 +90,20 @@ class StatementTimeout(TransientError):
     written was committed."""
 
 
+class DatabaseError(LeaseqError):
+    """The database refused an operation for a reason leaseq has no type of its
+    own for: a caller's transaction that had already failed, a revoked grant, a
+    constraint of your own on leaseq's tables... ``sqlstate`` says which (the
+    driver's error is its ``__cause__``). Sending it again as it is fails again."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, {"sqlstate": self.sqlstate})
+
+
 class UniqueKeyHeld(LeaseqError):
     """Another job of the queue holds this unique key (it is unfinished, or done
     within its ``unique_for``): a replay of this job would make it a second one."""

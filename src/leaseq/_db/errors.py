@@ -1,7 +1,8 @@
 """Driver errors as leaseq's typed errors: what ``_db`` raises instead of psycopg's.
 
 Errors that say "try again later" become :class:`TransientError`; SQLSTATEs that
-mean something to users their own types; every text scrubbed of secrets; a
+mean something to users their own types; any other error the server sent a
+:class:`DatabaseError` with its SQLSTATE; every text scrubbed of secrets; a
 query interrupted by its task's cancellation the task's cancellation.
 """
 
@@ -17,6 +18,7 @@ from psycopg_pool import PoolTimeout
 
 from .._errors import (
     BacklogFull,
+    DatabaseError,
     DatabaseUnavailable,
     InvalidArgument,
     NotMigrated,
@@ -45,6 +47,7 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     # statement_too_complex: "stack depth limit exceeded", e.g. a payload nested
     # tens of thousands deep. An OperationalError, but sending it again fails again.
     "54001": InvalidArgument,
+    "22P02": InvalidArgument,  # invalid_text_representation
 }
 
 #: Names taken, during a migration: duplicate_table (or index), duplicate_object (a
@@ -68,7 +71,8 @@ def translated_errors(*, migrating: bool = False) -> Iterator[None]:
     failure, a cancelled statement), a pool timeout and a socket error become
     TransientError; the SQLSTATEs of _ERRORS_BY_SQLSTATE their leaseq types;
     ``migrating``: a name already taken (_MIGRATION_CONFLICTS) InvalidArgument;
-    other driver errors pass through (their SQLSTATE still says what they are).
+    any other error the server sent DatabaseError, which keeps its SQLSTATE.
+    The driver's own errors (no SQLSTATE: a malformed DSN, a misuse) pass through.
     """
     try:
         yield
@@ -88,13 +92,17 @@ def translated_errors(*, migrating: bool = False) -> Iterator[None]:
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
         if kind is None and isinstance(exc, psycopg.OperationalError):
             kind = TransientError
-        if kind is None:
+        if kind is None and exc.sqlstate is None:
             raise
         message = _CONSTRAINT_MESSAGES.get(exc.diag.constraint_name or "") or redact(
             exc.diag.message_primary or str(exc).strip() or type(exc).__name__
         )
         if kind is NotMigrated:
             message = f"{message} (has the leaseq schema been migrated? run `leaseq migrate`)"
+        if kind is None:
+            raise DatabaseError(
+                f"{message} (SQLSTATE {exc.sqlstate})", sqlstate=exc.sqlstate
+            ) from exc
         raise kind(message) from exc
     except OSError as exc:
         raise_if_cancelling(exc)

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from .._errors import DatabaseError
 from .._statement import Operation, Plan, Rows, Statement
 from .errors import translated_errors
 
@@ -38,7 +39,8 @@ def _args(statement: Statement) -> tuple[str, Any]:
 
 
 def retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:
-    sqlstate = error.sqlstate if isinstance(error, psycopg.Error) else None
+    # (a translated error: DatabaseError keeps the SQLSTATE the server sent)
+    sqlstate = error.sqlstate if isinstance(error, DatabaseError) else None
     return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
 
 
