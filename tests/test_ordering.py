@@ -200,3 +200,37 @@ def test_a_worker_runs_an_earlier_job_committed_late_before_recovering_a_later_o
     assert stats.completed == 2
     with pytest.raises(LeaseLost):
         queue.complete(crashed)
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "with limits"])
+def test_each_claim_takes_a_job_while_leases_are_put_back_behind_earlier_ones(
+    client: Client, clock: Clock, limited: bool
+) -> None:
+    """A claim that puts leases back found no job in its own snapshot: the call
+    claims again until it has one or nothing is left to put back. (A claim that
+    came back empty made a worker think the queue drained.)"""
+    if limited:
+        client.configure_queue("events", max_running=50)
+    keys = [f"k{n}" for n in range(6)]
+    for key in keys:
+        client.enqueue("events", {}, key=key, seq=2)
+    assert len(client.claim("events", limit=6, lease=10)) == 6  # their worker dies
+    earlier = {client.enqueue("events", {}, key=key, seq=1) for key in keys}
+    clock.advance(11)
+    taken = []
+    for _ in keys:
+        (claim,) = client.claim("events", limit=1, lease=60)
+        taken.append(claim.job_id)
+    assert set(taken) == earlier
+
+
+def test_a_lease_put_back_does_not_use_a_start_of_the_rate_window(
+    client: Client, clock: Clock
+) -> None:
+    client.configure_queue("events", rate_limit=(1, 60))
+    client.enqueue("events", {}, key="k", seq=2)
+    client.claim("events", lease=10)  # the window's one start; its worker dies
+    first = client.enqueue("events", {}, key="k", seq=1)
+    clock.advance(70)  # the window is empty again, the lease expired
+    claims = client.claim("events", limit=10, lease=10)
+    assert [claim.job_id for claim in claims] == [first]

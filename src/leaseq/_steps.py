@@ -21,24 +21,30 @@ T = TypeVar("T")
 def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[Claims]:
     """Claim; if the claim says repair notes are due, settle those keys (an
     ordering key met a producer in flight when it was last settled) and, if it
-    came back empty, claim once more. If it put a recovered lease back behind an
-    earlier job of its key (claim.sql), claim the room it left: that job is its
-    key's head only now."""
+    came back empty, claim once more.
+
+    A claim that put recovered leases back behind earlier jobs of their keys
+    (claim.sql) took fewer jobs than it could: those earlier jobs became their
+    keys' heads only after its snapshot. Claim again for the room left, as
+    long as claims keep putting leases back (each puts back at least one, and
+    there are only so many: it ends).
+    """
     claimed: Claimed = yield store.claim(queue, limit=limit, lease=lease)
-    if claimed.requeued and len(claimed.claims) < limit:
-        more: Claimed = yield store.claim(queue, limit=limit - len(claimed.claims), lease=lease)
-        # (whether a limit held the claim back: the later claim knows)
-        both = Claims(
-            claimed.claims + more.claims,
-            held_back=more.claims.held_back,
-            retry_in=more.claims.retry_in,
+    claims, repairs_due = claimed.claims, claimed.repairs_due
+    while claimed.requeued and len(claims) < limit:
+        claimed = yield store.claim(queue, limit=limit - len(claims), lease=lease)
+        # (whether a limit held the claim back: the latest claim knows)
+        claims = Claims(
+            claims + claimed.claims,
+            held_back=claimed.claims.held_back,
+            retry_in=claimed.claims.retry_in,
         )
-        claimed = Claimed(both, claimed.repairs_due or more.repairs_due)
-    if not claimed.repairs_due:
-        return claimed.claims
+        repairs_due = repairs_due or claimed.repairs_due
+    if not repairs_due:
+        return claims
     yield store.repair_keys(queue)
-    if claimed.claims:
-        return claimed.claims
+    if claims:
+        return claims
     again: Claimed = yield store.claim(queue, limit=limit, lease=lease)
     return again.claims
 

@@ -147,7 +147,7 @@ FROM (
             SELECT 1 FROM {schema}.key_repair AS k
             WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
         UNION ALL
-        SELECT 3, c.wait FROM coordinated AS c WHERE c.job_id IS NULL
+        SELECT c.branch, c.wait FROM coordinated AS c WHERE c.job_id IS NULL
         UNION ALL
         (SELECT 4, NULL FROM stale LIMIT 1)
     ) AS m
