@@ -107,6 +107,8 @@ BAD_BATCHES: list[tuple[str, dict[str, Any]]] = [
     ("seqs a generator", {"key": "k", "seqs": (n for n in (1, 2))}),
     ("seqs a string", {"key": "k", "seqs": "12"}),
     ("unique_keys a generator", {"unique_keys": (k for k in "uv")}),
+    ("a unique key None", {"unique_keys": ["u", None]}),
+    ("a unique key empty", {"unique_keys": ["u", ""]}),
     ("run_at in year 9999", {"run_at": datetime(9999, 12, 31, tzinfo=UTC)}),
 ]
 

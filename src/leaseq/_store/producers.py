@@ -114,7 +114,7 @@ class ProducerOperations(StoreBase):
                 lambda r: JobIds(sorted(row[0] for row in r[0])),
             )
         validate.per_payload(unique_keys, len(encoded), "unique_keys")
-        keys = [validate.unique(k, unique_for)[0] for k in unique_keys]
+        keys = [validate.text_key(k, "unique key") for k in unique_keys]
         params |= {"unique_keys": keys, "unique_for": validate.unique_window(unique_for)}
         if not keys:
             return Operation((), lambda _: JobIds([]))
