@@ -207,6 +207,55 @@ def test_bad_renew_and_retry_arguments_change_nothing(client: Client) -> None:
     client.complete(claim)
 
 
+NOT_CLAIMS: list[Any] = [None, 7, "claim", [7], [None], (c for c in ())]
+
+
+@pytest.mark.parametrize("given", NOT_CLAIMS, ids=repr)
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda client, given: client.complete_many(given),
+        lambda client, given: client.renew_many(given),
+        lambda client, given: client.retry_many(given),
+        lambda client, given: client.fail_many(given),
+        lambda client, given: client.release_many(given),
+    ],
+    ids=["complete_many", "renew_many", "retry_many", "fail_many", "release_many"],
+)
+def test_a_fenced_batch_write_takes_only_claims(client: Client, write: Any, given: Any) -> None:
+    client.enqueue("reports", {})
+    client.claim("reports")
+    with pytest.raises(InvalidArgument):
+        write(client, given)
+    assert client.stats("reports")[0].counts[leaseq.JobStatus.RUNNING] == 1
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda client, given: client.complete(given),
+        lambda client, given: client.renew(given),
+        lambda client, given: client.retry(given),
+        lambda client, given: client.fail(given),
+    ],
+    ids=["complete", "renew", "retry", "fail"],
+)
+@pytest.mark.parametrize("given", [None, 7, "claim"], ids=repr)
+def test_a_fenced_write_takes_only_a_claim(client: Client, write: Any, given: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        write(client, given)
+
+
+def test_per_claim_values_must_be_lists(client: Client) -> None:
+    client.enqueue("reports", {})
+    claims = client.claim("reports")
+    with pytest.raises(InvalidArgument, match="results"):
+        client.complete_many(claims, results=(r for r in [1]))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="delays"):
+        client.retry_many(claims, delays="5")  # type: ignore[arg-type]
+    assert client.stats("reports")[0].counts[leaseq.JobStatus.RUNNING] == 1
+
+
 @pytest.mark.parametrize("job_id", [0, -1, "7", 2**63, True])
 def test_bad_job_ids(client: Client, job_id: Any) -> None:
     with pytest.raises(InvalidArgument):

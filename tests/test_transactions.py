@@ -5,13 +5,15 @@ On both clients, each in a caller's transaction on its own kind of connection.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from leaseq import DatabaseError, JobStatus, LeaseLost
+import leaseq
+from leaseq import DatabaseError, InvalidArgument, JobStatus, LeaseLost
 
 from .clients import Client, ClientConnect, ClientConnection
 from .conftest import Clock
@@ -167,3 +169,20 @@ def test_a_database_refusal_leaseq_has_no_type_for_is_a_leaseq_error_with_its_sq
         assert "SQLSTATE 25P02" in str(failed.value)
         raise ZeroDivisionError  # the caller rolls back
     assert client.claim("reports") == []
+
+
+def test_a_connection_of_the_other_kind_is_refused_before_anything_is_written(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    async def async_client_given_a_sync_connection() -> None:
+        async with leaseq.AsyncQueue(database_url, schema=queue.schema) as aqueue:
+            with (
+                psycopg.connect(database_url) as sync_conn,
+                pytest.raises(InvalidArgument, match=r"psycopg\.AsyncConnection"),
+            ):
+                await aqueue.enqueue("reports", {}, conn=sync_conn)  # type: ignore[arg-type]
+
+    with pytest.raises(InvalidArgument, match=r"psycopg\.Connection"):
+        queue.enqueue("reports", {}, conn="dbname=app")  # type: ignore[arg-type]
+    asyncio.run(async_client_given_a_sync_connection())
+    assert queue.stats() == []  # not even the queue's settings row

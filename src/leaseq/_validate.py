@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ._errors import InvalidArgument, InvalidJob, InvalidResult, PayloadTooLarge
 from ._redact import redact
-from ._types import JobStatus
+from ._types import Claim, JobStatus
 
 T = TypeVar("T")
 
@@ -281,10 +281,33 @@ def result(value: object, limit: int = DEFAULT_MAX_RESULT_BYTES) -> EncodedPaylo
     return encoded
 
 
+def claims(values: object, what: str = "claims") -> list[Claim]:
+    """The claims a fenced batch write takes: a list (or tuple) of what ``claim``
+    returned."""
+    if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+        raise InvalidArgument(f"{what} must be a list of claims, got {values!r}"[:200])
+    for value in values:
+        claim(value)
+    return list(values)
+
+
+def claim(value: object) -> Claim:
+    if not isinstance(value, Claim):
+        raise InvalidArgument(f"a claim must be what claim() returned, got {value!r}"[:200])
+    return value
+
+
+def _per_claim(values: object, what: str) -> Sequence[Any]:
+    if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+        raise InvalidArgument(f"{what} must be a list with one entry per claim, got {values!r}")
+    return values
+
+
 def results(values: Sequence[object] | None, count: int) -> list[str | None] | None:
     """A batch's results as JSON texts, None for the whole batch when it has none."""
     if values is None:
         return None
+    values = _per_claim(values, "results")
     if len(values) != count:
         raise InvalidArgument(f"results must have one entry per claim ({count}), got {len(values)}")
     encoded = [result(v) for v in values]
@@ -350,6 +373,7 @@ def aligned(values: Sequence[T] | None, claims: Sequence[Any], what: str) -> lis
     """Per-claim values of a batch: one each, or None for all."""
     if values is None:
         return [None] * len(claims)
+    values = _per_claim(values, what)
     if len(values) != len(claims):
         raise InvalidArgument(f"{what} must have one entry per claim")
     return list(values)

@@ -34,6 +34,7 @@ from .execution import (
     Connection,
     adrive,
     aexecute,
+    callers,
     drive,
     execute,
     retryable,
@@ -171,7 +172,7 @@ class Database:
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
         """Run one operation on ``conn`` (the caller's), else on a pool connection."""
         if conn is not None:
-            return execute(conn, operation)
+            return execute(callers(conn, psycopg.Connection), operation)
         attempt = 0
         while True:
             with self.connection() as own:
@@ -184,6 +185,7 @@ class Database:
 
     def run_steps(self, steps: Steps[T], conn: Connection | None = None) -> T:
         """Run each operation the steps yield, sending back its result."""
+        callers(conn, psycopg.Connection)
         try:
             operation = next(steps)
             while True:
@@ -313,7 +315,7 @@ class AsyncDatabase:
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
         """Run one operation on ``conn`` (the caller's), else on a pool connection."""
         if conn is not None:
-            return await aexecute(conn, operation)
+            return await aexecute(callers(conn, psycopg.AsyncConnection), operation)
         attempt = 0
         while True:
             async with self.connection() as own:
@@ -326,6 +328,7 @@ class AsyncDatabase:
 
     async def run_steps(self, steps: Steps[T], conn: AsyncConnection | None = None) -> T:
         """Run each operation the steps yield, sending back its result."""
+        callers(conn, psycopg.AsyncConnection)
         try:
             operation = next(steps)
             while True:

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .._errors import DatabaseError
+from .._errors import DatabaseError, InvalidArgument
 from .._statement import Operation, Plan, Rows, Statement
 from .errors import translated_errors
 
@@ -36,6 +36,20 @@ def _args(statement: Statement) -> tuple[str, Any]:
     # Without parameters psycopg may send several statements in one string
     # (migrations need that); with an empty dict it would not.
     return statement.sql, (statement.params or None)
+
+
+def callers(conn: Any, kind: type[Any]) -> Any:
+    """The caller's connection (``conn=``), if it is one this client can use: a
+    sync client takes a psycopg.Connection, an async one a psycopg.AsyncConnection.
+    Checked before any step runs: the steps may write on leaseq's own connection
+    first (a queue's settings row)."""
+    if conn is not None and not isinstance(conn, kind):
+        sync = kind is psycopg.Connection
+        wanted, client = ("Connection", "Queue") if sync else ("AsyncConnection", "AsyncQueue")
+        raise InvalidArgument(
+            f"conn must be a psycopg.{wanted} for {client}, got {type(conn).__name__}"
+        )
+    return conn
 
 
 def retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:

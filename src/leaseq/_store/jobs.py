@@ -87,6 +87,7 @@ class JobOperations(StoreBase):
         resend). Strict (inside a caller's transaction, where an effect commits
         with it), it is refused: a re-run of that transaction must not commit twice.
         """
+        claims = validate.claims(claims)
         return self._fenced(
             "complete.sql",
             claims,
@@ -109,6 +110,7 @@ class JobOperations(StoreBase):
         """Per claim: the new lease_until; RENEWAL_BUSY if another transaction holds the
         job's row locked right now while its lease is still live (unchanged: try again);
         None if the lease was lost. Never waits for a locked row."""
+        claims = validate.claims(claims)
         leases = [validate.lease(lease)] * len(claims)
         return self._fenced(
             "renew.sql",
@@ -131,6 +133,7 @@ class JobOperations(StoreBase):
         already committed is reported again; strict (in a caller's transaction),
         it is refused.
         """
+        claims = validate.claims(claims)
         extra = {
             "strict": strict,
             "delays": [
@@ -152,6 +155,7 @@ class JobOperations(StoreBase):
         strict: bool = False,
     ) -> Operation[list[tuple[Claim, bool]]]:
         """Per claim: True if failed (now, or by this claim before unless strict), False if lost."""
+        claims = validate.claims(claims)
         extra = {
             "strict": strict,
             "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
@@ -167,6 +171,7 @@ class JobOperations(StoreBase):
         lease would have ended.
 
         Per claim: True if released (now or by an earlier commit of this claim)."""
+        claims = validate.claims(claims)
         running = (
             [False] * len(claims)
             if handlers_running is None
@@ -212,6 +217,7 @@ class JobOperations(StoreBase):
     ) -> Operation[None]:
         """Complete one claim, or raise LeaseLost (AlreadyCompleted, when strict and
         this claim's completion already committed)."""
+        claim = validate.claim(claim)
         batch = self._fenced(
             "complete.sql",
             [claim],
@@ -231,6 +237,7 @@ class JobOperations(StoreBase):
     def renew_one(self, claim: Claim, lease: float | None = None) -> Operation[datetime]:
         """The new lease_until, or LeaseLost. Unlike the batch it waits for a locked row
         (as the other single-claim writes do), so the answer is never "busy"."""
+        claim = validate.claim(claim)
         params = {
             "job_id": claim.job_id,
             "lease_version": claim.lease_version,
