@@ -299,6 +299,13 @@ def flag(value: object, what: str) -> bool:
     return value
 
 
+def dsn(value: object, what: str) -> str | None:
+    """A database URL or libpq conninfo string; None (or empty) for the configured one."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a database URL (a string) or None, got {value!r}")
+    return value
+
+
 def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
