@@ -312,9 +312,9 @@ def positive_int(value: object, what: str) -> int:
     return value
 
 
-def claim_limit(value: object) -> int:
+def claim_limit(value: object, what: str = "limit") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLAIM_LIMIT:
-        raise InvalidArgument(f"limit must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")
+        raise InvalidArgument(f"{what} must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")
     return value
 
 
