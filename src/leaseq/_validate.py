@@ -105,18 +105,33 @@ def integer(value: object, what: str, allowed: range) -> int:
     return value
 
 
-def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True) -> float:
+def _number_of_seconds(value: object, what: str) -> float:
+    """An int or float (not a bool, not text) as a float; ±inf for an int too large."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
     try:
-        number = float(value)
+        return float(value)
     except OverflowError:  # an int too large for a float: out of range all the same
-        number = math.inf
+        return math.inf if value > 0 else -math.inf
+
+
+def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True) -> float:
+    number = _number_of_seconds(value, what)
     low_ok = number >= 0 if allow_zero else number > 0
     if not math.isfinite(number) or not low_ok or number > maximum:
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidArgument(
             f"{what} must be {bound} and at most {maximum:g} seconds, got {value!r}"
+        )
+    return number
+
+
+def signed_seconds(value: object, what: str, maximum: float) -> float:
+    """Seconds either way (an offset): finite, at most ``maximum`` from 0."""
+    number = _number_of_seconds(value, what)
+    if not math.isfinite(number) or abs(number) > maximum:
+        raise InvalidArgument(
+            f"{what} must be between -{maximum:g} and {maximum:g} seconds, got {value!r}"
         )
     return number
 
