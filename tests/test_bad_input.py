@@ -345,6 +345,22 @@ def test_cancel_takes_running_as_a_flag_only(client: Client) -> None:
     client.complete(claim)
 
 
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        # Each said "batch", "job id" or "limit": another argument's name.
+        (lambda c: c.prune(max_batches=0), "max_batches"),
+        (lambda c: c.audit_log(before=0), "before"),
+        (lambda c: c.replay_failed("reports", batch=0), "batch"),
+        (lambda c: c.prune(dry_run=0), "dry_run"),
+    ],
+    ids=["prune max_batches", "audit_log before", "replay_failed batch", "prune dry_run"],
+)
+def test_a_bad_argument_is_named_in_its_error(client: Client, call: Any, name: str) -> None:
+    with pytest.raises(InvalidArgument, match=rf"^{name} must be"):
+        call(client)
+
+
 LONE_SURROGATE = "\ud800"
 
 

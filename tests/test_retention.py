@@ -300,6 +300,10 @@ def test_prune_keeps_the_admission_counters_exact(client: Client, clock: Clock) 
         ("prune", {"batch": 10**6}),
         ("prune", {"pause": -1}),
         ("prune", {"max_batches": 0}),
+        # Truthy or falsy values that are no bool: 0 pruned for real.
+        ("prune", {"dry_run": 0}),
+        ("prune", {"dry_run": "no"}),
+        ("prune", {"dry_run": None}),
     ],
 )
 def test_bad_input_is_refused_and_writes_nothing(

@@ -321,6 +321,13 @@ def dsn(value: object, what: str) -> str | None:
     return value
 
 
+def port(value: object) -> int:
+    """A TCP port to listen on (0: any free one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise InvalidArgument(f"port must be an integer in [0, 65535], got {value!r}")
+    return value
+
+
 def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
