@@ -279,6 +279,56 @@ def test_schema_names_postgresql_reserves(
         leaseq.App(schema=schema)
 
 
+#: Nothing listens there: a constructor that connected would fail otherwise.
+NOWHERE = "postgresql://nobody@127.0.0.1:1/none"
+
+BAD_CLIENT_OPTIONS: list[dict[str, Any]] = [
+    # 0 became a 1 ms timeout, under which every call failed with StatementTimeout.
+    {"statement_timeout": 0},
+    {"statement_timeout": -1},
+    {"statement_timeout": math.nan},
+    {"statement_timeout": math.inf},
+    {"statement_timeout": "5"},
+    {"statement_timeout": True},
+    {"connect_timeout": 0},
+    {"connect_timeout": -1},
+    # NaN waited for ever for a database that was down.
+    {"connect_timeout": math.nan},
+    {"connect_timeout": "5"},
+    {"pool_size": 0},
+    {"pool_size": -1},
+    {"pool_size": "3"},
+    {"pool_size": 2.5},
+    {"connection_options": "x"},
+    {"connection_options": [("application_name", "x")]},
+    {"connection_options": {1: "x"}},
+    # A truthy string turned notifications on.
+    {"notify": "no"},
+    {"notify": 0},
+    {"dsn": 5},
+]
+
+
+@pytest.mark.parametrize("option", BAD_CLIENT_OPTIONS, ids=repr)
+def test_bad_client_options_are_refused_at_construction(
+    client_class: type[Client], option: dict[str, Any]
+) -> None:
+    arguments: dict[str, Any] = {"dsn": NOWHERE, **option}
+    with pytest.raises(InvalidArgument):
+        client_class(arguments.pop("dsn"), **arguments)
+
+
+def test_good_client_options_are_taken(client_class: type[Client]) -> None:
+    client_class(
+        NOWHERE,
+        statement_timeout=0.0001,
+        connect_timeout=1,
+        pool_size=1,
+        connection_options={"application_name": "mine"},
+        notify=False,
+    ).close()
+
+
 def test_public_is_a_schema_name_like_any_other(
     client_class: type[Client], database_url: str
 ) -> None:
@@ -344,6 +394,22 @@ def test_cancel_takes_running_as_a_flag_only(client: Client) -> None:
             client.cancel(claim.job_id, running=wrong)
     assert client.get(claim.job_id).status is leaseq.JobStatus.RUNNING
     client.complete(claim)
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        # Each said "batch", "job id" or "limit": another argument's name.
+        (lambda c: c.prune(max_batches=0), "max_batches"),
+        (lambda c: c.audit_log(before=0), "before"),
+        (lambda c: c.replay_failed("reports", batch=0), "batch"),
+        (lambda c: c.prune(dry_run=0), "dry_run"),
+    ],
+    ids=["prune max_batches", "audit_log before", "replay_failed batch", "prune dry_run"],
+)
+def test_a_bad_argument_is_named_in_its_error(client: Client, call: Any, name: str) -> None:
+    with pytest.raises(InvalidArgument, match=rf"^{name} must be"):
+        call(client)
 
 
 LONE_SURROGATE = "\ud800"

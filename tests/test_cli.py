@@ -309,6 +309,14 @@ def test_replay_of_one_job_refuses_a_queue(invoke: Invoke, queue: leaseq.Queue) 
     assert queue.get(job_id).status is JobStatus.FAILED
 
 
+@pytest.mark.parametrize("interval", ["0", "-1", "nan"])
+def test_the_maintenance_interval_is_checked_before_anything_runs(interval: str) -> None:
+    """0 or less reaped in a busy loop, NaN never again."""
+    result = CliRunner().invoke(cli, ["maintenance", "--interval", interval])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--interval'" in result.output
+
+
 @pytest.mark.parametrize(
     "option",
     [

@@ -331,3 +331,17 @@ def test_labels_never_carry_a_job_id() -> None:
 async def test_an_async_queue_cannot_be_watched(aqueue: leaseq.AsyncQueue) -> None:
     with pytest.raises(leaseq.InvalidArgument):
         leaseq.Metrics().watch(aqueue)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("port", [-1, 65536, 70000, "9100", True, 9100.0], ids=repr)
+def test_a_port_outside_0_to_65535_is_refused(port: object) -> None:
+    """-1 raised socket.gaierror and 70000 OverflowError, from the socket."""
+    with pytest.raises(leaseq.InvalidArgument, match="port"):
+        leaseq.Metrics().serve(port)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf"), -1, "5", True], ids=repr)
+def test_a_ttl_that_is_no_finite_number_of_seconds_is_refused(ttl: object) -> None:
+    """NaN was taken: every scrape read the database (NaN compares false)."""
+    with pytest.raises(leaseq.InvalidArgument, match="ttl"):
+        leaseq.Metrics().watch(None, ttl=ttl)  # type: ignore[arg-type]

@@ -300,6 +300,10 @@ def test_prune_keeps_the_admission_counters_exact(client: Client, clock: Clock) 
         ("prune", {"batch": 10**6}),
         ("prune", {"pause": -1}),
         ("prune", {"max_batches": 0}),
+        # Truthy or falsy values that are no bool: 0 pruned for real.
+        ("prune", {"dry_run": 0}),
+        ("prune", {"dry_run": "no"}),
+        ("prune", {"dry_run": None}),
     ],
 )
 def test_bad_input_is_refused_and_writes_nothing(
@@ -328,6 +332,38 @@ def test_one_queue_and_chosen_states_only(client: Client, clock: Clock) -> None:
     assert client.prune(states=(s for s in [DONE])).deleted == {("a", DONE): 1, ("b", DONE): 1}
     assert client.prune("b", states="done").deleted == {}  # (a state alone is one state)
     assert client.prune().deleted == {("b", CANCELLED): 1}
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"interval": 0},  # reaped in a busy loop
+        {"interval": -1},
+        {"interval": float("nan")},  # never ran again
+        {"interval": float("inf")},
+        {"interval": "5"},
+        {"batch": 0},  # failed only at run()
+        {"batch": 10_001},
+        {"batch": 2.5},
+        {"prune_pause": -1},
+        {"prune_pause": float("nan")},
+        {"prune_pause": "0.1"},
+        {"retention": "no"},
+        {"vacuum": None},
+    ],
+    ids=repr,
+)
+def test_bad_maintenance_options_are_refused_at_construction(option: dict[str, Any]) -> None:
+    queue = leaseq.AsyncQueue("postgresql://nobody@127.0.0.1:1/none")
+    (name,) = option
+    with pytest.raises(InvalidArgument, match=name):
+        leaseq.Maintenance(queue, **option)
+
+
+def test_maintenance_wants_an_async_queue() -> None:
+    """A sync Queue failed only at run(), on its first await."""
+    with pytest.raises(InvalidArgument, match="AsyncQueue"):
+        leaseq.Maintenance(leaseq.Queue("postgresql://nobody@127.0.0.1:1/none"))  # type: ignore[arg-type]
 
 
 async def test_the_maintenance_leader_applies_retention(

@@ -4,12 +4,16 @@ own code path, and reading back what was enqueued."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 import leaseq
 from leaseq import JobStatus
 from leaseq.testing import adrain, aenqueued, drain, enqueued, set_clock_offset
+
+from . import clients
+from .clients import Client
 
 
 def _statuses(queue: leaseq.Queue, name: str) -> list[JobStatus]:
@@ -156,3 +160,23 @@ def test_any_clock_offset_in_range_is_set(queue: leaseq.Queue, offset: float) ->
         ).fetchone()
     assert row is not None
     assert abs(float(row[0]) - offset) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "offset",
+    ["5", True, "abc", 10**400, -(10**400), float("nan"), float("inf"), 1e10, None],
+    ids=["text", "True", "abc", "10**400", "-10**400", "nan", "inf", "over a century", "None"],
+)
+def test_a_clock_offset_is_a_finite_number_of_seconds(client: Client, offset: Any) -> None:
+    """Text ("5") and True were taken, "abc" raised ValueError, 10**400 OverflowError."""
+    with pytest.raises(leaseq.InvalidArgument, match="clock offset"):
+        clients.set_clock_offset(client, offset)
+
+
+def test_a_clock_offset_may_be_negative_or_whole(client: Client) -> None:
+    clients.set_clock_offset(client, -3600)
+    clients.set_clock_offset(client, 2)
+    job_id = client.enqueue("reports", {}, delay=1)
+    assert client.claim("reports") == []  # the offset is absolute, not cumulative
+    clients.set_clock_offset(client, 3.5)
+    assert [c.job_id for c in client.claim("reports")] == [job_id]

@@ -511,6 +511,16 @@ async def test_a_job_released_while_its_sync_handler_runs_on_never_runs_twice_at
         {"maintenance_interval": 0},
         {"maintenance_interval": float("nan")},
         {"lease": -5},
+        # Each failed later, in run(), or with a TypeError.
+        {"concurrency": 1.5},
+        {"concurrency": "2"},
+        {"concurrency": 0},
+        {"concurrency": True},
+        {"renew_fraction": "x"},
+        {"renew_fraction": float("nan")},
+        {"renew_fraction": 1},
+        {"listen_dsn": 5},
+        {"dsn": 5},
     ],
     ids=repr,
 )
@@ -518,5 +528,13 @@ async def test_bad_worker_options_are_refused(schema: str, option: dict[str, Any
     """A poll interval of 0 or less claimed in a busy loop, and a burst never ended."""
     app = leaseq.App(schema=schema)
     app.task("work")(lambda job: None)
-    with pytest.raises(leaseq.InvalidArgument):
-        leaseq.Worker(app, dsn="postgresql://nobody@127.0.0.1:1/none", **option)
+    arguments = {"dsn": "postgresql://nobody@127.0.0.1:1/none", **option}
+    with pytest.raises(leaseq.InvalidArgument, match=next(iter(option))):
+        leaseq.Worker(app, **arguments)
+
+
+@pytest.mark.parametrize("app", [None, "tests.worker_app:app", leaseq.Queue], ids=repr)
+async def test_a_worker_wants_an_app(app: Any) -> None:
+    """None raised an AttributeError (app.tasks)."""
+    with pytest.raises(leaseq.InvalidArgument, match="App"):
+        leaseq.Worker(app, dsn="postgresql://nobody@127.0.0.1:1/none")

@@ -17,7 +17,6 @@ from typing import Any
 
 from . import _steps
 from . import _validate as validate
-from . import _validate_settings as validate_settings
 from ._db import AsyncDatabase
 from ._errors import ResultNotReady
 from ._health_types import ClaimPlan, Health
@@ -86,6 +85,8 @@ class AsyncOperatorCalls:
         """Replay every failed job of ``queue`` in batches of short transactions;
         returns their ids. A queue with admission limits takes back only what
         fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
+        # Here, under its own name: each batch is the store's replay ``limit``.
+        validate.claim_limit(batch, "batch")
         steps = _steps.replay_failed(self._store, queue, batch=batch, actor=actor)
         return await self._db.run_steps(steps)
 
@@ -141,7 +142,7 @@ class AsyncOperatorCalls:
         )
         pause = validate.seconds(pause, "pause", 3600.0)
         if max_batches is not None:
-            validate_settings.prune_batch(max_batches)
+            validate.positive_int(max_batches, "max_batches")
         result = PruneResult(dry_run=dry_run)
         batches = 0
         while True:

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import asyncio
 
+from . import _validate as validate
+from . import _validate_settings as validate_settings
 from ._async_client import AsyncQueue
 from ._db import Session
-from ._errors import NotMigrated, TransientError
+from ._errors import InvalidArgument, NotMigrated, TransientError
 from ._logs import get_logger
 from ._types import PruneResult, ReapResult
 from ._waiting import pause
 
 log = get_logger("leaseq.maintenance")
+
+#: The longest interval between rounds (the worker's maintenance_interval's bound).
+MAX_INTERVAL_SECONDS = 86400.0
+#: The longest pause between retention batches (prune()'s own ``pause`` bound).
+MAX_PRUNE_PAUSE_SECONDS = 3600.0
 
 
 class Maintenance:
@@ -41,6 +48,17 @@ class Maintenance:
         prune_pause: float = 0.1,
         vacuum: bool = True,
     ) -> None:
+        if not isinstance(queue, AsyncQueue):
+            raise InvalidArgument(f"Maintenance runs on a leaseq.AsyncQueue, got {queue!r}")
+        # Checked here, not at run(): an interval of 0 or less reaped in a busy loop,
+        # a NaN one never again, and a bad batch failed only inside the loop.
+        validate.seconds(interval, "interval", MAX_INTERVAL_SECONDS, allow_zero=False)
+        # The batch is both reap()'s limit and prune()'s batch: within both bounds.
+        validate_settings.prune_batch(batch)
+        validate.claim_limit(batch, "batch")
+        validate.seconds(prune_pause, "prune_pause", MAX_PRUNE_PAUSE_SECONDS)
+        validate.flag(retention, "retention")
+        validate.flag(vacuum, "vacuum")
         self.queue = queue
         self.interval = interval
         self.batch = batch

@@ -38,11 +38,15 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from . import _validate as validate
 from ._errors import InvalidArgument
 from ._gauges import DEFAULT_TTL, DatabaseGauges, StatsSource
 from ._logs import get_logger
 
 log = get_logger("leaseq.metrics")
+
+#: The longest ttl of the database's gauges: past a day they would be stale, not cached.
+MAX_TTL_SECONDS = 86400.0
 
 #: How a job's attempt ended, as ``leaseq_jobs_finished_total`` labels it: what the
 #: database did (a retry of a job with no attempts left is ``failed``).
@@ -168,15 +172,16 @@ class Metrics:
         small pool of its own), not an ``AsyncQueue``."""
         if source is not None and inspect.iscoroutinefunction(source.stats):
             raise InvalidArgument("watch a leaseq.Queue: scrapes call stats() from a thread")
-        if ttl < 0:
-            raise InvalidArgument("ttl must not be negative")
-        self._database.watch(source, ttl)
+        # NaN compared false with every age: each scrape read the database.
+        self._database.watch(source, validate.seconds(ttl, "ttl", MAX_TTL_SECONDS))
 
     # -- exposing ------------------------------------------------------------------------
 
     def serve(self, port: int, host: str = "127.0.0.1") -> MetricsServer:
         """Serve ``/metrics`` over HTTP from a daemon thread (port 0: any free port)."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        # The socket's own errors for a port out of range were no InvalidArgument
+        # (-1: socket.gaierror, 70000: OverflowError).
+        server, thread = start_http_server(validate.port(port), addr=host, registry=self.registry)
         return MetricsServer(server, thread)
 
     def text(self) -> str:

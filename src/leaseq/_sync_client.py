@@ -14,12 +14,10 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from . import _metrics, _migrate, _steps, _tracing
-from . import _validate as validate
-from ._client_base import ClientBase
+from ._client_base import ClientBase, pool_options
 from ._db import (
     Connection,
     Database,
-    with_statement_timeout,
 )
 from ._job_ids import JobId, JobIds
 from ._metrics import Metrics
@@ -45,8 +43,10 @@ class Queue(OperatorCalls, ClientBase):
     Opens a small pool of autocommit connections on first use; close it with
     ``close()`` or by using the queue as a context manager. Enqueues are counted
     on ``metrics`` (``leaseq.metrics`` unless given; None counts nothing). With
-    ``statement_timeout`` (seconds), the server cancels any of its statements
-    that runs longer (StatementTimeout), as a dashboard wants for its reads.
+    ``statement_timeout`` (seconds, > 0; None: no timeout), the server cancels
+    any of its statements that runs longer (StatementTimeout), as a dashboard
+    wants for its reads. Bad options raise InvalidArgument here, before anything
+    connects.
     The operators' calls (replay, cancel, stats, find_jobs, ...) are those of
     :class:`~leaseq._sync_operators.OperatorCalls`.
     """
@@ -64,13 +64,15 @@ class Queue(OperatorCalls, ClientBase):
         metrics: Metrics | None = _metrics.DEFAULT,
         statement_timeout: float | None = None,
     ) -> None:
+        options = pool_options(
+            pool_size=pool_size,
+            connection_options=connection_options,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+        )
         super().__init__(
             dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify, metrics=metrics
         )
-        options = connection_options
-        if statement_timeout is not None:
-            seconds = validate.seconds(statement_timeout, "statement_timeout", 86400.0)
-            options = with_statement_timeout(options, seconds)
         self._db = Database(
             self.dsn, max_size=pool_size, options=options, open_timeout=connect_timeout
         )

@@ -105,18 +105,33 @@ def integer(value: object, what: str, allowed: range) -> int:
     return value
 
 
-def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True) -> float:
+def _number_of_seconds(value: object, what: str) -> float:
+    """An int or float (not a bool, not text) as a float; ±inf for an int too large."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
     try:
-        number = float(value)
+        return float(value)
     except OverflowError:  # an int too large for a float: out of range all the same
-        number = math.inf
+        return math.inf if value > 0 else -math.inf
+
+
+def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True) -> float:
+    number = _number_of_seconds(value, what)
     low_ok = number >= 0 if allow_zero else number > 0
     if not math.isfinite(number) or not low_ok or number > maximum:
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidArgument(
             f"{what} must be {bound} and at most {maximum:g} seconds, got {value!r}"
+        )
+    return number
+
+
+def signed_seconds(value: object, what: str, maximum: float) -> float:
+    """Seconds either way (an offset): finite, at most ``maximum`` from 0."""
+    number = _number_of_seconds(value, what)
+    if not math.isfinite(number) or abs(number) > maximum:
+        raise InvalidArgument(
+            f"{what} must be between -{maximum:g} and {maximum:g} seconds, got {value!r}"
         )
     return number
 
@@ -322,15 +337,29 @@ def flag(value: object, what: str) -> bool:
     return value
 
 
+def dsn(value: object, what: str) -> str | None:
+    """A database URL or libpq conninfo string; None (or empty) for the configured one."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a database URL (a string) or None, got {value!r}")
+    return value
+
+
+def port(value: object) -> int:
+    """A TCP port to listen on (0: any free one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise InvalidArgument(f"port must be an integer in [0, 65535], got {value!r}")
+    return value
+
+
 def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
     return value
 
 
-def claim_limit(value: object) -> int:
+def claim_limit(value: object, what: str = "limit") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLAIM_LIMIT:
-        raise InvalidArgument(f"limit must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")
+        raise InvalidArgument(f"{what} must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")
     return value
 
 

@@ -15,9 +15,10 @@ MAX_SCHEDULE_NAME_BYTES = 128
 MAX_SEARCH_WINDOW = 10_000_000
 
 
-def job_id(value: object) -> int:
+def job_id(value: object, what: str = "job id") -> int:
+    """A job id, or another bigint id (``what`` names it in the error)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        raise InvalidArgument(f"job id must be a positive integer, got {value!r}")
+        raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
     return value
 
 

@@ -336,7 +336,7 @@ def demo(database_url: str | None, **options: Any) -> None:
 
 
 @cli.command()
-@click.option("--interval", type=float, default=5.0, show_default=True)
+@click.option("--interval", type=float, callback=seconds(), default=5.0, show_default=True)
 @log_format_option
 @metrics_options
 @database_options

@@ -70,6 +70,8 @@ def with_statement_timeout(options: dict[str, Any] | None, seconds: float) -> di
     longer than ``seconds`` (SQLSTATE 57014, raised as StatementTimeout)."""
     settings = dict(options or CONNECTION_OPTIONS)
     given = settings.get("options", "")
+    # The server counts whole milliseconds and takes 0 as no timeout at all: a
+    # timeout under half a millisecond is one. (The clients refuse 0 themselves.)
     milliseconds = max(1, round(seconds * 1000))
     settings["options"] = f"{given} -c statement_timeout={milliseconds}".strip()
     return settings

@@ -188,7 +188,8 @@ class InspectionOperations(StoreBase):
     ) -> Operation[list[AuditEntry]]:
         params = {
             "queue": _queue(queue),
-            "before": None if before is None else operator_input.job_id(before),
+            # An audit_id, not a job id: named as the caller gave it.
+            "before": None if before is None else operator_input.job_id(before, "before"),
             "limit": _page_limit(limit),
         }
         return Operation(

@@ -37,7 +37,8 @@ class RetentionOperations(StoreBase):
             ),
             "limit": validate_settings.prune_batch(limit),
         }
-        if dry_run:
+        # A flag, not a truthy value: dry_run=0 pruned for real.
+        if validate.flag(dry_run, "dry_run"):
             return Operation(
                 (Statement(self.sql("prune_count.sql"), params),),
                 lambda r: decoding.prune_from_rows(r[0], dry_run=True, more=False),

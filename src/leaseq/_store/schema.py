@@ -3,11 +3,12 @@ golden catalog, and the test clock."""
 
 from __future__ import annotations
 
-import math
-
-from .._errors import InvalidArgument
+from .. import _validate as validate
 from .._statement import Operation, Statement
 from .base import StoreBase, ignore
+
+#: A century either way: the test clock's furthest move.
+MAX_CLOCK_OFFSET_SECONDS = 100 * 365 * 86400.0
 
 
 class SchemaOperations(StoreBase):
@@ -54,9 +55,8 @@ class SchemaOperations(StoreBase):
         )
 
     def set_clock_offset(self, offset_seconds: float) -> Operation[None]:
-        offset = float(offset_seconds)
-        if not math.isfinite(offset) or abs(offset) > 100 * 365 * 86400:
-            raise InvalidArgument(f"clock offset out of range: {offset_seconds!r}")
+        # Not float(): it took "5" and True, and raised ValueError or OverflowError.
+        offset = validate.signed_seconds(offset_seconds, "clock offset", MAX_CLOCK_OFFSET_SECONDS)
         # Fixed-point: PostgreSQL's interval input refuses an exponent (5e-05).
         text = self.sql("set_clock_offset.sql").replace("{offset_seconds}", f"{offset:.6f}")
         return Operation((Statement(text),), ignore)

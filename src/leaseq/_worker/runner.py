@@ -62,6 +62,8 @@ ACKNOWLEDGEMENT_WAIT = 10.0
 #: A day: a poll interval, shutdown grace or maintenance interval past it is a
 #: unit mistake (milliseconds given as seconds).
 MAX_INTERVAL_SECONDS = 86400.0
+#: The most jobs one worker runs at once.
+MAX_CONCURRENCY = 10_000
 
 
 class Worker:
@@ -96,15 +98,27 @@ class Worker:
         metrics: Metrics | None = _metrics.DEFAULT,
         durable_acknowledgements: bool = True,
     ) -> None:
+        if not isinstance(app, App):
+            raise InvalidArgument(f"a Worker runs a leaseq.App, got {app!r}")
         if not app.tasks:
             raise InvalidArgument("the app has no tasks")
         unknown = set(queues or ()) - set(app.tasks)
         if unknown:
             raise InvalidArgument(f"no handler for queues: {', '.join(sorted(unknown))}")
-        if not 1 <= concurrency <= 10_000:
-            raise InvalidArgument("concurrency must be between 1 and 10000")
-        if not 0 < renew_fraction < 1:
-            raise InvalidArgument("renew_fraction must be between 0 and 1")
+        # Typed first: 1.5 failed only in run(), and "2" with a TypeError.
+        if validate.positive_int(concurrency, "concurrency") > MAX_CONCURRENCY:
+            raise InvalidArgument(f"concurrency must be between 1 and {MAX_CONCURRENCY}")
+        if (
+            isinstance(renew_fraction, bool)
+            or not isinstance(renew_fraction, int | float)
+            or not 0 < renew_fraction < 1  # (NaN is not)
+        ):
+            raise InvalidArgument(
+                f"renew_fraction must be a number between 0 and 1, got {renew_fraction!r}"
+            )
+        # Checked before the DSN is looked up: with none given, that starts a server.
+        validate.dsn(dsn, "dsn")
+        validate.dsn(listen_dsn, "listen_dsn")
         # 0 or less would claim in a busy loop (and a burst never end); NaN, for ever.
         validate.seconds(poll_interval, "poll_interval", MAX_INTERVAL_SECONDS, allow_zero=False)
         validate.seconds(shutdown_grace, "shutdown_grace", MAX_INTERVAL_SECONDS)
