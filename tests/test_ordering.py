@@ -138,6 +138,78 @@ def test_a_cancelled_running_head_holds_its_key_until_its_lease_would_have_ended
     del third
 
 
+@pytest.mark.parametrize(
+    "then",
+    ["the next job is cancelled", "a job is enqueued", "a failed job is replayed"],
+)
+def test_the_hold_of_a_cancelled_running_job_belongs_to_its_key(
+    client: Client, clock: Clock, then: str
+) -> None:
+    """Whichever job becomes the key's head while the cancelled claim's handler
+    may still run waits for the cut lease's end, not only the next one of the
+    moment."""
+    first = client.enqueue("events", {}, key="k", seq=1)
+    if then == "a failed job is replayed":
+        client.configure_queue("events", ordering_policy="continue")
+        failed = client.enqueue("events", {}, key="k", seq=0, max_attempts=1)
+        (doomed,) = client.claim("events")
+        client.fail(doomed, "broken")
+    (running,) = client.claim("events", lease=30)
+    assert running.job_id == first
+    second = client.enqueue("events", {}, key="k", seq=2)
+    assert client.cancel(running.job_id, running=True)
+    if then == "the next job is cancelled":
+        later = client.enqueue("events", {}, key="k", seq=3)
+        assert client.cancel(second)
+    elif then == "a job is enqueued":
+        assert client.cancel(second)
+        later = client.enqueue("events", {}, key="k", seq=3)
+    else:
+        assert client.cancel(second)
+        assert client.replay(failed)
+        later = failed
+    assert _claim_ids(client) == []  # the cancelled handler may still run
+    clock.advance(20)
+    assert _claim_ids(client) == []
+    clock.advance(11)
+    assert _claim_ids(client) == [later]
+
+
+def test_a_job_released_while_its_handler_runs_on_holds_its_key_if_cancelled(
+    client: Client, clock: Clock
+) -> None:
+    first = client.enqueue("events", {}, key="k", seq=1)
+    second = client.enqueue("events", {}, key="k", seq=2)
+    (running,) = client.claim("events", lease=30)
+    assert running.job_id == first
+    # A stopping worker gives the claim back while its thread runs on.
+    assert client.release_many([running], handlers_running=[True]) == [(running, True)]
+    assert client.cancel(first)  # an operator skips it meanwhile
+    assert _claim_ids(client) == []
+    clock.advance(31)
+    assert _claim_ids(client) == [second]
+
+
+def test_the_reaper_drops_the_holds_that_ended(client: Client, clock: Clock) -> None:
+    def holds() -> int:
+        with client.connection() as conn:
+            row = conn.execute(f'SELECT count(*) FROM "{client.schema}".key_hold').fetchone()
+        assert row is not None
+        return int(row[0])
+
+    for key in ("a", "b"):
+        client.enqueue("events", {}, key=key, seq=1)
+    short, long = client.claim("events", limit=2, lease=10)
+    client.renew(long, lease=60)
+    assert client.cancel(short.job_id, running=True)
+    assert client.cancel(long.job_id, running=True)
+    client.reap()
+    assert holds() == 2
+    clock.advance(11)
+    client.reap()
+    assert holds() == 1  # the other one holds its key still
+
+
 def test_a_cancelled_running_head_whose_lease_had_expired_lets_its_key_go_on(
     client: Client, clock: Clock
 ) -> None:

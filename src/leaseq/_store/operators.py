@@ -49,7 +49,10 @@ class OperatorOperations(StoreBase):
                 expired_running=tuple(r[0] for r in rows[0] if r[1] == "running"),
             )
 
-        return Operation((Statement(self.sql("reap.sql"), params),), decode)
+        return Operation(
+            (Statement(self.sql("reap.sql"), params), Statement(self.sql("key_hold_expire.sql"))),
+            decode,
+        )
 
     def replay(self, job_id: int, *, actor: str | None = None) -> Operation[bool]:
         """True if replayed, False if the job was not failed or cancelled;
