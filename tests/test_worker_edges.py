@@ -521,6 +521,11 @@ async def test_a_job_released_while_its_sync_handler_runs_on_never_runs_twice_at
         {"renew_fraction": 1},
         {"listen_dsn": 5},
         {"dsn": 5},
+        {"queues": "work"},
+        {"queues": ["work", 5]},
+        {"listen": "no"},
+        {"maintenance": 0},
+        {"durable_acknowledgements": None},
     ],
     ids=repr,
 )

@@ -102,6 +102,16 @@ class Worker:
             raise InvalidArgument(f"a Worker runs a leaseq.App, got {app!r}")
         if not app.tasks:
             raise InvalidArgument("the app has no tasks")
+        if queues is not None and (
+            isinstance(queues, str) or not all(isinstance(q, str) for q in queues)
+        ):  # (a string would be read as its letters)
+            raise InvalidArgument(f"queues must be a list of queue names, got {queues!r}")
+        for flag, name in (
+            (listen, "listen"),
+            (maintenance, "maintenance"),
+            (durable_acknowledgements, "durable_acknowledgements"),
+        ):
+            validate.flag(flag, name)
         unknown = set(queues or ()) - set(app.tasks)
         if unknown:
             raise InvalidArgument(f"no handler for queues: {', '.join(sorted(unknown))}")
