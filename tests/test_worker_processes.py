@@ -163,6 +163,31 @@ def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> 
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("processes", "code"), [("1", 1), ("2", 78)])
+def test_a_worker_on_a_schema_never_migrated_says_so_in_one_line_and_stops(
+    database_url: str, schema: str, processes: str, code: int
+) -> None:
+    """It printed a 150-line traceback ("a worker service crashed"), and with
+    --processes its supervisor restarted the children for ever."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app"),
+            *("--processes", processes, "--schema", schema + "_never"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == code, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == int(processes), result.stderr
+    assert "leaseq migrate" in errors[0]
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_the_app_module_is_imported_from_the_current_directory(
     queue: leaseq.Queue, database_url: str, tmp_path: Path, processes: str

@@ -19,6 +19,7 @@ from leaseq import (
     AsyncQueue,
     InvalidArgument,
     Maintenance,
+    NotMigrated,
     Queue,
     Worker,
     metrics,
@@ -26,8 +27,8 @@ from leaseq import (
 
 from .._config import configured_database_url
 from .._logs import get_logger
-from .._redact import remember_dsn
-from .._worker.supervisor import Supervisor
+from .._redact import redact, remember_dsn
+from .._worker.supervisor import SETUP_FAILED, Supervisor
 from .common import (
     _remember_url,
     cli,
@@ -236,7 +237,12 @@ def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) 
     if options["listen_database_url"]:
         remember_dsn(options["listen_database_url"])
     with scrubbed_crash():
-        _run_worker(app_reference, options, slot)
+        try:
+            _run_worker(app_reference, options, slot)
+        except NotMigrated as exc:
+            # Said once, in one line; the supervisor does not restart it.
+            click.echo(f"error: {redact(str(exc))}", err=True)
+            sys.exit(SETUP_FAILED)
 
 
 def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> None:

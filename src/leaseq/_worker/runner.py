@@ -34,7 +34,7 @@ from typing import Any
 from .. import _metrics, _tracing
 from .. import _validate as validate
 from .._config import database_url
-from .._errors import InvalidArgument, TransientError
+from .._errors import InvalidArgument, NotMigrated, TransientError
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._metrics import Metrics
@@ -250,6 +250,8 @@ class Worker:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
             log.info("worker stopped: %s", self.stats)
+        if isinstance(self._crashed, NotMigrated):
+            raise self._crashed  # not a crash: the schema is missing (one line in the CLI)
         if self._crashed is not None:
             raise RuntimeError("a worker service crashed") from self._crashed
 
@@ -287,12 +289,14 @@ class Worker:
         """A background service must never end on its own: stop the worker if one does."""
         if task.cancelled():
             return
-        log.error(
-            "%s stopped unexpectedly; stopping the worker",
-            task.get_name(),
-            exc_info=task.exception(),
-        )
-        self._crashed = task.exception()
+        error = task.exception()
+        if isinstance(error, NotMigrated):  # what to do is in its one line (run raises it)
+            log.error("%s: %s; stopping the worker", task.get_name(), error)
+        else:
+            log.error(
+                "%s stopped unexpectedly; stopping the worker", task.get_name(), exc_info=error
+            )
+        self._crashed = error
         if self._main is not None:
             self._main.cancel()
 

@@ -6,6 +6,9 @@ second signal kills them. A child that exits on its own is restarted after a
 backoff that grows while it keeps crashing (under ``--burst`` one that exits
 with 0 is done). A child runs ``target(*args, slot)``:
 its slot (0..N-1) stays the same across restarts (its metrics port is PORT+slot).
+A child that exits with SETUP_FAILED (its schema is not migrated: restarting it
+would fail the same way, for ever) stops the others, and the supervisor returns
+that code.
 
 A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
@@ -90,6 +93,9 @@ class Supervisor:
     def _on_signal(self, signum: int, _: FrameType | None) -> None:
         self._signals += 1
         self._signum = signum
+        self._stop_all()
+
+    def _stop_all(self) -> None:
         self._stopping = True
         for child in self._children.values():
             self._forward_stop(child)
@@ -105,6 +111,7 @@ class Supervisor:
             for slot in range(self.processes):
                 self._start(slot)
             restart_at: dict[int, float] = {}
+            exit_code = 0
             while not self._stopping and self._children:
                 time.sleep(0.2)
                 for slot, child in list(self._children.items()):
@@ -113,6 +120,12 @@ class Supervisor:
                     if self.done_on_clean_exit and child.exitcode == 0:
                         log.info("worker %d (pid %s) is done", slot, child.pid)
                         del self._children[slot]
+                        continue
+                    if child.exitcode == SETUP_FAILED:
+                        log.error("worker %d cannot run as set up; stopping the others", slot)
+                        del self._children[slot]
+                        self._stop_all()
+                        exit_code = SETUP_FAILED
                         continue
                     if slot not in restart_at:
                         restart_at[slot] = time.monotonic() + self._backoff(slot, child)
@@ -126,10 +139,14 @@ class Supervisor:
                 if child.is_alive() and child.pid is not None:
                     os.kill(child.pid, signal.SIGKILL)
                     child.join(5)
-            return 0
+            return exit_code
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+#: A child's exit code when the worker cannot run as set up (sysexits' EX_CONFIG).
+SETUP_FAILED = 78
 
 
 def _supervised_child(target: Callable[..., None], args: tuple[Any, ...]) -> None:
