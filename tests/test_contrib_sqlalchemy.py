@@ -459,7 +459,9 @@ async def test_the_readme_example_runs(
     await asyncio.to_thread(exec, code, namespace)  # it blocks: keep the loop free
     engine: Engine = namespace["engine"]
     try:
-        job = await Running(namespace["app"], aqueue).until_finished(aqueue, namespace["job_id"])
+        # The request, as the web service would make it.
+        job_id = await asyncio.to_thread(namespace["request_report"], "acme")
+        job = await Running(namespace["app"], aqueue).until_finished(aqueue, job_id)
         with Session(engine) as session:
             report = session.scalars(select(namespace["Report"])).one()
     finally:
