@@ -341,3 +341,15 @@ def test_the_workers_seconds_are_checked_before_any_process_starts(
     )
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option[0]}'" in result.output
+
+
+def test_the_maintenance_metrics_port_help_names_no_processes_option() -> None:
+    """maintenance has no --processes: its --metrics-port help must not send the
+    reader to one (the worker's help, which shares the option, still does)."""
+    maintenance = CliRunner().invoke(cli, ["maintenance", "--help"], terminal_width=200)
+    assert maintenance.exit_code == 0, maintenance.output
+    assert "--metrics-port" in maintenance.output
+    assert "--processes" not in maintenance.output
+    assert "PORT+i" not in maintenance.output
+    worker = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200)
+    assert "with --processes N: PORT+i" in " ".join(worker.output.split())

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import click
@@ -67,21 +67,37 @@ def seconds(*, zero: bool = False) -> Any:
     return check
 
 
-def metrics_options(command: Any) -> Any:
-    """--metrics-port / --metrics-host: serve leaseq.metrics' registry on /metrics."""
-    command = click.option(
-        "--metrics-host",
-        default="127.0.0.1",
-        show_default=True,
-        help="Address /metrics listens on.",
-    )(command)
-    return click.option(
-        "--metrics-port",
-        type=click.IntRange(0, 65535),
-        default=None,
-        help="Serve Prometheus metrics on this port (with --processes N: PORT+i for the "
-        "i-th process; the database gauges come from the first).",
-    )(command)
+#: --metrics-port's help for the worker, whose --processes N serve a port each.
+WORKER_METRICS_PORT_HELP = (
+    "Serve Prometheus metrics on this port (with --processes N: PORT+i for the "
+    "i-th process; the database gauges come from the first)."
+)
+#: --metrics-port's help for maintenance: one process, and no --processes to mention.
+MAINTENANCE_METRICS_PORT_HELP = (
+    "Serve Prometheus metrics, with the queues' gauges, on this port (0: any free port)."
+)
+
+
+def metrics_options(port_help: str) -> Callable[[Any], Any]:
+    """--metrics-port / --metrics-host: serve leaseq.metrics' registry on /metrics.
+    ``port_help``: each command says what its port serves (only the worker has
+    --processes)."""
+
+    def add(command: Any) -> Any:
+        command = click.option(
+            "--metrics-host",
+            default="127.0.0.1",
+            show_default=True,
+            help="Address /metrics listens on.",
+        )(command)
+        return click.option(
+            "--metrics-port",
+            type=click.IntRange(0, 65535),
+            default=None,
+            help=port_help,
+        )(command)
+
+    return add
 
 
 @contextlib.contextmanager
@@ -171,7 +187,7 @@ def migrate(database_url: str | None, schema: str) -> None:
     help="Exit once no job is claimable now and none runs (no periodic jobs).",
 )
 @log_format_option
-@metrics_options
+@metrics_options(WORKER_METRICS_PORT_HELP)
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
@@ -338,7 +354,7 @@ def demo(database_url: str | None, **options: Any) -> None:
 @cli.command()
 @click.option("--interval", type=float, callback=seconds(), default=5.0, show_default=True)
 @log_format_option
-@metrics_options
+@metrics_options(MAINTENANCE_METRICS_PORT_HELP)
 @database_options
 def maintenance(
     *,
