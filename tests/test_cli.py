@@ -274,6 +274,30 @@ def test_none_lifts_a_limit(invoke: Invoke, queue: leaseq.Queue, option: str, se
     assert getattr(queue.queue_settings("mail"), setting) is None
 
 
+def test_queue_configure_prints_absent_limits_as_none(invoke: Invoke, queue: leaseq.Queue) -> None:
+    """No limit reads `none`, the word the options take to lift one: not `never`
+    (which read as "never runs") and not Python's `None`. Retention that never
+    expires stays `never`."""
+    output = invoke("queue", "configure", "mail", "--retain-failed", "never").output
+    for limit in (
+        "max_queued",
+        "max_queued_bytes",
+        "max_payload_bytes",
+        "max_running",
+        "max_running_per_group",
+        "rate_limit",
+        "rate_limit_per_group",
+    ):
+        assert f" {limit}=none" in output, output
+    assert "=None" not in output
+    assert "retain_failed=never" in output
+    output = invoke("queue", "configure", "mail", "--max-running", "3", "--max-queued", "7").output
+    assert " max_running=3 " in output
+    assert " max_queued=7 " in output
+    lifted = invoke("queue", "configure", "mail", "--max-running", "none").output
+    assert " max_running=none " in lifted
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
