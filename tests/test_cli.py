@@ -377,3 +377,31 @@ def test_the_maintenance_metrics_port_help_names_no_processes_option() -> None:
     assert "PORT+i" not in maintenance.output
     worker = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200)
     assert "with --processes N: PORT+i" in " ".join(worker.output.split())
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ("--requests", "0"),
+        ("--requests", "-5"),
+        ("--processes", "0"),
+        ("--concurrency", "0"),
+        ("--port", "-1"),
+        ("--port", "99999"),
+    ],
+    ids=" ".join,
+)
+def test_the_demos_options_are_checked_before_anything_runs(
+    option: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--processes 0 --once never ended (no worker ran the burst), --concurrency 0
+    ended in "worker 0 did not start", --port 99999 in an OverflowError, and
+    --requests -5 in CHECKS FAILED: a usage error naming the option instead."""
+    from leaseq.demo import run
+
+    started: list[dict[str, Any]] = []
+    monkeypatch.setattr(run, "run_demo", lambda *args, **kwargs: started.append(kwargs) or 0)
+    result = CliRunner().invoke(cli, ["demo", "--once", *option])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option[0]}'" in result.output
+    assert started == []

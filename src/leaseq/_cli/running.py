@@ -329,11 +329,38 @@ def _leave(code: int) -> None:
 
 @cli.command()
 @click.option("--once", is_flag=True, help="Exit after the burst (for tests and CI).")
-@click.option("--requests", default=60, show_default=True, help="Report requests to submit.")
-@click.option("--processes", default=2, show_default=True, help="Worker processes.")
-@click.option("--concurrency", default=4, show_default=True, help="Jobs per worker process.")
+# Ranges checked before anything starts: without a worker (--processes 0) or a
+# job slot (--concurrency 0) the burst never ended, or ended in "worker 0 did not
+# start"; a port past 65535 in an OverflowError; no requests in CHECKS FAILED.
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=60,
+    show_default=True,
+    help="Report requests to submit.",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Worker processes.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Jobs per worker process.",
+)
 @click.option("--kill-worker", is_flag=True, help="SIGKILL one worker in the middle of the burst.")
-@click.option("--port", default=8000, show_default=True, help="HTTP port on 127.0.0.1 (0: any).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="HTTP port on 127.0.0.1 (0: any).",
+)
 @click.option(
     "--database-url",
     default=None,
