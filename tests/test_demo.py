@@ -87,6 +87,22 @@ def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
         assert recovered[0] >= 1  # the killed worker's jobs came back after their leases
 
 
+def test_a_malformed_database_url_is_one_clear_line() -> None:
+    """Not the driver's ProgrammingError traceback from the banner's "database: ..."."""
+    result = subprocess.run(
+        [sys.executable, "-m", "leaseq", "demo", "--once", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": "notaurl"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("error: invalid database URL: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 @pytest.fixture
 def client(database_url: str) -> Iterator[tuple[TestClient, leaseq.Queue]]:
     with leaseq.Queue(database_url, schema=SCHEMA) as queue:

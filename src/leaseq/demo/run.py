@@ -132,10 +132,12 @@ def run_demo(
 ) -> int:
     console = Console()
     url = leaseq.database_url(database_url)
-    console.print(f"[bold]leaseq demo[/] — database: {_where(url)}")
-    logs = Path(tempfile.mkdtemp(prefix="leaseq-demo-"))
     outcome = Outcome(requests)
+    # The queue first: it refuses a URL that cannot be parsed (InvalidArgument,
+    # one line), which _where's parse raised as the driver's traceback.
     with leaseq.Queue(url, schema=SCHEMA) as queue:
+        console.print(f"[bold]leaseq demo[/] — database: {_where(url)}")
+        logs = Path(tempfile.mkdtemp(prefix="leaseq-demo-"))
         prepare(queue)
         workers = Workers(url, concurrency, logs)
         with serving(url, port, logs) as base_url:
