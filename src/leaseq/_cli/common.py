@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -76,6 +77,28 @@ def actor() -> str:
     except (KeyError, OSError):  # no name for this uid (a container)
         user = str(os.getuid())
     return f"cli:{user}"
+
+
+def bound_socket(host: str, port: int, option: str, hint: str = "") -> socket.socket:
+    """A TCP socket bound to ``host:port`` as a server binds it (SO_REUSEADDR; port
+    0: any free port), or ``option``'s one-line error when it cannot be: checked
+    before anything starts, rather than a server's own error once it runs."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:  # a host that does not resolve
+        raise InvalidArgument(_cannot_serve(host, port, option, hint, exc)) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise InvalidArgument(_cannot_serve(host, port, option, hint, exc)) from None
+    return sock
+
+
+def _cannot_serve(host: str, port: int, option: str, hint: str, exc: OSError) -> str:
+    return f"{option}: cannot serve on {host}:{port} ({exc.strerror or exc}){hint}"
 
 
 class CommandError(click.ClickException):

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -30,6 +29,7 @@ from .._redact import remember_dsn
 from .._worker.supervisor import Supervisor
 from .common import (
     _remember_url,
+    bound_socket,
     cli,
     configure_logging,
     database_options,
@@ -231,19 +231,9 @@ def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
             f"--metrics-port {port} with --processes {processes} needs ports up to "
             f"{port + processes - 1}; the highest is 65535"
         )
+    hint = f"; each of the {processes} processes serves PORT + its number"
     for taken in range(port, port + processes):
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(
-                host, taken, type=socket.SOCK_STREAM
-            )[0]
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
-                probe.bind(address)
-        except OSError as exc:
-            raise InvalidArgument(
-                f"--metrics-port: cannot serve on {host}:{taken} ({exc.strerror or exc}); "
-                f"each of the {processes} processes serves PORT + its number"
-            ) from None
+        bound_socket(host, taken, "--metrics-port", hint).close()  # a probe: closed again
 
 
 def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) -> None:
