@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -177,6 +178,27 @@ def test_unreachable_database_is_one_clear_line() -> None:
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "notaurl",
+        "postgresql://postgres:pa%zzss@127.0.0.1/postgres",  # libpq quotes the bad token
+        "postgresql://postgres:s3cret@127.0.0.1/postgres?bogus=1",
+    ],
+)
+def test_a_malformed_database_url_is_one_clear_line_at_once(url: str) -> None:
+    """libpq refuses it as it parses it: no pool tried for ~6 s first, and no password."""
+    started = time.monotonic()
+    result = _leaseq("status", database_url=url)
+    took = time.monotonic() - started
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("error: invalid database URL: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for secret in ("pa%zzss", "s3cret"):
+        assert secret not in result.stderr
+    assert took < 4, took  # the interpreter's start, then at once
+
+
 def test_unmigrated_schema_is_one_clear_line(database_url: str) -> None:
     result = _leaseq("status", "--schema", "not_migrated_yet", database_url=database_url)
     assert result.returncode == 1
@@ -274,6 +296,30 @@ def test_none_lifts_a_limit(invoke: Invoke, queue: leaseq.Queue, option: str, se
     assert getattr(queue.queue_settings("mail"), setting) is None
 
 
+def test_queue_configure_prints_absent_limits_as_none(invoke: Invoke, queue: leaseq.Queue) -> None:
+    """No limit reads `none`, the word the options take to lift one: not `never`
+    (which read as "never runs") and not Python's `None`. Retention that never
+    expires stays `never`."""
+    output = invoke("queue", "configure", "mail", "--retain-failed", "never").output
+    for limit in (
+        "max_queued",
+        "max_queued_bytes",
+        "max_payload_bytes",
+        "max_running",
+        "max_running_per_group",
+        "rate_limit",
+        "rate_limit_per_group",
+    ):
+        assert f" {limit}=none" in output, output
+    assert "=None" not in output
+    assert "retain_failed=never" in output
+    output = invoke("queue", "configure", "mail", "--max-running", "3", "--max-queued", "7").output
+    assert " max_running=3 " in output
+    assert " max_queued=7 " in output
+    lifted = invoke("queue", "configure", "mail", "--max-running", "none").output
+    assert " max_running=none " in lifted
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
@@ -341,3 +387,43 @@ def test_the_workers_seconds_are_checked_before_any_process_starts(
     )
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{option[0]}'" in result.output
+
+
+def test_the_maintenance_metrics_port_help_names_no_processes_option() -> None:
+    """maintenance has no --processes: its --metrics-port help must not send the
+    reader to one (the worker's help, which shares the option, still does)."""
+    maintenance = CliRunner().invoke(cli, ["maintenance", "--help"], terminal_width=200)
+    assert maintenance.exit_code == 0, maintenance.output
+    assert "--metrics-port" in maintenance.output
+    assert "--processes" not in maintenance.output
+    assert "PORT+i" not in maintenance.output
+    worker = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200)
+    assert "with --processes N: PORT+i" in " ".join(worker.output.split())
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ("--requests", "0"),
+        ("--requests", "-5"),
+        ("--processes", "0"),
+        ("--concurrency", "0"),
+        ("--port", "-1"),
+        ("--port", "99999"),
+    ],
+    ids=" ".join,
+)
+def test_the_demos_options_are_checked_before_anything_runs(
+    option: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--processes 0 --once never ended (no worker ran the burst), --concurrency 0
+    ended in "worker 0 did not start", --port 99999 in an OverflowError, and
+    --requests -5 in CHECKS FAILED: a usage error naming the option instead."""
+    from leaseq.demo import run
+
+    started: list[dict[str, Any]] = []
+    monkeypatch.setattr(run, "run_demo", lambda *args, **kwargs: started.append(kwargs) or 0)
+    result = CliRunner().invoke(cli, ["demo", "--once", *option])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option[0]}'" in result.output
+    assert started == []

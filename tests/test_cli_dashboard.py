@@ -4,6 +4,7 @@ the environment; and a real start serving pages."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -51,9 +52,15 @@ def test_half_configured_auth_is_an_error() -> None:
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """uvicorn.run replaced: what the command would serve, without binding."""
+    """uvicorn.run replaced: what the command would serve (the address of the
+    socket the command bound and hands over), without serving."""
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append({"app": app, **kw}))
+
+    def run(app: Any, **kw: Any) -> None:
+        with socket.socket(fileno=os.dup(kw["fd"])) as handed_over:
+            calls.append({"app": app, "address": handed_over.getsockname()[:2], **kw})
+
+    monkeypatch.setattr(uvicorn, "run", run)
     for name in ("LEASEQ_DASHBOARD_TOKEN", "LEASEQ_DASHBOARD_USER", "LEASEQ_DASHBOARD_PASSWORD"):
         monkeypatch.delenv(name, raising=False)
     return calls
@@ -81,7 +88,7 @@ def test_the_command_starts_with_auth(
             "--host",
             "0.0.0.0",
             "--port",
-            "9999",
+            "0",
             "--read-only",
             "--database-url",
             database_url,
@@ -91,10 +98,12 @@ def test_the_command_starts_with_auth(
         env={"LEASEQ_DASHBOARD_TOKEN": TOKEN},
     )
     assert result.exit_code == 0, result.output
-    assert "on http://0.0.0.0:9999/" in result.output
     assert TOKEN not in result.output
     (call,) = served
-    assert (call["host"], call["port"]) == ("0.0.0.0", 9999)
+    host, port = call["address"]
+    assert host == "0.0.0.0"
+    assert port != 0
+    assert f"on http://0.0.0.0:{port}/" in result.output
     dashboard = call["app"].state.leaseq
     assert isinstance(dashboard.auth, TokenAuth)
     assert dashboard.read_only
@@ -153,6 +162,60 @@ def test_the_dashboard_serves_pages(database_url: str, schema: str, queue: lease
     assert TOKEN not in output
 
 
+def _dashboard(*arguments: str, database_url: str, schema: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "leaseq", "dashboard", *arguments),
+            *("--database-url", database_url, "--schema", schema),
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("LEASEQ_DASHBOARD_")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_port_0_prints_the_port_it_serves_on(database_url: str, queue: leaseq.Queue) -> None:
+    """Not http://127.0.0.1:0/ while it served on a port it never showed."""
+    process = _dashboard("--port", "0", database_url=database_url, schema=queue.schema)
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline()  # printed once the port is bound
+        match = re.search(r"on http://127\.0\.0\.1:(\d+)/ ", banner)
+        assert match, banner
+        port = int(match[1])
+        assert port != 0, banner
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/")
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.2)
+        assert response.status_code == 200
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+
+
+def test_a_port_in_use_is_one_clear_error_and_no_banner(database_url: str, schema: str) -> None:
+    """Not the "leaseq dashboard on ..., Ctrl-C stops it" banner, then uvicorn's
+    "[Errno 98]" and exit 3."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        process = _dashboard("--port", str(port), database_url=database_url, schema=schema)
+        stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, (stdout, stderr)
+    assert stdout == ""
+    assert stderr.startswith(f"error: --port: cannot serve on 127.0.0.1:{port} ("), stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
 async def _status(app: Any, base_url: str) -> int:
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url=base_url
@@ -165,7 +228,7 @@ async def test_without_auth_it_answers_only_to_loopback_names(
 ) -> None:
     """No auth: a page of another site whose name points at 127.0.0.1 (DNS
     rebinding) must get nothing from it. With auth, any name: the credentials guard it."""
-    arguments = ["dashboard", "--host", "127.0.0.2", "--database-url", database_url]
+    arguments = ["dashboard", "--host", "127.0.0.2", "--port", "0", "--database-url", database_url]
     result = CliRunner().invoke(cli, [*arguments, "--schema", schema])
     assert result.exit_code == 0, result.output
     app = served[-1]["app"]

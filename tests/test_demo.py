@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ from starlette.testclient import TestClient
 
 import leaseq
 from leaseq.demo import QUEUE, SCHEMA, run
+from leaseq.demo.processes import Terminated, Workers, stop_signals
 from leaseq.demo.service import create_app
 
 from .conftest import ROOT
@@ -85,6 +89,120 @@ def test_demo_once_with_a_worker_killed_mid_burst(database_url: str) -> None:
         assert counts == (40, 40)
         assert recovered is not None
         assert recovered[0] >= 1  # the killed worker's jobs came back after their leases
+
+
+#: The end-to-end SIGTERM runs' schema: apart from the in-process tests' too.
+SIGTERM_SCHEMA = "leaseq_demo_sigterm"
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc: Linux)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended (its new parent, init, reaps it)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds children in /proc")
+@pytest.mark.parametrize("progress", ["service: ", "submitted "])
+def test_sigterm_before_serving_stops_the_service_and_the_workers(
+    database_url: str, progress: str
+) -> None:
+    """SIGTERM once the demo printed ``progress`` (before its "press Ctrl-C"): its
+    HTTP service and workers (each in a session of its own, so the signal reaches
+    the demo only) must be stopped with it, not left running as orphans."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "leaseq", "demo", "--once", "--requests", "40", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_DEMO_SCHEMA": SIGTERM_SCHEMA},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    children: set[int] = set()
+    try:
+        assert demo.stdout is not None
+        printed = []
+        for line in demo.stdout:  # (ends when the demo does)
+            printed.append(line)
+            if line.startswith(progress):
+                break
+        assert printed[-1].startswith(progress), "".join(printed)
+        children = _children(demo.pid)
+        assert len(children) == 3, children  # uvicorn and two workers
+        demo.send_signal(signal.SIGTERM)
+        output = "".join(printed) + demo.communicate(timeout=120)[0]
+        assert demo.returncode == 128 + signal.SIGTERM, output
+        assert "Traceback" not in output
+        left = {pid for pid in children if _alive(pid)}
+        assert left == set(), f"left running: {left}\n{output}"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate(timeout=30)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_second_signal_while_workers_stop_still_stops_every_worker() -> None:
+    """A SIGTERM that arrives while the first worker is being stopped comes
+    after every worker got its SIGTERM (it interrupted the loop, skipping the rest)."""
+
+    class Child:
+        def __init__(self) -> None:
+            self.signals: list[int] = []
+
+        def poll(self) -> int | None:
+            return None if not self.signals else 0
+
+        def send_signal(self, signum: int) -> None:
+            self.signals.append(signum)
+            os.kill(os.getpid(), signal.SIGTERM)  # the second signal, now
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+        def kill(self) -> None:
+            self.signals.append(signal.SIGKILL)
+
+    workers = Workers("postgresql://nowhere", 1, Path("."))
+    children = [Child(), Child(), Child()]
+    workers.processes = children  # type: ignore[assignment]
+    with stop_signals(), pytest.raises(Terminated):
+        workers.stop()
+    assert [child.signals[:1] for child in children] == [[signal.SIGTERM]] * 3
+
+
+def test_a_malformed_database_url_is_one_clear_line() -> None:
+    """Not the driver's ProgrammingError traceback from the banner's "database: ..."."""
+    result = subprocess.run(
+        [sys.executable, "-m", "leaseq", "demo", "--once", "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": "notaurl"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("error: invalid database URL: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @pytest.fixture

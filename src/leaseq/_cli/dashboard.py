@@ -21,7 +21,7 @@ import click
 
 from leaseq import InvalidArgument
 
-from .common import CommandError, cli, database_options
+from .common import CommandError, bound_socket, cli, database_options
 
 TOKEN_VARIABLE = "LEASEQ_DASHBOARD_TOKEN"
 USER_VARIABLE = "LEASEQ_DASHBOARD_USER"
@@ -92,8 +92,14 @@ def dashboard(host: str, port: int, read_only: bool, database_url: str | None, s
         # another site must not reach it under its own name (DNS rebinding).
         allowed_hosts=(*LOOPBACK_NAMES, host) if auth is None else None,
     )
-    shown = f"[{host}]" if ":" in host else host
-    mode = " (read-only)" if read_only else ""
-    how = "no auth: loopback only" if auth is None else type(auth).__name__
-    click.echo(f"leaseq dashboard{mode} on http://{shown}:{port}/ ({how}); Ctrl-C stops it")
-    uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
+    # Bound here, before the banner: it shows the port really served (with --port
+    # 0 too), and a port taken is the command's one-line error, not a banner
+    # followed by uvicorn's "[Errno 98]".
+    with bound_socket(host, port, "--port") as sock:
+        sock.listen(2048)  # uvicorn's backlog
+        shown = f"[{host}]" if ":" in host else host
+        mode = " (read-only)" if read_only else ""
+        how = "no auth: loopback only" if auth is None else type(auth).__name__
+        served = f"http://{shown}:{sock.getsockname()[1]}/"
+        click.echo(f"leaseq dashboard{mode} on {served} ({how}); Ctrl-C stops it")
+        uvicorn.run(app, fd=sock.fileno(), log_level="warning", server_header=False)

@@ -18,7 +18,7 @@ from leaseq import (
 
 from .._redact import redact
 from .common import actor, cli, console, database_options, open_queue
-from .limits import count_limit, format_rate, rate_limit, running_limit
+from .limits import NO_LIMIT, count_limit, format_limit, format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
 
 
@@ -276,7 +276,8 @@ def queue_group() -> None:
 def configure(name: str, database_url: str | None, schema: str, **settings: Any) -> None:
     """Change a queue's settings; options not given stay as they are."""
     given = {
-        key: None if value == NEVER else value
+        # NEVER: a retention kept forever; NO_LIMIT: a limit lifted. Both are None.
+        key: None if value in (NEVER, NO_LIMIT) else value
         for key, value in settings.items()
         if value is not None
     }
@@ -285,16 +286,17 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
     click.echo(
         f"queue {result.name}: lease={result.lease:g}s max_attempts={result.max_attempts} "
         f"backoff={result.backoff_base:g}..{result.backoff_cap:g}s "
-        f"ordering={result.ordering_policy.value} max_queued={result.max_queued_jobs} "
-        f"max_queued_bytes={result.max_queued_bytes} "
-        f"max_payload_bytes={result.max_payload_bytes} paused={result.paused} "
+        f"ordering={result.ordering_policy.value} "
+        f"max_queued={format_limit(result.max_queued_jobs)} "
+        f"max_queued_bytes={format_limit(result.max_queued_bytes)} "
+        f"max_payload_bytes={format_limit(result.max_payload_bytes)} paused={result.paused} "
         f"retain_done={format_duration(result.retain_done)} "
         f"retain_cancelled={format_duration(result.retain_cancelled)} "
         f"retain_failed={format_duration(result.retain_failed)} "
         f"retention_mode={result.retention_mode.value} "
         f"retain_archived={format_duration(result.retain_archived)} "
-        f"max_running={result.max_running or NEVER} "
-        f"max_running_per_group={result.max_running_per_group or NEVER} "
+        f"max_running={format_limit(result.max_running)} "
+        f"max_running_per_group={format_limit(result.max_running_per_group)} "
         f"rate_limit={format_rate(result.rate_limit)} "
         f"rate_limit_per_group={format_rate(result.rate_limit_per_group)}"
     )

@@ -7,9 +7,12 @@ from typing import Any
 
 import click
 
-from .retention import NEVER, duration, format_duration
+from .retention import duration, format_duration
 
-_LIFTED = ("none", "off", "never")
+#: What a lifted limit is, read and printed: ``none`` (not retention's ``never``,
+#: which read as "never runs" beside a limit).
+NO_LIMIT = "none"
+_LIFTED = (NO_LIMIT, "off", "never")
 #: ``int()`` refuses more than 4300 digits; no limit needs a fraction of that.
 MAX_DIGITS = 4000
 
@@ -23,14 +26,14 @@ def digits(text: str) -> bool:
 
 def count_limit(unit: str) -> Any:
     """An option callback reading a limit counted in ``unit`` (jobs, bytes), or
-    ``none`` (``NEVER``: the limit is lifted)."""
+    ``none`` (``NO_LIMIT``: the limit is lifted)."""
 
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
         text = value.strip().lower()
         if text in _LIFTED:
-            return NEVER
+            return NO_LIMIT
         if not digits(text):
             raise click.BadParameter(f"{value!r} is not a number of {unit}, or none", ctx, param)
         return int(text)
@@ -49,7 +52,7 @@ def rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) ->
         return None
     text = value.strip().lower()
     if text in _LIFTED:
-        return NEVER
+        return NO_LIMIT
     starts, _, per = text.partition("/")
     starts = starts.strip()
     if not digits(starts):
@@ -58,5 +61,10 @@ def rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return (int(starts), seconds)
 
 
+def format_limit(limit: int | None) -> str:
+    """A count limit as ``queue configure`` prints it: ``none`` when there is none."""
+    return NO_LIMIT if limit is None else str(limit)
+
+
 def format_rate(rate: tuple[int, float] | None) -> str:
-    return NEVER if rate is None else f"{rate[0]}/{format_duration(rate[1])}"
+    return NO_LIMIT if rate is None else f"{rate[0]}/{format_duration(rate[1])}"

@@ -7,9 +7,8 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import click
@@ -31,6 +30,7 @@ from .._redact import redact, remember_dsn
 from .._worker.supervisor import SETUP_FAILED, Supervisor
 from .common import (
     _remember_url,
+    bound_socket,
     cli,
     configure_logging,
     database_options,
@@ -68,21 +68,37 @@ def seconds(*, zero: bool = False) -> Any:
     return check
 
 
-def metrics_options(command: Any) -> Any:
-    """--metrics-port / --metrics-host: serve leaseq.metrics' registry on /metrics."""
-    command = click.option(
-        "--metrics-host",
-        default="127.0.0.1",
-        show_default=True,
-        help="Address /metrics listens on.",
-    )(command)
-    return click.option(
-        "--metrics-port",
-        type=click.IntRange(0, 65535),
-        default=None,
-        help="Serve Prometheus metrics on this port (with --processes N: PORT+i for the "
-        "i-th process; the database gauges come from the first).",
-    )(command)
+#: --metrics-port's help for the worker, whose --processes N serve a port each.
+WORKER_METRICS_PORT_HELP = (
+    "Serve Prometheus metrics on this port (with --processes N: PORT+i for the "
+    "i-th process; the database gauges come from the first)."
+)
+#: --metrics-port's help for maintenance: one process, and no --processes to mention.
+MAINTENANCE_METRICS_PORT_HELP = (
+    "Serve Prometheus metrics, with the queues' gauges, on this port (0: any free port)."
+)
+
+
+def metrics_options(port_help: str) -> Callable[[Any], Any]:
+    """--metrics-port / --metrics-host: serve leaseq.metrics' registry on /metrics.
+    ``port_help``: each command says what its port serves (only the worker has
+    --processes)."""
+
+    def add(command: Any) -> Any:
+        command = click.option(
+            "--metrics-host",
+            default="127.0.0.1",
+            show_default=True,
+            help="Address /metrics listens on.",
+        )(command)
+        return click.option(
+            "--metrics-port",
+            type=click.IntRange(0, 65535),
+            default=None,
+            help=port_help,
+        )(command)
+
+    return add
 
 
 @contextlib.contextmanager
@@ -172,7 +188,7 @@ def migrate(database_url: str | None, schema: str) -> None:
     help="Exit once no job is claimable now and none runs (no periodic jobs).",
 )
 @log_format_option
-@metrics_options
+@metrics_options(WORKER_METRICS_PORT_HELP)
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
@@ -216,19 +232,9 @@ def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
             f"--metrics-port {port} with --processes {processes} needs ports up to "
             f"{port + processes - 1}; the highest is 65535"
         )
+    hint = f"; each of the {processes} processes serves PORT + its number"
     for taken in range(port, port + processes):
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(
-                host, taken, type=socket.SOCK_STREAM
-            )[0]
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server
-                probe.bind(address)
-        except OSError as exc:
-            raise InvalidArgument(
-                f"--metrics-port: cannot serve on {host}:{taken} ({exc.strerror or exc}); "
-                f"each of the {processes} processes serves PORT + its number"
-            ) from None
+        bound_socket(host, taken, "--metrics-port", hint).close()  # a probe: closed again
 
 
 def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) -> None:
@@ -319,11 +325,38 @@ def _leave(code: int) -> None:
 
 @cli.command()
 @click.option("--once", is_flag=True, help="Exit after the burst (for tests and CI).")
-@click.option("--requests", default=60, show_default=True, help="Report requests to submit.")
-@click.option("--processes", default=2, show_default=True, help="Worker processes.")
-@click.option("--concurrency", default=4, show_default=True, help="Jobs per worker process.")
+# Ranges checked before anything starts: without a worker (--processes 0) or a
+# job slot (--concurrency 0) the burst never ended, or ended in "worker 0 did not
+# start"; a port past 65535 in an OverflowError; no requests in CHECKS FAILED.
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=60,
+    show_default=True,
+    help="Report requests to submit.",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Worker processes.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Jobs per worker process.",
+)
 @click.option("--kill-worker", is_flag=True, help="SIGKILL one worker in the middle of the burst.")
-@click.option("--port", default=8000, show_default=True, help="HTTP port on 127.0.0.1 (0: any).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="HTTP port on 127.0.0.1 (0: any).",
+)
 @click.option(
     "--database-url",
     default=None,
@@ -344,7 +377,7 @@ def demo(database_url: str | None, **options: Any) -> None:
 @cli.command()
 @click.option("--interval", type=float, callback=seconds(), default=5.0, show_default=True)
 @log_format_option
-@metrics_options
+@metrics_options(MAINTENANCE_METRICS_PORT_HELP)
 @database_options
 def maintenance(
     *,

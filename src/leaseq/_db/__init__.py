@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
-from .errors import aunreachable, translated_errors, unreachable
+from .errors import aunreachable, check_dsn, translated_errors, unreachable
 from .execution import (
     AsyncConnection,
     Connection,
@@ -88,6 +88,7 @@ class Database:
         options: dict[str, Any] | None = None,
         open_timeout: float = 30.0,
     ) -> None:
+        check_dsn(dsn)  # at construction, before anything connects
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
@@ -228,6 +229,7 @@ class AsyncDatabase:
         options: dict[str, Any] | None = None,
         open_timeout: float = 30.0,
     ) -> None:
+        check_dsn(dsn)  # at construction, before anything connects
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS

@@ -14,6 +14,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 
 from .._errors import (
@@ -163,5 +164,21 @@ def _diagnosis_options(open_timeout: float, options: dict[str, Any] | None) -> d
 
 
 def _unavailable(exc: psycopg.Error) -> DatabaseUnavailable:
+    return DatabaseUnavailable(f"cannot connect to the database: {_reason(exc)}")
+
+
+def check_dsn(dsn: str) -> None:
+    """Refuse a DSN that libpq cannot parse, before a pool tries it: the pool's
+    connection attempts fail at once, but it retries them for seconds before the
+    diagnosis attempt says why (every malformed URL took ~6 s to report)."""
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        # Not chained: the driver's own text may quote the password.
+        raise InvalidArgument(f"invalid database URL: {_reason(exc)}") from None
+
+
+def _reason(exc: psycopg.Error) -> str:
+    """The driver error's first line, scrubbed (libpq may quote the DSN's password)."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DatabaseUnavailable(f"cannot connect to the database: {sanitize(reason)}")
+    return sanitize(reason)

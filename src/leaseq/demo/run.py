@@ -14,7 +14,6 @@ import os
 import signal
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import leaseq
 
 from . import QUEUE, SCHEMA, sql
 from .pages import DASHBOARD
-from .processes import Workers, serving
+from .processes import Terminated, Workers, serving, stop_signals
 
 
 @dataclass
@@ -130,18 +129,52 @@ def run_demo(
     kill_worker: bool = False,
     port: int = 0,
 ) -> int:
+    """The demo; its exit status (128 + SIGTERM when stopped by SIGTERM)."""
     console = Console()
+    # From the start, not once serving: SIGTERM's default action ended the demo
+    # without its finally blocks, and its service and workers (in sessions of
+    # their own) ran on as orphans.
+    with stop_signals():
+        try:
+            return _run_demo(
+                database_url,
+                console,
+                once=once,
+                requests=requests,
+                processes=processes,
+                concurrency=concurrency,
+                kill_worker=kill_worker,
+                port=port,
+            )
+        except Terminated:
+            console.print("stopped by SIGTERM")
+            return 128 + signal.SIGTERM
+
+
+def _run_demo(
+    database_url: str | None,
+    console: Console,
+    *,
+    once: bool,
+    requests: int,
+    processes: int,
+    concurrency: int,
+    kill_worker: bool,
+    port: int,
+) -> int:
     url = leaseq.database_url(database_url)
-    console.print(f"[bold]leaseq demo[/] — database: {_where(url)}")
-    logs = Path(tempfile.mkdtemp(prefix="leaseq-demo-"))
     outcome = Outcome(requests)
+    # The queue first: it refuses a URL that cannot be parsed (InvalidArgument,
+    # one line), which _where's parse raised as the driver's traceback.
     with leaseq.Queue(url, schema=SCHEMA) as queue:
+        console.print(f"[bold]leaseq demo[/] — database: {_where(url)}")
+        logs = Path(tempfile.mkdtemp(prefix="leaseq-demo-"))
         prepare(queue)
         workers = Workers(url, concurrency, logs)
         with serving(url, port, logs) as base_url:
-            for _ in range(processes):
-                workers.start()
             try:
+                for _ in range(processes):
+                    workers.start()
                 workers.wait_ready()
                 console.print(
                     f"service: {base_url}/  ·  dashboard: {base_url}{DASHBOARD}/"
@@ -287,11 +320,9 @@ def _serve_until_interrupted(console: Console, base_url: str) -> None:
         """-d '{"customer": "acme", "period": "2026-11", "kind": "standard"}'"""
     )
     console.print("press Ctrl-C to stop (workers finish their jobs first)")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
+        while True:  # until Ctrl-C or SIGTERM (stop_signals raises them here)
+            time.sleep(0.5)
+    except (KeyboardInterrupt, Terminated):
+        pass  # the way to stop it once the burst is over: not a failure
     console.print("stopping...")
