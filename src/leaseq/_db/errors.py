@@ -9,6 +9,7 @@ query interrupted by its task's cancellation the task's cancellation.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -174,8 +175,11 @@ def check_dsn(dsn: str) -> None:
     try:
         conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        # Not chained: the driver's own text may quote the password.
-        raise InvalidArgument(f"invalid database URL: {_reason(exc)}") from None
+        # Not chained: the driver's own text may quote the password. So may what
+        # libpq quotes of a URL it cannot parse, where redaction cannot find the
+        # password (postgres:/user:secret@host): its quotes are left out.
+        reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) < 2 else '"…"', _reason(exc))
+        raise InvalidArgument(f"invalid database URL: {reason}") from None
 
 
 def _reason(exc: psycopg.Error) -> str:
