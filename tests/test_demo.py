@@ -201,7 +201,9 @@ def test_a_malformed_database_url_is_one_clear_line() -> None:
         check=False,
     )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert result.stderr.startswith("error: invalid database URL: "), result.stderr
+    assert result.stderr.startswith(
+        "error: cannot connect to the database: invalid database URL: "
+    ), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 

@@ -823,10 +823,10 @@ def test_a_log_record_that_cannot_be_formatted_is_still_logged(logs: CapturedLog
 @pytest.mark.parametrize(
     "dsn", ["postgres:/app:Sekr1t-pw@db.example/app", "app:Sekr1t-pw@db.example/app"]
 )
-def test_a_url_libpq_cannot_parse_is_refused_without_its_password(dsn: str) -> None:
+def test_a_url_libpq_cannot_parse_is_said_without_its_password(dsn: str) -> None:
     """Redaction finds no password in a URL it cannot read either; libpq's error
     quotes the rest of the string."""
-    with pytest.raises(leaseq.InvalidArgument) as refused:
-        leaseq.Queue(dsn)
+    with leaseq.Queue(dsn) as queue, pytest.raises(leaseq.DatabaseUnavailable) as refused:
+        queue.stats()
     assert "invalid database URL" in str(refused.value)
     assert "Sekr1t" not in _exception_text(refused.value)

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
-from .errors import aunreachable, check_dsn, translated_errors, unreachable
+from .errors import aunreachable, malformed_dsn, translated_errors, unreachable
 from .execution import (
     AsyncConnection,
     Connection,
@@ -88,7 +88,6 @@ class Database:
         options: dict[str, Any] | None = None,
         open_timeout: float = 30.0,
     ) -> None:
-        check_dsn(dsn)  # at construction, before anything connects
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
@@ -115,6 +114,9 @@ class Database:
 
     def _new_pool(self, deadline: float) -> ConnectionPool:
         """An open pool, new pools tried until ``deadline``."""
+        malformed = malformed_dsn(self.dsn)
+        if malformed is not None:  # said at once: no pool can connect with it
+            raise self._failures.record(malformed)
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
             pool = ConnectionPool(**self._settings)
@@ -229,7 +231,6 @@ class AsyncDatabase:
         options: dict[str, Any] | None = None,
         open_timeout: float = 30.0,
     ) -> None:
-        check_dsn(dsn)  # at construction, before anything connects
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = options or CONNECTION_OPTIONS
@@ -257,6 +258,9 @@ class AsyncDatabase:
 
     async def _new_pool(self, deadline: float) -> AsyncConnectionPool:
         """An open pool, new pools tried until ``deadline``."""
+        malformed = malformed_dsn(self.dsn)
+        if malformed is not None:  # said at once: no pool can connect with it
+            raise self._failures.record(malformed)
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
             pool = AsyncConnectionPool(**self._settings)

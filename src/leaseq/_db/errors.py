@@ -168,18 +168,21 @@ def _unavailable(exc: psycopg.Error) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"cannot connect to the database: {_reason(exc)}")
 
 
-def check_dsn(dsn: str) -> None:
-    """Refuse a DSN that libpq cannot parse, before a pool tries it: the pool's
-    connection attempts fail at once, but it retries them for seconds before the
+def malformed_dsn(dsn: str) -> DatabaseUnavailable | None:
+    """Why libpq cannot parse ``dsn``, or None. Asked before a pool tries it: the
+    pool's attempts fail at once, but it retries them for seconds before the
     diagnosis attempt says why (every malformed URL took ~6 s to report)."""
     try:
         conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        # Not chained: the driver's own text may quote the password. So may what
-        # libpq quotes of a URL it cannot parse, where redaction cannot find the
-        # password (postgres:/user:secret@host): its quotes are left out.
+        # The driver's own text may quote the password. So may what libpq quotes
+        # of a URL it cannot parse, where redaction cannot find the password
+        # (postgres:/user:secret@host): its quotes are left out.
         reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) < 2 else '"…"', _reason(exc))
-        raise InvalidArgument(f"invalid database URL: {reason}") from None
+        return DatabaseUnavailable(
+            f"cannot connect to the database: invalid database URL: {reason}"
+        )
+    return None
 
 
 def _reason(exc: psycopg.Error) -> str:

@@ -86,7 +86,10 @@ def plan(requests: int) -> list[dict[str, str]]:
 
 def _where(url: str) -> str:
     """Which database, without the URL (and so without any password)."""
-    params = conninfo_to_dict(url)
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:  # the driver's error may quote the URL; the queue says why
+        return "a URL libpq cannot parse"
     return f"{params.get('dbname', '?')} at {params.get('host', 'localhost')}"
 
 
@@ -164,8 +167,6 @@ def _run_demo(
 ) -> int:
     url = leaseq.database_url(database_url)
     outcome = Outcome(requests)
-    # The queue first: it refuses a URL that cannot be parsed (InvalidArgument,
-    # one line), which _where's parse raised as the driver's traceback.
     with leaseq.Queue(url, schema=SCHEMA) as queue:
         console.print(f"[bold]leaseq demo[/] — database: {_where(url)}")
         logs = Path(tempfile.mkdtemp(prefix="leaseq-demo-"))
