@@ -31,7 +31,7 @@
 -- The queue is compared with the parameter, not with settings.name: only a
 -- constant lets the planner read the index in order and stop at the LIMIT.
 WITH settings AS (
-    SELECT q.name, coalesce(%(lease)s::double precision, q.lease_seconds) AS lease,
+    SELECT q.name, coalesce(%(lease)s::float8, q.lease_seconds) AS lease,
            q.ordering_policy = 'block' AS failed_blocks,
            q.has_limits OR EXISTS (SELECT 1 FROM {schema}.job AS g
                           WHERE g.queue = %(queue)s AND g.status = 'queued' AND NOT g.blocked
@@ -94,13 +94,18 @@ coordinated AS (
 picked AS (
     (SELECT job_id, 0 AS branch, ready_at, false AS limited FROM expired)
     UNION ALL
-    (SELECT job_id, 1 AS branch, ready_at, false AS limited FROM ready)
+    (SELECT job_id, 1, ready_at, false FROM ready)  -- (named by the first branch)
     UNION ALL
     (SELECT job_id, branch, ready_at, limited FROM coordinated WHERE job_id IS NOT NULL)
     LIMIT %(limit)s
 ),
+-- (Read from the recovering branches, every row of which is picked, not from
+-- `picked`: a second reader would materialize it, and its rows would be locked
+-- apart from their update, which reads their pages twice.)
 stale AS (
-    SELECT job_id FROM picked WHERE branch = 0 AND {schema}.lease_requeue(job_id)
+    SELECT job_id
+    FROM (SELECT job_id FROM expired UNION ALL SELECT job_id FROM coordinated WHERE branch = 0) AS p
+    WHERE {schema}.lease_requeue(job_id)
 ),
 claimed AS (
     UPDATE {schema}.job AS j
@@ -121,7 +126,7 @@ claimed AS (
                                         j.lease_until, j.lease_seconds, 'lease_expired')
             ELSE j.history END
     FROM picked, settings AS s
-    WHERE j.job_id = picked.job_id AND picked.job_id NOT IN (SELECT job_id FROM stale)
+    WHERE j.job_id = picked.job_id AND j.job_id NOT IN (TABLE stale)
     RETURNING j.job_id, j.queue, j.payload, j.lease_version, j.attempts, j.max_attempts,
         j.ordering_key, j.ordering_seq, j.lease_until, j.lease_seconds, j.idempotency_key,
         picked.branch, j.priority, j.available_at, picked.ready_at, j.claimed_at,
@@ -137,12 +142,12 @@ SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts
        r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds,
        r.group_key, r.branch, r.wait
 FROM (
-    SELECT claimed.*, NULL::double precision AS wait FROM claimed
+    SELECT claimed.*, NULL::float8 AS wait FROM claimed
     UNION ALL
     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.branch, NULL,
         NULL, NULL, NULL, NULL, NULL, NULL, m.wait
     FROM (
-        SELECT 2 AS branch, NULL::double precision AS wait
+        SELECT 2 AS branch, NULL::float8 AS wait
         WHERE EXISTS (
             SELECT 1 FROM {schema}.key_repair AS k
             WHERE k.queue = %(queue)s AND k.next_check <= {schema}.clock())
