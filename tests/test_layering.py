@@ -28,6 +28,7 @@ SOURCE = Path(leaseq.__file__).resolve().parent
 #: one package, like _worker's, may import each other).
 LAYERS: list[set[str]] = [
     {"_errors", "_types", "_health_types", "_job_ids", "_redact", "_statement", "_waiting"},
+    {"_json_text"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
     {"_embedded", "_retry", "_gauges", "_validate_settings", "_validate_operators"},
     {"_config", "_store", "_db", "_metrics"},

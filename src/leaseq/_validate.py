@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -11,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ._errors import InvalidArgument, InvalidJob, InvalidResult, PayloadTooLarge
+from ._json_text import json_text
 from ._redact import redact
 from ._types import Claim, JobStatus
 
@@ -36,16 +36,6 @@ FINISHED_STATES = (JobStatus.DONE, JobStatus.CANCELLED, JobStatus.FAILED)
 
 # A \u0000 escape is one preceded by an even number of backslashes.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-#: One encoder for every payload (json.dumps with options builds one per call).
-#: Sorting the keys costs next to nothing (jsonb stores them sorted anyway) and
-#: refuses, with a TypeError, a mapping whose keys mix text and other types: the
-#: only mappings whose keys can collide once JSON makes them text ({1: …, "1": …}:
-#: jsonb would keep one of the two values, silently). Those take the careful path.
-_PAYLOAD_ENCODER = json.JSONEncoder(
-    ensure_ascii=False, allow_nan=False, separators=(",", ":"), sort_keys=True
-)
-_UNSORTED_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,47 +211,10 @@ def per_payload(values: object, count: int, what: str) -> Sequence[object]:
     return values
 
 
-def _json_text(value: object) -> str:
-    """``value`` as compact JSON; a ValueError if two keys of one mapping would
-    become the same JSON text."""
-    try:
-        return _PAYLOAD_ENCODER.encode(value)
-    except TypeError:
-        pass  # keys of mixed types, or a value JSON cannot hold: look closer
-    _refuse_colliding_keys(value)
-    return _UNSORTED_ENCODER.encode(value)
-
-
-def _json_key(key: object) -> object:
-    """A mapping key as the JSON encoder writes it (others: left for it to refuse)."""
-    if key is True or key is False or key is None:
-        return json.dumps(key)
-    if isinstance(key, int | float) and not isinstance(key, bool):
-        return float.__repr__(key) if isinstance(key, float) else int.__repr__(key)
-    return key
-
-
-def _refuse_colliding_keys(value: object) -> None:
-    containers, seen = [value], 0
-    while containers:
-        current = containers.pop()
-        seen += 1
-        if seen > 1_000_000:  # a cycle or an absurd payload: the encoder refuses it
-            return
-        if isinstance(current, dict):
-            texts = {_json_key(k) for k in current}
-            if len(texts) < len(current):
-                keys = sorted(map(repr, current))
-                raise ValueError(f"keys that become the same JSON text: {', '.join(keys)}")
-            containers.extend(current.values())
-        elif isinstance(current, list | tuple):
-            containers.extend(current)
-
-
 def payload(value: object, limit: int) -> EncodedPayload:
     """Encode a payload as compact JSON and check what PostgreSQL would refuse."""
     try:
-        text = _json_text(value)
+        text = json_text(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
     # The regular expression only where a \u0000 escape may be (the plain test is
@@ -424,7 +377,7 @@ def payload_filter(value: object) -> str | None:
     if not isinstance(value, Mapping) or not value:
         raise InvalidArgument(f"payload filter must be a non-empty mapping, got {value!r}")
     try:
-        text = _json_text(value)
+        text = json_text(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgument(f"payload filter is not JSON-serialisable: {exc}") from None
     if not is_unicode(text):

@@ -114,8 +114,7 @@ class Database:
 
     def _new_pool(self, deadline: float) -> ConnectionPool:
         """An open pool, new pools tried until ``deadline``."""
-        malformed = malformed_dsn(self.dsn)
-        if malformed is not None:  # said at once: no pool can connect with it
+        if (malformed := malformed_dsn(self.dsn)) is not None:  # no pool can connect with it
             raise self._failures.record(malformed)
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
@@ -258,8 +257,7 @@ class AsyncDatabase:
 
     async def _new_pool(self, deadline: float) -> AsyncConnectionPool:
         """An open pool, new pools tried until ``deadline``."""
-        malformed = malformed_dsn(self.dsn)
-        if malformed is not None:  # said at once: no pool can connect with it
+        if (malformed := malformed_dsn(self.dsn)) is not None:  # no pool can connect with it
             raise self._failures.record(malformed)
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
