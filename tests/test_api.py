@@ -36,6 +36,7 @@ def test_public_names_are_pinned() -> None:
         "Health",
         "IndexHealth",
         "InvalidArgument",
+        "InvalidDatabaseURL",
         "InvalidJob",
         "InvalidResult",
         "Job",

@@ -185,9 +185,11 @@ def test_unreachable_database_is_one_clear_line() -> None:
         "postgresql://postgres:s3cret@127.0.0.1/postgres?bogus=1",
     ],
 )
-def test_a_malformed_database_url_is_one_clear_line_at_once(url: str) -> None:
-    """libpq refuses it as it parses it (no pool tried for ~6 s first), and no password."""
-    result = _leaseq("status", database_url=url)
+@pytest.mark.parametrize("command", ["status", "maintenance"])
+def test_a_malformed_database_url_is_one_clear_line_at_once(url: str, command: str) -> None:
+    """libpq refuses it as it parses it (no pool tried for ~6 s first), and no
+    password. `leaseq maintenance` tried it again every few seconds, for ever."""
+    result = _leaseq(command, database_url=url)
     assert result.returncode == 1, result
     assert result.stderr.startswith(
         "error: cannot connect to the database: invalid database URL: "

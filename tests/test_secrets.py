@@ -40,6 +40,7 @@ from rich.logging import RichHandler
 
 import leaseq
 from leaseq import JobStatus
+from leaseq._worker import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = "leaseq_secret"
@@ -398,19 +399,43 @@ async def test_listener_connection_loss_is_scrubbed(
 
 
 async def test_a_crashed_listener_logs_a_scrubbed_traceback(
-    secured: SecuredServer, logs: CapturedLogs
+    secured: SecuredServer, logs: CapturedLogs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with leaseq.Queue(secured.url(), schema="crashing") as queue:
         queue.migrate()
     typo = f"{secured.password}%zz"  # libpq quotes an undecodable password in its error
     listen_url = secured.url().replace(quote(secured.password), typo)
+
+    async def crashing_listener(*args: Any, **kwargs: Any) -> None:
+        # What the driver raised for such a URL before leaseq parsed it first.
+        raise psycopg.ProgrammingError(f'invalid percent-encoded token: "{typo}"')
+
+    monkeypatch.setattr(runner, "listen_for_work", crashing_listener)
     worker = leaseq.Worker(
         _idle_app("crashing"), dsn=secured.url(), listen_dsn=listen_url, maintenance=False
     )
-    with pytest.raises(RuntimeError, match="crashed") as raised:
+    with pytest.raises(RuntimeError, match="crashed"):
         await asyncio.wait_for(worker.run(), 30)
     assert "stopped unexpectedly" in logs.text()
     assert "Traceback" in logs.text()
+    # (The error itself, the test's own, reaches run()'s caller as its cause, unchanged.)
+    assert_clean(logs.text(), [*secured.secrets(), typo])
+
+
+async def test_a_listen_url_libpq_cannot_parse_stops_the_worker_in_one_scrubbed_line(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    with leaseq.Queue(secured.url(), schema="unparsable") as queue:
+        queue.migrate()
+    typo = f"{secured.password}%zz"  # libpq quotes an undecodable password in its error
+    listen_url = secured.url().replace(quote(secured.password), typo)
+    worker = leaseq.Worker(
+        _idle_app("unparsable"), dsn=secured.url(), listen_dsn=listen_url, maintenance=False
+    )
+    with pytest.raises(leaseq.InvalidDatabaseURL) as raised:
+        await asyncio.wait_for(worker.run(), 30)
+    assert "invalid database URL" in logs.text()
+    assert "Traceback" not in logs.text()
     assert_clean(logs.text() + _exception_text(raised.value), [*secured.secrets(), typo])
 
 
@@ -429,7 +454,7 @@ async def test_maintenance_connection_loss_is_scrubbed(
     typo = f"{secured.password}%zz"
     url = secured.url().replace(quote(secured.password), typo)
     async with leaseq.AsyncQueue(url, schema="m") as queue:
-        with pytest.raises(psycopg.ProgrammingError) as raised:
+        with pytest.raises(leaseq.InvalidDatabaseURL) as raised:
             await asyncio.wait_for(Maintenance(queue, interval=0.1).run(), 30)
     assert_clean(logs.text() + _exception_text(raised.value), [*secured.secrets(), typo])
 
@@ -549,38 +574,43 @@ def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
         assert code == 1
         assert stderr.startswith("error: cannot connect to the database"), stderr
     assert "password authentication failed" in outputs["wrong password"][2]
-    assert outputs["maintenance"][0] != 0
-    assert outputs["worker"][0] != 0
-    assert "stopped unexpectedly" in outputs["worker"][2]
+    for name in ("maintenance", "worker"):  # (the worker: only its LISTEN URL is wrong)
+        code, _, stderr = outputs[name]
+        assert code == 1
+        assert "error: cannot connect to the database: invalid database URL" in stderr, stderr
     code, listing, _ = outputs["failed"]
     assert code == 0
     assert listing.count("RuntimeError") == 3, listing
 
 
-def test_cli_worker_processes_print_scrubbed_tracebacks(secured: SecuredServer) -> None:
-    typo = f"{secured.password}%zz"
-    typo_url = secured.url().replace(quote(secured.password), typo)
-    with leaseq.Queue(secured.url(), schema="cli_processes") as queue:
-        queue.migrate()
+def test_cli_worker_processes_print_scrubbed_tracebacks(
+    secured: SecuredServer, tmp_path: Path
+) -> None:
+    # The app's module crashes in the children only (the parent imports it first).
+    (tmp_path / "crashing_children.py").write_text(
+        "import multiprocessing, os\nimport leaseq\n\napp = leaseq.App()\n"
+        "if multiprocessing.parent_process() is not None:\n"
+        "    raise RuntimeError('cannot start: ' + os.environ['CRASH_DETAIL'])\n"
+    )
     process = _leaseq(
         "worker",
-        "tests.worker_app:app",
+        "crashing_children:app",
         "--processes",
         "2",
         "--database-url",
         secured.url(),
-        "--listen-database-url",
-        typo_url,
         "--no-maintenance",
-        env={"LEASEQ_SCHEMA": "cli_processes"},
+        cwd=tmp_path,
+        env={"CRASH_DETAIL": f"login {secured.password} refused"},
     )
     try:
         time.sleep(4)  # long enough for the children to crash (and be restarted) at least once
     finally:
         process.send_signal(signal.SIGTERM)
         stdout, stderr = _finish(process)
-    assert "stopped unexpectedly" in stderr
-    assert_clean(stdout + stderr, [*secured.secrets(), typo])
+    assert "RuntimeError: cannot start: login *** refused" in stderr
+    assert stderr.count("Traceback") >= 2, stderr  # each child's, scrubbed
+    assert_clean(stdout + stderr, secured.secrets())
 
 
 def test_cli_prints_an_unexpected_crash_scrubbed(secured: SecuredServer, tmp_path: Path) -> None:
@@ -826,7 +856,8 @@ def test_a_log_record_that_cannot_be_formatted_is_still_logged(logs: CapturedLog
 def test_a_url_libpq_cannot_parse_is_said_without_its_password(dsn: str) -> None:
     """Redaction finds no password in a URL it cannot read either; libpq's error
     quotes the rest of the string."""
-    with leaseq.Queue(dsn) as queue, pytest.raises(leaseq.DatabaseUnavailable) as refused:
+    with leaseq.Queue(dsn) as queue, pytest.raises(leaseq.InvalidDatabaseURL) as refused:
         queue.stats()
+    assert isinstance(refused.value, leaseq.DatabaseUnavailable)  # as it was before its type
     assert "invalid database URL" in str(refused.value)
     assert "Sekr1t" not in _exception_text(refused.value)

@@ -139,6 +139,35 @@ async def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopping_worker(
     assert (job.status, job.attempts) == (JobStatus.RUNNING, 1)  # to its lease's expiry
 
 
+MALFORMED_URL = "postgresql://app:Sekr1t@127.0.0.1:5432/app?bogus_option=1"
+
+
+@pytest.mark.parametrize("which", ["dsn", "listen_dsn"])
+async def test_a_worker_stops_on_a_database_url_no_connection_can_be_made_with(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, which: str
+) -> None:
+    """Its claims' URL, or its LISTEN URL alone: trying again cannot mend it. The
+    LISTEN session's raw driver error crashed the worker with a traceback ("a
+    worker service crashed"); the claims retried it for ever."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        pass
+
+    urls = {"dsn": database_url, "listen_dsn": database_url, which: MALFORMED_URL}
+    worker = leaseq.Worker(app, concurrency=1, poll_interval=0.1, **urls)
+    with pytest.raises(leaseq.InvalidDatabaseURL) as stopped:
+        await asyncio.wait_for(worker.run(), 60)
+    assert "Sekr1t" not in str(stopped.value)
+
+
+async def test_maintenance_stops_on_a_database_url_no_connection_can_be_made_with() -> None:
+    async with leaseq.AsyncQueue(MALFORMED_URL) as queue:
+        with pytest.raises(leaseq.InvalidDatabaseURL):
+            await asyncio.wait_for(leaseq.Maintenance(queue, interval=0.1).run(), 60)
+
+
 async def test_a_stop_with_the_database_away_ends_and_leaves_the_jobs_to_their_leases(
     spare_database: SpareDatabase, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -183,9 +183,36 @@ def test_a_worker_on_a_schema_never_migrated_says_so_in_one_line_and_stops(
     )
     assert result.returncode == code, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == int(processes), result.stderr
+    # One line per child that got that far: the first to fail stops the others.
+    assert 1 <= len(errors) <= int(processes), result.stderr
     assert "leaseq migrate" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("processes", "code"), [("1", 1), ("2", 78)])
+def test_a_worker_given_a_malformed_database_url_says_so_in_one_line_and_stops(
+    processes: str, code: int
+) -> None:
+    """No connection can ever be made with it: the worker retried it for ever, one
+    warning every few seconds, as if the server were down (and with --processes N
+    every child did)."""
+    malformed = "postgresql://app:Sekr1t@127.0.0.1:5432/app?bogus_option=1"
+    result = subprocess.run(
+        [*(sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app"), "-p", processes],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": malformed},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == code, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    # One line per child that got that far: the first to fail stops the others.
+    assert 1 <= len(errors) <= int(processes), result.stderr
+    assert "invalid database URL" in errors[0]
+    assert "Traceback" not in result.stderr
+    assert "Sekr1t" not in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])

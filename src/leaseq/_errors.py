@@ -84,6 +84,12 @@ class DatabaseUnavailable(TransientError):
     """No database could be reached or started."""
 
 
+class InvalidDatabaseURL(DatabaseUnavailable):
+    """The database URL is one libpq cannot parse: no connection can ever be
+    made with it. Unlike its parent's other cases, trying again cannot help; a
+    worker stops at once (``leaseq worker`` with one ``error:`` line)."""
+
+
 class StatementTimeout(TransientError):
     """The server cancelled the statement: it ran past the client's
     ``statement_timeout`` (or an operator cancelled it). Nothing it would have

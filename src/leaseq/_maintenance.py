@@ -20,7 +20,7 @@ from . import _validate as validate
 from . import _validate_settings as validate_settings
 from ._async_client import AsyncQueue
 from ._db import Session
-from ._errors import InvalidArgument, NotMigrated, TransientError
+from ._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, TransientError
 from ._logs import get_logger
 from ._types import PruneResult, ReapResult
 from ._waiting import pause
@@ -88,6 +88,8 @@ class Maintenance:
                         if self.vacuum:
                             await self._vacuum_if_due(session)
                         await pause(self.interval)
+            except InvalidDatabaseURL:
+                raise  # no retry can connect with it
             except TransientError as exc:
                 log.warning("maintenance connection lost (%s)", exc)
             finally:

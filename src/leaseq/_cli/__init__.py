@@ -1,6 +1,7 @@
 """The ``leaseq`` command: a thin shell over the client, worker and maintenance.
 
-Its rooms: ``common`` (the group, database options, errors, output), ``running``
+Its rooms: ``common`` (the group, database options, errors, output), ``serving``
+(what the long-running commands share), ``running``
 (migrate, worker, maintenance, demo), ``jobs`` (enqueue, status, failed,
 replay, cancel, reap, queue configure), ``retention`` (prune), ``health``
 (health, explain) and ``audit``.

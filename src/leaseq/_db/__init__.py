@@ -373,6 +373,8 @@ class AsyncDatabase:
     async def session(self) -> AsyncIterator[Session]:
         """A connection of its own, outside the pool, for session state (an advisory
         lock held for as long as the session lives)."""
+        if (malformed := malformed_dsn(self.dsn)) is not None:  # (the driver's raw error)
+            raise malformed
         with translated_errors():
             conn = await psycopg.AsyncConnection.connect(self.dsn, **self._options)
         async with conn:

@@ -23,6 +23,7 @@ from .._errors import (
     DatabaseError,
     DatabaseUnavailable,
     InvalidArgument,
+    InvalidDatabaseURL,
     NotMigrated,
     PayloadTooLarge,
     StatementTimeout,
@@ -168,7 +169,7 @@ def _unavailable(exc: psycopg.Error) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"cannot connect to the database: {_reason(exc)}")
 
 
-def malformed_dsn(dsn: str) -> DatabaseUnavailable | None:
+def malformed_dsn(dsn: str) -> InvalidDatabaseURL | None:
     """Why libpq cannot parse ``dsn``, or None. Asked before a pool tries it: the
     pool's attempts fail at once, but it retries them for seconds before the
     diagnosis attempt says why (every malformed URL took ~6 s to report)."""
@@ -179,9 +180,7 @@ def malformed_dsn(dsn: str) -> DatabaseUnavailable | None:
         # of a URL it cannot parse, where redaction cannot find the password
         # (postgres:/user:secret@host): its quotes are left out.
         reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) < 2 else '"…"', _reason(exc))
-        return DatabaseUnavailable(
-            f"cannot connect to the database: invalid database URL: {reason}"
-        )
+        return InvalidDatabaseURL(f"cannot connect to the database: invalid database URL: {reason}")
     return None
 
 

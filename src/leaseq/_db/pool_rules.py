@@ -34,17 +34,19 @@ class OpenFailures:
 
     def __init__(self) -> None:
         self.count = 0
-        self._last = ""
+        self._last = DatabaseUnavailable("")
 
     def record(self, error: DatabaseUnavailable) -> DatabaseUnavailable:
         self.count += 1
-        self._last = str(error)
+        self._last = error
         return error
 
     def raise_if_since(self, seen: int) -> None:
-        """Raise the last failure if one came after the caller read ``count``."""
+        """Raise the last failure if one came after the caller read ``count``: a
+        new error of its kind (an InvalidDatabaseURL stays one), not the same
+        object, whose traceback would grow with every caller that raised it."""
         if self.count != seen:
-            raise DatabaseUnavailable(self._last)
+            raise type(self._last)(str(self._last))
 
 
 #: How long a caller waits for a pool that none of its connections is lent

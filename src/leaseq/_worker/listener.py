@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._async_client import AsyncQueue
-from .._errors import TransientError
+from .._errors import InvalidDatabaseURL, TransientError
 from .._logs import get_logger
 from .._waiting import pause
 from .state import WorkerStats
@@ -53,6 +53,8 @@ async def listen_for_work(
                     job_id = _job_id(payload[len(LOST_PREFIX) :])
                     if job_id is not None:
                         lost(job_id)
+        except InvalidDatabaseURL:
+            raise  # a setup error: no reconnection can connect with it
         except TransientError as exc:
             log.info("LISTEN connection lost (%s); reconnecting", exc)
         stats.listen_reconnects += 1

@@ -34,7 +34,7 @@ from typing import Any
 from .. import _metrics, _tracing
 from .. import _validate as validate
 from .._config import database_url
-from .._errors import InvalidArgument, NotMigrated, TransientError
+from .._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, TransientError
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._metrics import Metrics
@@ -64,6 +64,9 @@ ACKNOWLEDGEMENT_WAIT = 10.0
 MAX_INTERVAL_SECONDS = 86400.0
 #: The most jobs one worker runs at once.
 MAX_CONCURRENCY = 10_000
+#: What no retry can mend: the worker stops, and says what to fix in one line
+#: (``leaseq worker`` exits with it; its --processes supervisor restarts no child).
+SETUP_ERRORS = (NotMigrated, InvalidDatabaseURL)
 
 
 class Worker:
@@ -250,8 +253,8 @@ class Worker:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
             log.info("worker stopped: %s", self.stats)
-        if isinstance(self._crashed, NotMigrated):
-            raise self._crashed  # not a crash: the schema is missing (one line in the CLI)
+        if isinstance(self._crashed, SETUP_ERRORS):
+            raise self._crashed  # not a crash: what to fix is in its one line (the CLI's)
         if self._crashed is not None:
             raise RuntimeError("a worker service crashed") from self._crashed
 
@@ -290,7 +293,7 @@ class Worker:
         if task.cancelled():
             return
         error = task.exception()
-        if isinstance(error, NotMigrated):  # what to do is in its one line (run raises it)
+        if isinstance(error, SETUP_ERRORS):  # what to do is in its one line (run raises it)
             log.error("%s: %s; stopping the worker", task.get_name(), error)
         else:
             log.error(
@@ -347,6 +350,8 @@ class Worker:
                     free -= len(claims)
                     if free <= 0 or self._stopping.is_set():
                         break
+            except InvalidDatabaseURL:
+                raise  # a setup error: no retry can connect with it
             except TransientError as exc:
                 self.stats.database_errors += 1
                 log.warning("claim failed (%s); retrying", exc)

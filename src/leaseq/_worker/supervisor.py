@@ -6,9 +6,9 @@ second signal kills them. A child that exits on its own is restarted after a
 backoff that grows while it keeps crashing (under ``--burst`` one that exits
 with 0 is done). A child runs ``target(*args, slot)``:
 its slot (0..N-1) stays the same across restarts (its metrics port is PORT+slot).
-A child that exits with SETUP_FAILED (its schema is not migrated: restarting it
-would fail the same way, for ever) stops the others, and the supervisor returns
-that code.
+A child that exits with SETUP_FAILED (its schema is not migrated, or its database
+URL cannot be parsed: restarting it would fail the same way, for ever) stops the
+others, and the supervisor returns that code.
 
 A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
