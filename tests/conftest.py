@@ -11,7 +11,9 @@ and ``aqueue`` are the two clients by name, for tests that are about one of them
 async leg only with ``--all-legs`` (``.ci/run``'s second pass). With
 ``--second-server`` (that pass again, on PostgreSQL 15) the tests whose outcome
 cannot depend on the server are skipped: those that never reach the database,
-and those marked ``server_agnostic``.
+those marked ``server_agnostic``, and the sync leg of the conformance tests (the
+two legs send the server the same statements; the clients' own code, which
+differs, ran in the first pass).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from leaseq.testing import aset_clock_offset
 
 from . import clients
 from .clients import CLIENT_CLASSES, CLIENT_KINDS, Client, ClientConnect, ClientConnection
+from .schemas import MIGRATING_FIXTURES, Schemas, new_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,12 +75,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         same_anywhere = pytest.mark.skip(
             reason=f"its outcome does not depend on the server: skipped with {SECOND_SERVER}"
         )
+        one_leg = pytest.mark.skip(
+            reason="the sync leg sends the server what the async leg sends: with "
+            f"{SECOND_SERVER} only the async leg runs"
+        )
         for item in items:
             if (
                 "database_url" not in getattr(item, "fixturenames", ())
                 or item.get_closest_marker("server_agnostic") is not None
             ):
                 item.add_marker(same_anywhere)
+            elif getattr(item, "callspec", None) is not None and (
+                item.callspec.params.get("client_kind") == "sync"
+            ):
+                item.add_marker(one_leg)
     if config.getoption(ALL_LEGS):
         return
     skip = pytest.mark.skip(
@@ -98,12 +109,21 @@ def database_url() -> str:
     return leaseq.database_url(os.environ.get("DATABASE_URL"), base=ROOT, keep_running=False)
 
 
+@pytest.fixture(scope="session")
+def schemas(database_url: str) -> Iterator[Schemas]:
+    made = Schemas(database_url)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def schema(database_url: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:16]}"
+def schema(schemas: Schemas, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh schema of the test's own, dropped after it; already migrated when
+    the test asks for a migrated client (tests/schemas.py)."""
+    ahead = schemas.migrated() if MIGRATING_FIXTURES & set(request.fixturenames) else None
+    name = ahead or new_name()
     yield name
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    schemas.drop(name)
 
 
 @pytest.fixture
