@@ -221,6 +221,8 @@ def test_every_action_writes_one_audit_row_with_its_actor(client: Client) -> Non
     client.configure_queue("mail", paused=False, max_attempts=7)
     # An action that changes nothing is not an action on a job.
     assert not client.cancel(queued, actor="dashboard:alice")
+    # Nor is a configure that names no setting (`leaseq queue configure Q` shows them).
+    assert client.configure_queue("mail", actor="cli:carol").max_attempts == 7
 
     log = client.audit_log()
     assert [(e.action, e.actor, e.job_ids) for e in log[1:]] == [

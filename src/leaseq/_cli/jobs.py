@@ -274,7 +274,8 @@ def queue_group() -> None:
 )
 @database_options
 def configure(name: str, database_url: str | None, schema: str, **settings: Any) -> None:
-    """Change a queue's settings; options not given stay as they are."""
+    """Change a queue's settings; options not given stay as they are (with none,
+    show them: nothing is written to the audit log)."""
     given = {
         # NEVER: a retention kept forever; NO_LIMIT: a limit lifted. Both are None.
         key: None if value in (NEVER, NO_LIMIT) else value
