@@ -163,56 +163,52 @@ def test_bad_app_reference_is_one_clear_line(database_url: str, schema: str) -> 
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def _setup_failure(url: str, processes: str, *options: str) -> tuple[int, list[str], str]:
+    """A worker that cannot run as set up: its exit code, its error lines, its stderr."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app"),
+            *("--processes", processes, *options),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    # One line per child that got that far: the first to fail stops the others.
+    assert 1 <= len(errors) <= int(processes), result.stderr
+    assert "Traceback" not in result.stderr
+    return result.returncode, errors, result.stderr + result.stdout
+
+
 @pytest.mark.parametrize(("processes", "code"), [("1", 1), ("2", 78)])
 def test_a_worker_on_a_schema_never_migrated_says_so_in_one_line_and_stops(
     database_url: str, schema: str, processes: str, code: int
 ) -> None:
     """It printed a 150-line traceback ("a worker service crashed"), and with
     --processes its supervisor restarted the children for ever."""
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app"),
-            *("--processes", processes, "--schema", schema + "_never"),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
+    returncode, errors, output = _setup_failure(
+        database_url, processes, "--schema", schema + "_never"
     )
-    assert result.returncode == code, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    # One line per child that got that far: the first to fail stops the others.
-    assert 1 <= len(errors) <= int(processes), result.stderr
+    assert returncode == code, output
     assert "leaseq migrate" in errors[0]
-    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(("processes", "code"), [("1", 1), ("2", 78)])
 def test_a_worker_given_a_malformed_database_url_says_so_in_one_line_and_stops(
     processes: str, code: int
 ) -> None:
-    """No connection can ever be made with it: the worker retried it for ever, one
-    warning every few seconds, as if the server were down (and with --processes N
-    every child did)."""
+    """No connection can ever be made with it. The LISTEN session's raw driver
+    error crashed the worker with a traceback (without LISTEN its claims retried
+    the URL for ever), and with --processes the supervisor restarted the children."""
     malformed = "postgresql://app:Sekr1t@127.0.0.1:5432/app?bogus_option=1"
-    result = subprocess.run(
-        [*(sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app"), "-p", processes],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": malformed},
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert result.returncode == code, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    # One line per child that got that far: the first to fail stops the others.
-    assert 1 <= len(errors) <= int(processes), result.stderr
+    returncode, errors, output = _setup_failure(malformed, processes)
+    assert returncode == code, output
     assert "invalid database URL" in errors[0]
-    assert "Traceback" not in result.stderr
-    assert "Sekr1t" not in result.stderr + result.stdout
+    assert "Sekr1t" not in output
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])
