@@ -118,6 +118,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds children in /proc")
+@pytest.mark.server_agnostic  # the demo's processes and signals
 @pytest.mark.parametrize("progress", ["service: ", "submitted "])
 def test_sigterm_before_serving_stops_the_service_and_the_workers(
     database_url: str, progress: str

@@ -287,6 +287,7 @@ def test_a_hung_async_hook_of_a_sync_handler_times_its_attempt_out(
     assert exited == [2]  # only an entered context is exited
 
 
+@pytest.mark.server_agnostic  # a hook's bound, in the worker
 def test_a_hung_async_exit_cannot_hold_a_slot_for_ever(
     queue: leaseq.Queue, database_url: str, schema: str
 ) -> None:

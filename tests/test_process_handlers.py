@@ -64,6 +64,7 @@ def test_a_process_handler_runs_in_a_child_and_completes(
         assert queue.result(job_id)["written_by"] != os.getpid()
 
 
+@pytest.mark.server_agnostic  # the child processes' lifecycle
 def test_a_timeout_tells_the_child_and_a_child_that_stays_is_killed(
     tables: leaseq.Queue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -225,6 +226,7 @@ async def test_a_signal_sent_to_the_whole_process_group_does_not_end_a_childs_jo
 
 
 @pytest.mark.asyncio
+@pytest.mark.server_agnostic  # the child processes' lifecycle
 async def test_an_idle_child_that_died_is_replaced_before_it_is_handed_a_job(
     tables: leaseq.Queue, aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:

@@ -323,6 +323,7 @@ def test_a_cli_worker_without_durable_acknowledgements_runs_each_job_once(
     assert {queue.get(job_id).status for job_id in ids} == {JobStatus.DONE}
 
 
+@pytest.mark.server_agnostic  # the worker's cancellation and exit
 @pytest.mark.parametrize("signals", [1, 2])
 def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopped_worker_alive(
     queue: leaseq.Queue, spawn_worker: Spawn, signals: int

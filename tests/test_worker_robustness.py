@@ -461,6 +461,7 @@ def test_a_group_wide_sigterm_finishes_or_releases_every_job(
     assert "second signal" not in output, output
 
 
+@pytest.mark.server_agnostic  # signals and exit
 def test_a_deliberate_second_group_signal_still_exits_at_once(
     setup_tables: leaseq.Queue,  # noqa: F811
     spawn_in_session: Spawn,
