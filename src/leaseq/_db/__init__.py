@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
-from .errors import aunreachable, malformed_dsn, translated_errors, unreachable
+from .errors import aunreachable, malformed_dsn, parsable, translated_errors, unreachable
 from .execution import (
     AsyncConnection,
     Connection,
@@ -373,10 +373,8 @@ class AsyncDatabase:
     async def session(self) -> AsyncIterator[Session]:
         """A connection of its own, outside the pool, for session state (an advisory
         lock held for as long as the session lives)."""
-        if (malformed := malformed_dsn(self.dsn)) is not None:  # (the driver's raw error)
-            raise malformed
         with translated_errors():
-            conn = await psycopg.AsyncConnection.connect(self.dsn, **self._options)
+            conn = await psycopg.AsyncConnection.connect(parsable(self.dsn), **self._options)
         async with conn:
             yield Session(conn)
 

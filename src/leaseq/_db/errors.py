@@ -184,6 +184,14 @@ def malformed_dsn(dsn: str) -> InvalidDatabaseURL | None:
     return None
 
 
+def parsable(dsn: str) -> str:
+    """``dsn``, or InvalidDatabaseURL: for a connection made outside the pools,
+    where the driver would raise its raw error for it."""
+    if (malformed := malformed_dsn(dsn)) is not None:
+        raise malformed
+    return dsn
+
+
 def _reason(exc: psycopg.Error) -> str:
     """The driver error's first line, scrubbed (libpq may quote the DSN's password)."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
