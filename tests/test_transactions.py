@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row, namedtuple_row
 
 import leaseq
 from leaseq import DatabaseError, InvalidArgument, JobStatus, LeaseLost
@@ -186,3 +187,27 @@ def test_a_connection_of_the_other_kind_is_refused_before_anything_is_written(
         queue.enqueue("reports", {}, conn="dbname=app")  # type: ignore[arg-type]
     asyncio.run(async_client_given_a_sync_connection())
     assert queue.stats() == []  # not even the queue's settings row
+
+
+@pytest.mark.parametrize(
+    "row_factory", [dict_row, namedtuple_row], ids=["dict_row", "namedtuple_row"]
+)
+def test_a_callers_connection_with_its_own_row_factory_works_as_any_other(
+    client: Client, client_connect: ClientConnect, row_factory: Any
+) -> None:
+    """Applications often make their connections with dict_row: every leaseq call
+    taking conn= must still read its own rows (it used to fail with KeyError 0)."""
+    conn = client_connect(row_factory=row_factory)
+    with conn.transaction():
+        first = client.enqueue("reports", {"report_id": 1}, conn=conn)
+        more = client.enqueue_many("reports", [{"report_id": 2}, {"report_id": 3}], conn=conn)
+    claims = {claim.job_id: claim for claim in client.claim("reports", limit=3)}
+    assert set(claims) == {first, *more}
+    with conn.transaction():
+        client.complete(claims[first], result={"pages": 3}, conn=conn)
+        client.retry(claims[more[0]], delay=0, conn=conn)
+        client.fail(claims[more[1]], "gave up", conn=conn)
+    assert client.get(first).status is JobStatus.DONE
+    assert client.result(first) == {"pages": 3}
+    assert client.get(more[0]).status is JobStatus.QUEUED
+    assert client.get(more[1]).status is JobStatus.FAILED

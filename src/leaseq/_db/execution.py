@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from .._errors import DatabaseError, InvalidArgument
 from .._statement import Operation, Plan, Rows, Statement
 from .errors import translated_errors
+from .placeholders import server_form
 
 T = TypeVar("T")
 
@@ -22,6 +24,10 @@ AsyncConnection = psycopg.AsyncConnection[Any]
 RETRY_ATTEMPTS = 5
 
 
+# Every cursor leaseq opens reads tuples, whatever row factory the caller's
+# connection (``conn=``) was made with: a dict_row connection used to fail each
+# decoder with KeyError 0.
+#
 # "Did it return rows?" from rownumber: `description` builds a Column object per
 # column of the result, on every statement.
 def _rows(cursor: psycopg.Cursor[Any]) -> Rows:
@@ -62,38 +68,54 @@ def execute(conn: Connection, operation: Operation[T]) -> T:
     """Run ``operation`` on ``conn``: in the caller's transaction if one is open,
     else in a transaction of its own when it has several statements."""
     with translated_errors():
-        results: list[Rows] = []
-        with conn.cursor() as cursor:
-            if operation.single:
-                cursor.execute(*_args(operation.statements[0]))
-                results.append(_rows(cursor))
-            else:
-                with conn.transaction():
-                    for statement in operation.statements:
-                        cursor.execute(*_args(statement))
-                        results.append(_rows(cursor))
+        if operation.single:
+            results = [_run(conn, operation.statements[0])]
+        else:
+            with conn.transaction():
+                results = [_run(conn, statement) for statement in operation.statements]
     return operation.decode(results)
 
 
 async def aexecute(conn: AsyncConnection, operation: Operation[T]) -> T:
     """The async twin of :func:`execute`."""
     with translated_errors():
-        results: list[Rows] = []
-        async with conn.cursor() as cursor:
-            if operation.single:
-                await cursor.execute(*_args(operation.statements[0]))
-                results.append(await _arows(cursor))
-            else:
-                async with conn.transaction():
-                    for statement in operation.statements:
-                        await cursor.execute(*_args(statement))
-                        results.append(await _arows(cursor))
+        if operation.single:
+            results = [await _arun(conn, operation.statements[0])]
+        else:
+            async with conn.transaction():
+                results = [await _arun(conn, statement) for statement in operation.statements]
     return operation.decode(results)
+
+
+def _run(conn: Connection, statement: Statement) -> Rows:
+    form = server_form(statement.sql) if statement.params else None
+    if form is None:
+        with conn.cursor(row_factory=tuple_row) as cursor:
+            cursor.execute(*_args(statement))
+            return _rows(cursor)
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as raw:
+        raw.execute(form.sql, form.values(statement.params))
+        return _rows(raw)
+
+
+async def _arun(conn: AsyncConnection, statement: Statement) -> Rows:
+    form = server_form(statement.sql) if statement.params else None
+    if form is None:
+        async with conn.cursor(row_factory=tuple_row) as cursor:
+            await cursor.execute(*_args(statement))
+            return await _arows(cursor)
+    async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as raw:
+        await raw.execute(form.sql, form.values(statement.params))
+        return await _arows(raw)
 
 
 def drive(conn: Connection, plan: Plan) -> list[int]:
     """Run a statement-yielding plan (migrations) in one transaction."""
-    with translated_errors(migrating=True), conn.transaction(), conn.cursor() as cursor:
+    with (
+        translated_errors(migrating=True),
+        conn.transaction(),
+        conn.cursor(row_factory=tuple_row) as cursor,
+    ):
         try:
             statement = next(plan)
             while True:
@@ -107,7 +129,7 @@ def drive(conn: Connection, plan: Plan) -> list[int]:
 async def adrive(conn: AsyncConnection, plan: Plan) -> list[int]:
     """The async twin of :func:`drive`."""
     with translated_errors(migrating=True):
-        async with conn.transaction(), conn.cursor() as cursor:
+        async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cursor:
             try:
                 statement = next(plan)
                 while True:
