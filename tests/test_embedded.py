@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -116,3 +117,69 @@ def test_a_place_the_server_cannot_be_kept_is_one_clear_error(tmp_path: Path) ->
     blocker.write_text("")
     with pytest.raises(DatabaseUnavailable, match="set DATABASE_URL"):
         start_embedded(blocker / ".leaseq")
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (R, S, Z...), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_the_embedded_server_stops_by_its_command_and_keeps_its_data() -> None:
+    """It used to take pgserver's own pg_ctl, found in its package folder and run
+    as the data folder's owner, to stop the server a leaseq command had left up."""
+    folder = Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DATABASE_URL", "LEASEQ_DATABASE_URL", "LEASEQ_SCHEMA")
+    }
+
+    def leaseq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "leaseq", *args],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    try:
+        never = leaseq("embedded", "status")
+        assert never.returncode == 3, never.stdout + never.stderr
+        assert "none was made here" in never.stdout
+        assert not (folder / ".leaseq").exists()  # asking starts nothing
+
+        for command in (("migrate",), ("enqueue", "reports", '{"n": 1}')):
+            done = leaseq(*command)
+            assert done.returncode == 0, done.stdout + done.stderr
+        running = leaseq("embedded", "status")
+        assert running.returncode == 0, running.stdout + running.stderr
+        assert "is running" in running.stdout
+        pid = int((folder / ".leaseq" / "pgdata" / "postmaster.pid").read_text().split()[0])
+
+        stopped = leaseq("embedded", "stop")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "stopped the embedded PostgreSQL" in stopped.stdout
+        # The postmaster is gone, not just told to go (a zombie at most, until
+        # whatever adopted it reaps it), and it shut down cleanly.
+        assert _state(pid) in (None, "Z")
+        assert not (folder / ".leaseq" / "pgdata" / "postmaster.pid").exists()
+        after = leaseq("embedded", "status")
+        assert after.returncode == 3, after.stdout + after.stderr
+        again = leaseq("embedded", "stop")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "no embedded PostgreSQL is running" in again.stdout
+
+        # The next command starts it again, on the same data: the job is still queued.
+        status = leaseq("status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        (reports,) = [q for q in json.loads(status.stdout) if q["queue"] == "reports"]
+        assert reports["queued"] == 1, reports
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)

@@ -42,8 +42,9 @@ LAYERS: list[set[str]] = [
 ]
 #: The database layer, below the clients: the worker goes through the clients.
 BEHIND_THE_CLIENTS = {"_db", "_store", "_statement", "_steps", "_migrate", "_client_base"}
-#: What the CLI may take from the internals besides the public API.
-CLI_INTERNALS = {"_config", "_logs", "_redact", "_worker.supervisor"}
+#: What the CLI may take from the internals besides the public API (_embedded:
+#: `leaseq embedded status|stop`, the server of a folder, not the library's API).
+CLI_INTERNALS = {"_config", "_embedded", "_logs", "_redact", "_worker.supervisor"}
 DRIVERS = {"psycopg", "psycopg_pool"}
 
 

