@@ -99,6 +99,10 @@ def _pg_ctl(directory: Path, *args: str) -> int:
             f"cannot use the embedded PostgreSQL in {directory}: {exc}"
         ) from exc
     command = [str(server.bin_path / "pg_ctl"), "-D", str(server.pgdata), *args]
-    return subprocess.run(
-        command, user=server.system_user, capture_output=True, timeout=120, check=False
-    ).returncode
+    try:
+        return subprocess.run(
+            command, user=server.system_user, capture_output=True, timeout=120, check=False
+        ).returncode
+    except (OSError, subprocess.SubprocessError) as exc:  # no pg_ctl, no such user, a hang
+        message = f"cannot run pg_ctl for the embedded PostgreSQL in {directory}: {exc}"
+        raise DatabaseUnavailable(message) from exc
