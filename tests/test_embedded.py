@@ -63,6 +63,20 @@ def _stop_embedded(directory: Path, folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _leaseq(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``leaseq ARGS`` run in ``folder`` with no database URL: its embedded server."""
+    unset = ("DATABASE_URL", "LEASEQ_DATABASE_URL", "LEASEQ_SCHEMA", "LEASEQ_LOG_LEVEL")
+    return subprocess.run(
+        [sys.executable, "-m", "leaseq", *args],
+        cwd=folder,
+        env={key: value for key, value in os.environ.items() if key not in unset},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 _APP = """
 import leaseq
 
@@ -81,26 +95,12 @@ def test_a_worker_on_the_embedded_server_logs_none_of_its_info_lines() -> None:
     remaining pids"): the worker's log starts with the worker's own lines."""
     folder = Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
     (folder / "own_app.py").write_text(_APP)
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DATABASE_URL", "LEASEQ_DATABASE_URL", "LEASEQ_SCHEMA", "LEASEQ_LOG_LEVEL")
-    }
-    leaseq = [sys.executable, "-m", "leaseq"]
     try:
         for command in (
-            [*leaseq, "migrate"],
-            [*leaseq, "worker", "own_app:app", "--burst", "--no-listen", "--log-format", "json"],
+            ("migrate",),
+            ("worker", "own_app:app", "--burst", "--no-listen", "--log-format", "json"),
         ):
-            result = subprocess.run(
-                command,
-                cwd=folder,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
+            result = _leaseq(folder, *command)
             assert result.returncode == 0, result.stdout + result.stderr
         log = result.stderr
         assert "worker started" in log
@@ -132,22 +132,9 @@ def test_the_embedded_server_stops_by_its_command_and_keeps_its_data() -> None:
     """It used to take pgserver's own pg_ctl, found in its package folder and run
     as the data folder's owner, to stop the server a leaseq command had left up."""
     folder = Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DATABASE_URL", "LEASEQ_DATABASE_URL", "LEASEQ_SCHEMA")
-    }
 
     def leaseq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "leaseq", *args],
-            cwd=folder,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return _leaseq(folder, *args)
 
     try:
         never = leaseq("embedded", "status")
