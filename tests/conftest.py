@@ -259,6 +259,20 @@ class SpareDatabase:
     def accept_connections(self) -> None:
         self._run(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS true')
 
+    def turn_read_only(self) -> None:
+        """New sessions are read-only and the open ones are ended: what clients see
+        when a failover leaves their URL on a standby (or an operator puts the
+        database in read-only mode for a move)."""
+        self._run(f'ALTER DATABASE "{self.name}" SET default_transaction_read_only = on')
+        self._run(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{self.name}' AND pid <> pg_backend_pid()"
+        )
+
+    def turn_writable(self) -> None:
+        """New sessions may write again; the open ones (read-only) are left alone."""
+        self._run(f'ALTER DATABASE "{self.name}" RESET default_transaction_read_only')
+
     def drop(self) -> None:
         self._run(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 

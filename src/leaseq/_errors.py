@@ -81,7 +81,9 @@ class TransientError(LeaseqError):
 
 
 class DatabaseUnavailable(TransientError):
-    """No database could be reached or started."""
+    """No database could be reached or started, or the one reached cannot write
+    now: a write refused as read-only on a connection of leaseq's own (a
+    failover left the URL on a standby; ``default_transaction_read_only``)."""
 
 
 class InvalidDatabaseURL(DatabaseUnavailable):

@@ -28,7 +28,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
-from .errors import aunreachable, malformed_dsn, parsable, translated_errors, unreachable
+from .errors import (
+    aunreachable,
+    malformed_dsn,
+    parsable,
+    read_only_server,
+    translated_errors,
+    unreachable,
+)
 from .execution import (
     AsyncConnection,
     Connection,
@@ -98,7 +105,7 @@ class Database:
         self._failures = OpenFailures()
         #: How many of the pool's connections are lent now (under ``_lent_lock``).
         self._lent = 0
-        self._lent_lock = threading.Lock()
+        self._lent_lock = threading.RLock()
 
     def _open_pool(self, deadline: float) -> ConnectionPool:
         pool = self._pool
@@ -152,6 +159,14 @@ class Database:
             try:
                 with conn:  # as psycopg's pool.connection(): ends a transaction left open
                     yield conn
+            except Exception as exc:
+                if (read_only := read_only_server(exc)) is None:
+                    raise
+                # Every connection of the pool reaches the read-only server: the
+                # next call opens a new pool, which may reach one that writes.
+                conn.close()
+                self._drop(pool)
+                raise read_only from exc
             finally:
                 with self._lent_lock:
                     self._lent -= 1
@@ -165,9 +180,17 @@ class Database:
     def _drop_if_failing(self, pool: ConnectionPool) -> None:
         """Drop ``pool`` if none of its connections is lent (it has none) and its
         attempts fail; closed in the background, its retries with it."""
+        with self._lent_lock:  # (reentrant: _drop takes it too)
+            if self._lent or not failing(pool):
+                return  # busy, or slow to connect: waited for
+            self._drop(pool)
+
+    def _drop(self, pool: ConnectionPool) -> None:
+        """The next use opens a new pool; ``pool`` is closed in the background
+        (a connection lent from it is closed when given back)."""
         with self._lent_lock:
-            if self._pool is not pool or self._lent or not failing(pool):
-                return  # dropped already, busy, or slow to connect: waited for
+            if self._pool is not pool:
+                return  # dropped already
             self._pool = None
         threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
 
@@ -298,6 +321,12 @@ class AsyncDatabase:
             try:
                 async with conn:  # as psycopg's pool.connection(): ends a transaction left open
                     yield conn
+            except Exception as exc:
+                if (read_only := read_only_server(exc)) is None:
+                    raise
+                await conn.close()  # as Database's: a new pool on the next use
+                self._drop(pool)
+                raise read_only from exc
             finally:
                 self._lent -= 1
                 await pool.putconn(conn)
@@ -309,8 +338,15 @@ class AsyncDatabase:
     def _drop_if_failing(self, pool: AsyncConnectionPool) -> None:
         """Drop ``pool`` if none of its connections is lent (it has none) and its
         attempts fail; closed in the background, its retries with it."""
-        if self._pool is not pool or self._lent or not failing(pool):
-            return  # dropped already, busy, or slow to connect: waited for
+        if self._lent or not failing(pool):
+            return  # busy, or slow to connect: waited for
+        self._drop(pool)
+
+    def _drop(self, pool: AsyncConnectionPool) -> None:
+        """The next use opens a new pool; ``pool`` is closed in the background
+        (awaited by :meth:`close`)."""
+        if self._pool is not pool:
+            return  # dropped already
         self._pool = None
         closing = asyncio.get_running_loop().create_task(pool.close())
         self._closing.add(closing)
@@ -376,7 +412,12 @@ class AsyncDatabase:
         with translated_errors():
             conn = await psycopg.AsyncConnection.connect(parsable(self.dsn), **self._options)
         async with conn:
-            yield Session(conn)
+            try:
+                yield Session(conn)
+            except Exception as exc:  # (the connection is closed on the way out)
+                if (read_only := read_only_server(exc)) is None:
+                    raise
+                raise read_only from exc
 
     async def listen(self, statement: Statement) -> AsyncIterator[str]:
         """Notification payloads from a session of their own, until it breaks

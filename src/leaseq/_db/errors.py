@@ -66,6 +66,29 @@ _CONSTRAINT_MESSAGES = {
 }
 
 
+#: read_only_sql_transaction: a write (or a LISTEN on a standby) refused by a
+#: read-only session.
+READ_ONLY_SQLSTATE = "25006"
+
+
+def read_only_server(error: BaseException) -> DatabaseUnavailable | None:
+    """``error`` as what it means on a connection of leaseq's own, if the server
+    refused it as read-only: the database cannot take writes now. leaseq never
+    makes its own transactions read-only, so the server or the database is: a
+    standby that a failover left the URL on, or ``default_transaction_read_only``
+    set for a move. Trying again may reach a server that writes (a new
+    connection: the refused one is not reused). None for any other error (the
+    driver's, or leaseq's DatabaseError, which keeps the SQLSTATE)."""
+    if getattr(error, "sqlstate", None) != READ_ONLY_SQLSTATE:
+        return None
+    cause = error.__cause__ if isinstance(error, DatabaseError) else error
+    detail = cause.diag.message_primary if isinstance(cause, psycopg.Error) else None
+    return DatabaseUnavailable(
+        "the database is read-only now (a standby, or default_transaction_read_only "
+        f"set): {redact(detail or str(error).strip())}; the next call connects again"
+    )
+
+
 @contextmanager
 def translated_errors(*, migrating: bool = False) -> Iterator[None]:
     """Driver errors as leaseq's typed errors, every text scrubbed of secrets.
