@@ -158,6 +158,34 @@ async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_i
     assert job.dead_tuples < 3000  # it did remove what it could
 
 
+async def test_with_dead_rows_uncounted_the_leader_vacuums_on_a_timer(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    """``track_counts = off``: no dead row is counted (nor autovacuum run), so
+    the leader cannot see when they pass the threshold. It vacuums at its first
+    pass and then every VACUUM_UNCOUNTED_SECONDS, not at every pass. It used to
+    wait for a count that never came."""
+    _churn(queue, "reports", 200)
+    blind = leaseq.AsyncQueue(
+        database_url,
+        schema=schema,
+        connection_options={"autocommit": True, "options": "-c track_counts=off"},
+    )
+    async with blind:
+        assert not (await blind.health()).server_autovacuum
+        maintenance = leaseq.Maintenance(blind, interval=0.1)
+        task = asyncio.create_task(maintenance.run())
+        deadline = time.monotonic() + 30
+        while not maintenance.vacuums and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert maintenance.vacuums == 1
+        await asyncio.sleep(1.0)  # ten passes more: the timer, not every pass
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert maintenance.vacuums == 1
+    assert leaseq._maintenance.VACUUM_UNCOUNTED_SECONDS >= 60
+
+
 async def test_the_leader_leaves_vacuum_to_autovacuum_when_it_runs(
     aqueue: leaseq.AsyncQueue, queue: leaseq.Queue
 ) -> None:

@@ -82,14 +82,20 @@ class HealthOperations(StoreBase):
         explain = self.sql("explain.sql") + self.sql("claim.sql")
         return Operation((Statement(explain, params),), decode)
 
-    def vacuum_check(self) -> Operation[bool]:
-        """True when autovacuum is off for the job table and its dead rows are due."""
+    def vacuum_check(self) -> Operation[bool | None]:
+        """True when autovacuum is off for the job table and its dead rows are due;
+        None when it is off and dead rows are not counted (``track_counts = off``):
+        whether they are due cannot be known."""
 
-        def decode(rows: list[Rows]) -> bool:
+        def decode(rows: list[Rows]) -> bool | None:
             if not rows[0]:
                 return False
-            ((off, dead, estimated),) = rows[0]
-            return bool(off) and health.vacuum_due(int(dead), int(estimated))
+            ((off, dead, estimated, counted),) = rows[0]
+            if not off:
+                return False
+            if not counted:
+                return None
+            return health.vacuum_due(int(dead), int(estimated))
 
         params = {"job_table": f"{self._quoted}.job"}
         return Operation((Statement(self.sql("vacuum_check.sql"), params),), decode)
