@@ -123,6 +123,29 @@ def test_maintenance_serves_the_database_gauges(queue: leaseq.Queue, database_ur
         assert jobs[(("queue", "work"), ("state", "done"))] == 1
 
 
+@pytest.mark.parametrize("taken", ["port", "host"])
+def test_maintenance_says_in_one_line_that_it_cannot_serve_its_metrics(
+    queue: leaseq.Queue, database_url: str, taken: str
+) -> None:
+    """As the worker does: it printed a traceback (OSError, socket.gaierror)."""
+    port = _two_free_ports()
+    host = "127.0.0.1" if taken == "port" else "nosuchhost.invalid"
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        command = [
+            *(sys.executable, "-m", "leaseq", "maintenance", "--schema", queue.schema),
+            *("--metrics-port", str(port), "--metrics-host", host),
+        ]
+        env = {**os.environ, "DATABASE_URL": database_url}
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"error: --metrics-port: cannot serve on {host}:{port} ("), (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
 @contextlib.contextmanager
 def _stopped_at_the_end(command: list[str], cwd: Path, env: dict[str, str]) -> Iterator[None]:
     """Run ``command`` for the block; then SIGTERM, which must end it cleanly (else

@@ -269,6 +269,7 @@ def maintenance(
     """Run the reaper, retention and (when autovacuum is off) the job table's vacuum
     as their own process (one leader per schema); with --metrics-port, also serve
     the queues' gauges."""
+    _check_metrics_ports(metrics_port, metrics_host, 1)
     configure_logging(log_format)
 
     async def run() -> None:
