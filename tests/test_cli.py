@@ -296,6 +296,23 @@ def test_none_lifts_a_limit(invoke: Invoke, queue: leaseq.Queue, option: str, se
     assert getattr(queue.queue_settings("mail"), setting) is None
 
 
+def test_queue_configure_without_settings_shows_and_makes_no_queue(
+    invoke: Invoke, queue: leaseq.Queue
+) -> None:
+    """A mistyped name (`reprots`) made a queue, which then showed in every
+    listing and gauge for good."""
+    refused = invoke("queue", "configure", "reprots", ok=False)
+    assert refused.exit_code == 1
+    assert refused.output.startswith("error: no queue named 'reprots'"), refused.output
+    assert queue.queue_settings("reprots") is None
+    assert [s.queue for s in queue.stats()] == []
+    queue.enqueue("reports", {})
+    before = queue.audit_log()
+    shown = invoke("queue", "configure", "reports").output
+    assert shown.startswith("queue reports: lease=60s max_attempts=20"), shown
+    assert queue.audit_log() == before
+
+
 def test_queue_configure_prints_absent_limits_as_none(invoke: Invoke, queue: leaseq.Queue) -> None:
     """No limit reads `none`, the word the options take to lift one: not `never`
     (which read as "never runs") and not Python's `None`. Retention that never

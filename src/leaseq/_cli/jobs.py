@@ -283,7 +283,16 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
         if value is not None
     }
     with open_queue(database_url, schema) as queue:
-        result = queue.configure_queue(name, actor=actor(), **given)
+        if given:
+            result = queue.configure_queue(name, actor=actor(), **given)
+        else:  # only shown: a mistyped name must not make a queue
+            shown = queue.queue_settings(name)
+            if shown is None:
+                raise InvalidArgument(
+                    f"no queue named {name!r} (a queue is made by its first job, or by "
+                    "`leaseq queue configure` with a setting)"
+                )
+            result = shown
     click.echo(
         f"queue {result.name}: lease={result.lease:g}s max_attempts={result.max_attempts} "
         f"backoff={result.backoff_base:g}..{result.backoff_cap:g}s "
