@@ -193,7 +193,34 @@ def test_database_gauges_match_a_known_table_state(queue: leaseq.Queue) -> None:
     assert gauge("leaseq_queue_jobs", queue="empty", state="running") == 1
     assert gauge("leaseq_queue_oldest_ready_age_seconds", queue="empty") == 0
     assert gauge("leaseq_queue_expired_leases", queue="empty") == 1
+    assert gauge("leaseq_queue_paused", queue="reports") == 0
     del expired
+
+
+def test_a_paused_queue_has_no_ready_age_and_says_it_is_paused(queue: leaseq.Queue) -> None:
+    """Its jobs wait by the operator's choice: "work waits" (the oldest ready age
+    past an alert's bound) must not page anyone. It grew as if no worker ran."""
+    metrics = leaseq.Metrics()
+    metrics.watch(queue, ttl=0)
+    queue.enqueue_many("reports", [{"n": n} for n in range(3)])
+    queue.configure_queue("reports", paused=True)
+    set_clock_offset(queue, 600)
+    assert queue.claim("reports") == []  # nothing a worker could claim now
+    (stats,) = queue.stats("reports")
+    assert stats.paused
+    assert stats.counts[JobStatus.QUEUED] == 3
+    assert stats.oldest_ready_age is None
+    samples = _samples(metrics.text())
+    labels = (("queue", "reports"),)
+    assert samples[("leaseq_queue_oldest_ready_age_seconds", labels)] == 0
+    assert samples[("leaseq_queue_paused", labels)] == 1
+    queue.configure_queue("reports", paused=False)
+    (stats,) = queue.stats("reports")
+    assert stats.oldest_ready_age is not None
+    assert stats.oldest_ready_age >= 600
+    samples = _samples(metrics.text())
+    assert samples[("leaseq_queue_oldest_ready_age_seconds", labels)] >= 600
+    assert samples[("leaseq_queue_paused", labels)] == 0
 
 
 def test_table_gauges_say_dead_rows_size_and_what_holds_cleanup_back(

@@ -82,7 +82,7 @@ class DatabaseGauges:
         if stats is None or health is None:
             return [up]
         table = list(_table_gauges(health))
-        jobs, estimated, size, oldest, expired = _families()
+        jobs, estimated, size, oldest, expired, paused = _families()
         for s in stats:
             for state in JobStatus:
                 jobs.add_metric([s.queue, state.value], s.counts[state])
@@ -90,7 +90,8 @@ class DatabaseGauges:
             size.add_metric([s.queue], s.queued_bytes)
             oldest.add_metric([s.queue], s.oldest_ready_age or 0.0)
             expired.add_metric([s.queue], s.expired_leases)
-        return [up, jobs, estimated, size, oldest, expired, *table]
+            paused.add_metric([s.queue], float(s.paused))
+        return [up, jobs, estimated, size, oldest, expired, paused, *table]
 
 
 def _up_family() -> GaugeMetricFamily:
@@ -116,13 +117,16 @@ def _families() -> Iterator[GaugeMetricFamily]:
     yield GaugeMetricFamily(
         "leaseq_queue_oldest_ready_age_seconds",
         "Age of the oldest job a worker could claim now, 0 if none (exact; a key's "
-        "waiting jobs are not ready).",
+        "waiting jobs are not ready; 0 while the queue is paused).",
         labels=["queue"],
     )
     yield GaugeMetricFamily(
         "leaseq_queue_expired_leases",
         "Running jobs whose lease has expired, awaiting recovery (exact).",
         labels=["queue"],
+    )
+    yield GaugeMetricFamily(
+        "leaseq_queue_paused", "1 while the queue is paused, else 0.", labels=["queue"]
     )
 
 

@@ -268,7 +268,8 @@ class QueueStats:
 
     ``counts`` of queued and running jobs, ``queued_bytes``, ``oldest_ready_age``
     (seconds since the oldest job a worker could claim became ready; a key's
-    waiting jobs are not ready) and ``expired_leases`` are exact. The finished
+    waiting jobs are not ready; None when none is, or the queue is paused) and
+    ``expired_leases`` are exact. The finished
     counts of a large job table are estimates: ``estimated`` names them.
     """
 

@@ -186,8 +186,8 @@ class Database:
             self._drop(pool)
 
     def _drop(self, pool: ConnectionPool) -> None:
-        """The next use opens a new pool; ``pool`` is closed in the background
-        (a connection lent from it is closed when given back)."""
+        """The next use opens a new pool; ``pool`` is closed in the background (a
+        connection lent from it is closed when given back)."""
         with self._lent_lock:
             if self._pool is not pool:
                 return  # dropped already
@@ -343,8 +343,8 @@ class AsyncDatabase:
         self._drop(pool)
 
     def _drop(self, pool: AsyncConnectionPool) -> None:
-        """The next use opens a new pool; ``pool`` is closed in the background
-        (awaited by :meth:`close`)."""
+        """The next use opens a new pool; ``pool`` is closed in the background (a
+        connection lent from it is closed when given back)."""
         if self._pool is not pool:
             return  # dropped already
         self._pool = None

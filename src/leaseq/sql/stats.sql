@@ -144,7 +144,11 @@ SELECT c.name, c.queued, c.running,
                       * coalesce(c.cancelled_share / nullif(c.done_share + c.cancelled_share, 0), 0))
        END::bigint,
        c.queued_bytes,
-       extract(epoch FROM {schema}.clock() - c.oldest)::double precision,
+       -- A paused queue has no job a worker could claim now (and its age must
+       -- not page anyone: the pause is deliberate).
+       CASE WHEN NOT c.paused
+           THEN extract(epoch FROM {schema}.clock() - c.oldest)::double precision
+       END,
        c.expired,
        c.paused,
        CASE
