@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -69,6 +70,26 @@ def test_failed_replay_cancel_and_reap(invoke: Invoke, queue: leaseq.Queue, cloc
     assert "replayed 2 jobs" in invoke("replay", "--queue", "reports", "--all-failed").output
     assert f"cancelled job {ids[1]}" in invoke("cancel", str(ids[1])).output
     assert queue.get(ids[1]).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("width", [100, 200])
+def test_status_never_cuts_a_number_short_for_a_long_queue_name(
+    invoke: Invoke, queue: leaseq.Queue, monkeypatch: pytest.MonkeyPatch, width: int
+) -> None:
+    """Queue names may be 128 characters: rich shrank the numbers ("12…") to keep
+    such a name on one line, and dropped the number columns at 100 columns."""
+    monkeypatch.setattr(leaseq._cli.common.console, "width", width)
+    long_name = "reports-" + "x" * 120
+    queue.enqueue_many(long_name, [{"n": n} for n in range(1234)])
+    queue.enqueue_many("mail", [{"padding": "y" * 200}] * 5)
+    (long_stats,) = queue.stats(long_name)
+    (mail_stats,) = queue.stats("mail")
+    output = invoke("status").output
+    assert "…" not in output
+    assert long_stats.counts[JobStatus.QUEUED] == 1234
+    for number in (1234, long_stats.queued_bytes, 5, mail_stats.queued_bytes):
+        assert re.search(rf"(?<![\d~]){number}(?!\d)", output), (number, output)
+    assert output.count("x") >= 120  # the name folded onto more lines, not cut
 
 
 def test_queue_configure(invoke: Invoke, queue: leaseq.Queue) -> None:

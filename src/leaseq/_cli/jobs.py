@@ -70,24 +70,38 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
         ]
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="leaseq status", box=box.SIMPLE_HEAD)
-    width = max((len(s.queue) + 9 for s in stats), default=5)
-    table.add_column("queue", no_wrap=True, min_width=width)
-    for heading in (*(state.value for state in JobStatus), "bytes", "oldest", "expired"):
-        table.add_column(heading, justify="right", no_wrap=True)
-    for s in stats:
-        age = "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s"
-        name = s.queue + (" (paused)" if s.paused else "")
-        table.add_row(
-            name,
+    rows = [
+        [
+            s.queue + (" (paused)" if s.paused else ""),
             *(("~" if k in s.estimated else "") + str(s.counts[k]) for k in JobStatus),
             str(s.queued_bytes),
-            age,
+            "-" if s.oldest_ready_age is None else f"{s.oldest_ready_age:.1f}s",
             str(s.expired_leases),
-        )
+        ]
+        for s in stats
+    ]
+    table = Table(title="leaseq status", box=box.SIMPLE_HEAD)
+    # A long queue name folds onto more lines; a number is never cut short (rich
+    # shrank the numbers to "12…" to keep a 128-character name on one line).
+    table.add_column("queue", overflow="fold", min_width=min(QUEUE_COLUMN, _widest(rows, 0)))
+    headings = (*(state.value for state in JobStatus), "bytes", "oldest", "expired")
+    for column, heading in enumerate(headings, start=1):
+        width = max(len(heading), _widest(rows, column))
+        table.add_column(heading, justify="right", no_wrap=True, min_width=width)
+    for row in rows:
+        table.add_row(*row)
     if any(s.estimated for s in stats):
         table.caption = "~ estimate from the planner's statistics (a large table)"
     console.print(table)
+
+
+#: How wide the status table's queue column is at least (a name up to this long
+#: stays on one line when the numbers leave it room).
+QUEUE_COLUMN = 24
+
+
+def _widest(rows: list[list[str]], column: int) -> int:
+    return max((len(row[column]) for row in rows), default=0)
 
 
 @cli.command()
