@@ -224,5 +224,34 @@ def test_stats_cost_the_same_with_1_and_1_000_000_finished_rows(queue: leaseq.Qu
     assert 10_000 < reports.failed < 10_321 * 1.5, reports
 
 
+def test_before_any_analyze_no_queue_is_given_finished_jobs_it_never_had(
+    queue: leaseq.Queue, connect: Any
+) -> None:
+    """A large job table never analyzed (autovacuum off, or not yet): each queue's
+    share of the rows is unknown. An equal split gave a queue with one job, and a
+    configured queue with none, a third of 150,000 queued rows each, as "done"."""
+    with connect(autocommit=True) as conn:  # no autoanalyze during the test
+        conn.execute(f'ALTER TABLE "{queue.schema}".job SET (autovacuum_enabled = false)')
+    for start in range(0, 150_000, 10_000):
+        queue.enqueue_many(
+            "bulk", [{"n": n, "pad": "x" * 40} for n in range(start, start + 10_000)]
+        )
+    queue.enqueue("emails", {})
+    queue.configure_queue("audit-export", lease=30)
+    with connect(autocommit=True) as conn:
+        analyzed = conn.execute(
+            "SELECT count(*) FROM pg_stats WHERE schemaname = %s AND tablename = 'job'",
+            (queue.schema,),
+        ).fetchone()
+    assert analyzed == (0,)
+    stats = {s.queue: s for s in queue.stats()}
+    assert stats["bulk"].estimated == {JobStatus.DONE, JobStatus.CANCELLED}  # a large table
+    assert stats["bulk"].queued == 150_000
+    assert stats["emails"].queued == 1
+    for name in ("bulk", "emails", "audit-export"):
+        assert stats[name].counts[JobStatus.DONE] == 0, stats[name]
+        assert stats[name].counts[JobStatus.CANCELLED] == 0, stats[name]
+
+
 def _seconds(n: float) -> timedelta:
     return timedelta(seconds=n)

@@ -44,6 +44,11 @@ queues AS (
 ),
 shares AS (
     SELECT (SELECT count(*) FROM {schema}.queue) AS queue_count,
+           -- Never analyzed (autovacuum off, or not yet): no queue's share is known.
+           EXISTS (SELECT 1 FROM pg_stats AS s
+                   WHERE NOT (SELECT small FROM size)
+                     AND s.schemaname = %(schema)s AND s.tablename = 'job'
+                     AND s.attname = 'queue') AS analyzed,
            (SELECT count(*) FROM frequency WHERE attname = 'queue') AS known_queues,
            coalesce((SELECT sum(freq) FROM frequency WHERE attname = 'queue'), 0) AS known_share,
            coalesce((SELECT sum(freq) FROM frequency
@@ -68,11 +73,19 @@ per_queue AS MATERIALIZED (
            running.n AS running,
            running.expired,
            failed.n AS failed_seen,
-           -- The queue's live rows now: its share of the table's.
+           -- The queue's live rows now: its share of the table's (the rest of the
+           -- sample's shared by the queues it did not name; before any ANALYZE, all
+           -- of it for the only queue, and none known for several: an equal split
+           -- gave a queue that never ran a job thousands of "done" ones).
            (SELECT live_rows FROM size) * coalesce(
                (SELECT f.freq FROM frequency AS f
                 WHERE f.attname = 'queue' AND f.value = q.name),
-               (1 - sh.known_share) / greatest(sh.queue_count - sh.known_queues, 1)
+               CASE
+                   WHEN sh.queue_count = 1 THEN 1
+                   WHEN sh.analyzed
+                       THEN (1 - sh.known_share) / greatest(sh.queue_count - sh.known_queues, 1)
+                   ELSE 0
+               END
            ) - ready.n - waiting.n - running.n AS finished_estimate,
            sh.done AS done_share, sh.failed AS failed_share, sh.cancelled AS cancelled_share
     FROM queues AS q
