@@ -211,6 +211,20 @@ def test_a_worker_given_a_malformed_database_url_says_so_in_one_line_and_stops(
     assert "Sekr1t" not in output
 
 
+@pytest.mark.parametrize(("processes", "code"), [("1", 1), ("2", 78)])
+@pytest.mark.parametrize(
+    "setting", [("--concurrency", "0"), ("--queues", "nope"), ("--schema", "Bad-Name")]
+)
+def test_a_worker_given_a_setting_it_refuses_says_so_in_one_line_and_stops(
+    database_url: str, processes: str, code: int, setting: tuple[str, str]
+) -> None:
+    """Under --processes each child raised it as a crash: tracebacks, and the
+    supervisor restarted them for ever."""
+    returncode, errors, output = _setup_failure(database_url, processes, *setting)
+    assert returncode == code, output
+    assert "restarting" not in output
+
+
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_the_app_module_is_imported_from_the_current_directory(
     queue: leaseq.Queue, database_url: str, tmp_path: Path, processes: str

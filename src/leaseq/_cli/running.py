@@ -161,7 +161,9 @@ def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) 
     with scrubbed_crash():
         try:
             _run_worker(app_reference, options, slot)
-        except (NotMigrated, InvalidDatabaseURL) as exc:  # the Worker's setup errors
+        # The Worker's setup errors: a setting it refuses (a schema name, a queue
+        # without a handler...), a schema not migrated, a URL no one can parse.
+        except (InvalidArgument, NotMigrated, InvalidDatabaseURL) as exc:
             # Said once, in one line; the supervisor does not restart it.
             click.echo(f"error: {redact(str(exc))}", err=True)
             sys.exit(SETUP_FAILED)
