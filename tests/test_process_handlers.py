@@ -225,6 +225,25 @@ async def test_a_signal_sent_to_the_whole_process_group_does_not_end_a_childs_jo
     assert stats.completed == 1
 
 
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_group_while_a_child_starts_does_not_end_it(
+    database_url: str, schema: str, signum: int
+) -> None:
+    """The group's signal can come while a child is still starting (its spawn and
+    imports take a good part of a second), before it could ignore signals: it died
+    of it, and its first job failed (with max_attempts=1, for good)."""
+    pool = processes.ProcessPool(1, database_url, schema)
+    try:
+        child = pool._spawn()
+        os.kill(child.process.pid, signum)  # at once: the child is starting
+        child.process.join(2.0)
+        assert child.process.is_alive(), child.process.exitcode
+    finally:
+        pool._children.append(child)
+        pool.close()
+
+
 @pytest.mark.asyncio
 @pytest.mark.server_agnostic  # the child processes' lifecycle
 async def test_an_idle_child_that_died_is_replaced_before_it_is_handed_a_job(

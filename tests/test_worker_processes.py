@@ -213,15 +213,22 @@ def test_a_worker_given_a_malformed_database_url_says_so_in_one_line_and_stops(
 
 @pytest.mark.parametrize(("processes", "code"), [("1", 1), ("2", 78)])
 @pytest.mark.parametrize(
-    "setting", [("--concurrency", "0"), ("--queues", "nope"), ("--schema", "Bad-Name")]
+    "refused",
+    [
+        ("--concurrency", "0", "concurrency"),
+        ("--queues", "nope", "nope"),
+        ("--schema", "Bad-Name", "schema"),
+    ],
 )
 def test_a_worker_given_a_setting_it_refuses_says_so_in_one_line_and_stops(
-    database_url: str, processes: str, code: int, setting: tuple[str, str]
+    database_url: str, processes: str, code: int, refused: tuple[str, str, str]
 ) -> None:
     """Under --processes each child raised it as a crash: tracebacks, and the
     supervisor restarted them for ever."""
-    returncode, errors, output = _setup_failure(database_url, processes, *setting)
+    option, value, said = refused
+    returncode, errors, output = _setup_failure(database_url, processes, option, value)
     assert returncode == code, output
+    assert said in errors[0]
     assert "restarting" not in output
 
 

@@ -56,7 +56,7 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
     with open_queue(database_url, schema) as queue:
         stats = queue.stats(queue_name)
     if as_json:
-        rows = [
+        listed = [
             {
                 "queue": s.queue,
                 **{k.value: v for k, v in s.counts.items()},
@@ -68,7 +68,7 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
             }
             for s in stats
         ]
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(listed, indent=2))
         return
     rows = [
         [

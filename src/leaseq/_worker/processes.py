@@ -72,6 +72,10 @@ class ProcessHandlerError(Exception):
     """A handler's exception that could not be sent back from its process as itself."""
 
 
+#: What a terminal's Ctrl-C and a service manager's stop send the process group.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
 @dataclass
 class _Child:
     process: SpawnProcess
@@ -191,7 +195,16 @@ class ProcessPool:
             name="leaseq-process-handler",
             daemon=True,
         )
-        process.start()
+        # The group's stop signals are held back from the child until it ignores
+        # them (_child_main): the mask goes with it through spawn's exec, and its
+        # start-up (a new interpreter, the imports) takes a good part of a second,
+        # in which a Ctrl-C or a service manager's stop killed it. Held back here
+        # in this thread only, for the spawn: not lost, delivered right after.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         theirs.close()
         return _Child(process, ours, lost, completed)
 
@@ -243,8 +256,9 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
     # child must neither die of the signal mid-job (its job failed) nor send it
     # back as the handler's KeyboardInterrupt. The worker ends its children
     # itself (ProcessPool.close), or they leave when its end closes their pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)  # (discards one held back since the spawn)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     sync_queue = Queue(dsn, schema=schema, pool_size=2)
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
     try:
