@@ -402,3 +402,49 @@ def test_a_hung_after_hook_frees_its_slot_after_the_jobs_timeout(
 
     assert [queue.get(i).status for i in ids] == [JobStatus.DONE, JobStatus.FAILED, JobStatus.DONE]
     assert (stats.completed, stats.failed) == (2, 1)
+
+
+@pytest.mark.parametrize("kind", ["async", "plain"])
+def test_a_jobs_slot_stays_taken_until_its_after_hooks_return(
+    queue: leaseq.Queue, database_url: str, schema: str, kind: str
+) -> None:
+    """The README: "the job's slot is free again once its hooks have returned".
+    The slot was freed when the handler returned, so with slow hooks the worker
+    had ten jobs between their start and their hook's end at concurrency 2."""
+    app = leaseq.App(schema=schema)
+    lock = threading.Lock()
+    busy = 0
+    most = 0
+
+    def hook_done() -> None:
+        nonlocal busy
+        with lock:
+            busy -= 1
+
+    if kind == "async":
+
+        @app.on_success
+        async def slow_async(job: leaseq.JobContext, result: Any) -> None:
+            await asyncio.sleep(0.3)
+            hook_done()
+
+    else:
+
+        @app.on_success
+        def slow_plain(job: leaseq.JobContext, result: Any) -> None:
+            threading.Event().wait(0.3)
+            hook_done()
+
+    @app.task("jobs")
+    async def handler(job: leaseq.JobContext) -> None:
+        nonlocal busy, most
+        with lock:
+            busy += 1
+            most = max(most, busy)
+
+    ids = queue.enqueue_many("jobs", [{"n": n} for n in range(8)])
+    stats = drain(app, dsn=database_url, concurrency=2, timeout=60)
+    assert stats.completed == 8
+    assert all(queue.get(i).status is JobStatus.DONE for i in ids)
+    assert busy == 0
+    assert most <= 2, most

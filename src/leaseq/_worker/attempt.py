@@ -93,6 +93,7 @@ class AttemptRunner:
 
     async def _run(self, attempt: Attempt, task: Task, traced: bool | None) -> None:
         claim = attempt.claim
+        attempt.hooks_pending = self._hooks.after_outcomes
         instruments = None if self._metrics is None else self._metrics.queue(claim.queue)
         label = LOST_HERE
         try:

@@ -99,9 +99,10 @@ class AttemptRegistry:
         # otherwise wait a flush per job: half the rate, bench/worker.py). The
         # attempts awaiting their acknowledgement are capped (acknowledgement_backlog),
         # so a database that stops taking them cannot make the worker hoard. An
-        # attempt whose sync thread still runs (timed out, or lost) keeps its slot.
-        acknowledging = sum(1 for a in self._by_claim.values() if a.acknowledging)
-        working = len(self._by_claim) - acknowledging
+        # attempt whose sync thread still runs (timed out, or lost) keeps its slot,
+        # and so does one whose after-hooks are still to run.
+        freed = sum(1 for a in self._by_claim.values() if a.acknowledging and not a.hooks_pending)
+        working = len(self._by_claim) - freed
         held_at_most = self._concurrency + acknowledgement_backlog(self._concurrency)
         return min(self._concurrency - working, held_at_most - len(self._by_claim))
 

@@ -47,6 +47,9 @@ class Attempt:
     task: asyncio.Task[None] | None = None  # runs the handler, then the acknowledgement
     lost: bool = False  # the lease is gone: whatever the handler does is never acknowledged
     acknowledging: bool = False  # the handler returned; its outcome is being flushed
+    #: The app's on_success/on_failure hooks run after the outcome: the job's slot
+    #: stays taken until they have returned (or the job's timeout has passed).
+    hooks_pending: bool = False
     #: Renew at once, whatever the time: an operator may have cancelled the job
     #: (the notification "!lost <job_id>"); the renewal tells.
     check_now: bool = False
