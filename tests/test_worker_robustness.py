@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -540,3 +541,77 @@ async def test_a_service_ends_on_its_cancellation_even_when_a_call_swallowed_it(
         await asyncio.wait({task}, timeout=5)
     assert done, f"the {service} loop did not end on its cancellation"
     assert task.cancelled()
+
+
+# -- a claim in flight when the worker is told to stop ------------------------------------
+
+
+async def _worker_blocked_in_its_claim(
+    queue: leaseq.Queue, database_url: str, grace: float
+) -> tuple[leaseq.Worker, asyncio.Task[None], psycopg.Connection[Any], int, list[int]]:
+    """An idle worker whose next poll's claim waits on a lock of the job table (a
+    migration's, a VACUUM FULL's); the lock's holder enqueued a job meanwhile."""
+    app = _app(queue.schema)
+    ran: list[int] = []
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        ran.append(job.job_id)
+
+    worker = leaseq.Worker(
+        app, dsn=database_url, poll_interval=0.1, listen=False, shutdown_grace=grace
+    )
+    running = asyncio.create_task(worker.run())
+    await asyncio.sleep(0.5)  # idle, polling
+    locker = psycopg.connect(database_url)
+    locker.execute(f'LOCK TABLE "{queue.schema}".job IN ACCESS EXCLUSIVE MODE')
+    job_id = queue.enqueue("work", {}, conn=locker)
+    deadline = time.monotonic() + 10
+    while True:  # its claim waits on the lock now
+        row = locker.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+            (f'"{queue.schema}".job',),
+        ).fetchone()
+        if row and row[0] > 0:
+            break
+        assert time.monotonic() < deadline, "the worker's claim never waited on the lock"
+        await asyncio.sleep(0.05)
+    return worker, running, locker, job_id, ran
+
+
+async def test_a_claim_that_returns_after_the_stop_starts_nothing_and_is_given_back(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    """It started the jobs after the stop (whose grace then waited for them), and a
+    job recovered by it had its attempt used up by a lease run out meanwhile."""
+    worker, running, locker, job_id, ran = await _worker_blocked_in_its_claim(
+        queue, database_url, grace=10
+    )
+    worker.request_stop()
+    await asyncio.sleep(0.2)
+    locker.commit()  # the claim goes on, after the stop, and finds the job
+    locker.close()
+    await asyncio.wait_for(running, 30)
+    assert ran == []
+    job = queue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    assert job.lease_version == 1  # it was claimed, then given back
+
+
+async def test_a_claim_stuck_past_the_grace_of_a_stop_is_cancelled(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    """The stop waited for as long as the lock was held (45 s in the report)."""
+    worker, running, locker, _, ran = await _worker_blocked_in_its_claim(
+        queue, database_url, grace=1
+    )
+    stopped_at = time.monotonic()
+    worker.request_stop()
+    try:
+        await asyncio.wait_for(running, 30)  # the grace, then psycopg's cancel
+        waited = time.monotonic() - stopped_at
+    finally:
+        locker.rollback()
+        locker.close()
+    assert waited < 15, waited
+    assert ran == []

@@ -161,6 +161,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
+        #: The claim statement in flight, if any (cancelled past the grace of a stop).
+        self._claiming: asyncio.Future[Claims] | None = None
         self._crashed: BaseException | None = None
         self._burst = False
 
@@ -168,8 +170,25 @@ class Worker:
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs get the grace period, then are released."""
+        if not self._stopping.is_set() and self._claiming is not None:
+            # A claim in flight may wait on the database for long (a lock held by
+            # a migration, a server away): it gets the grace, as running jobs do.
+            claiming = self._claiming
+            loop = claiming.get_loop()  # (thread-safe: a stop may come from another thread)
+            loop.call_soon_threadsafe(
+                loop.call_later, self.shutdown_grace, self._abandon_claim, claiming
+            )
         self._stopping.set()
         self._attempts.wake()
+
+    def _abandon_claim(self, claiming: asyncio.Future[Claims]) -> None:
+        if not claiming.done():
+            log.warning(
+                "the claim in flight at the stop has not returned within the grace "
+                "(%gs); cancelled",
+                self.shutdown_grace,
+            )
+            claiming.cancel()  # psycopg cancels the statement: it rolls back, claiming nothing
 
     def _on_signal(self) -> None:
         count = self._signals.received()
@@ -359,6 +378,26 @@ class Worker:
                     self.poll_interval * random.uniform(0.5, 1.5)
                 )
 
+    async def _release_unstarted(self, claims: Claims) -> None:
+        try:  # bounded as the stop's other releases: the database may be away
+            results = await asyncio.wait_for(
+                self._clients.claims.release_many(claims), ACKNOWLEDGEMENT_WAIT
+            )
+        except (TransientError, TimeoutError) as exc:
+            log.warning(
+                "%d jobs claimed as the worker stopped could not be given back (%s); their "
+                "leases will expire and they will run again",
+                len(claims),
+                exc,
+            )
+            return
+        released = [claim for claim, given_back in results if given_back]
+        self.stats.released += len(released)
+        if self.metrics is not None:
+            for claim in released:
+                self.metrics.queue(claim.queue).finished["released"].inc()
+        log.info("gave back %d jobs whose claim returned after the stop", len(released))
+
     def _work_hint(self, queue: str | None) -> None:
         """Something may have made ``queue`` (None: any queue) claimable: claim again."""
         self._hints.may_have_work(queue)
@@ -369,13 +408,30 @@ class Worker:
         task = self.app.tasks[name]
         started = time.perf_counter()
         sent = time.monotonic()  # the leases run from no earlier than this
-        claims = await self._clients.claims.claim(name, limit=limit, lease=task.lease or self.lease)
+        claiming = asyncio.ensure_future(
+            self._clients.claims.claim(name, limit=limit, lease=task.lease or self.lease)
+        )
+        self._claiming = claiming
+        try:
+            claims = await claiming
+        except asyncio.CancelledError:
+            if current_task_cancelling():
+                raise  # the worker's own task: a second signal, or its caller
+            return Claims([])  # abandoned at the stop (_abandon_claim)
+        finally:
+            self._claiming = None
         elapsed = time.perf_counter() - started
         self.stats.claim_statements += 1
         self.stats.claim_seconds += elapsed
         self.stats.claimed += len(claims)
         if self.metrics is not None:
             _count_claim(self.metrics, name, elapsed, claims)
+        if self._stopping.is_set() and claims:
+            # It returned after the stop: nothing of it starts. Given back at once,
+            # the attempt not counted (its lease would otherwise run out here, the
+            # attempt counted, after a stop that waited on this very claim).
+            await self._release_unstarted(claims)
+            return Claims([])
         started_now = []
         traced = _tracing.active() if claims else False
         for claim in claims:
@@ -385,6 +441,12 @@ class Worker:
             started_now.append(attempt)
         self._leases.attempts_started(started_now)
         return claims
+
+
+def current_task_cancelling() -> bool:
+    """Whether the running task itself is being cancelled (rather than a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _count_claim(metrics: Metrics, queue: str, elapsed: float, claims: list[Claim]) -> None:
