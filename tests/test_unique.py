@@ -126,6 +126,42 @@ def test_a_replay_never_makes_a_second_unfinished_job_of_a_key(client: Client) -
     assert client.enqueue("invoices", {}, unique_key="k") == failed
 
 
+@pytest.mark.parametrize("bulk", ["replay_many", "replay_failed"])
+def test_a_bulk_replay_racing_a_producer_for_a_key_leaves_that_job_and_replays_the_rest(
+    queue: leaseq.Queue, connect: Connect, bulk: str
+) -> None:
+    """The producer's enqueue of the key commits while the replay's statement runs:
+    the key's lock then found it held, and LQ003 rolled back the whole batch, the
+    jobs that held no key included (UniqueKeyHeld, which only `replay` raises)."""
+    racing = queue.enqueue("invoices", {}, unique_key="k", max_attempts=1)
+    other = queue.enqueue("invoices", {}, unique_key="other", max_attempts=1)
+    for claim in queue.claim("invoices", limit=2):
+        queue.fail(claim, error="broke")
+    producer = connect()
+    holder = queue.enqueue("invoices", {}, unique_key="k", conn=producer)  # not committed
+    result: list[Any] = []
+
+    def replay() -> None:
+        try:
+            if bulk == "replay_many":
+                result.append(queue.replay_many([racing, other]))
+            else:
+                result.append(queue.replay_failed("invoices"))
+        except Exception as exc:
+            result.append(exc)
+
+    replaying = threading.Thread(target=replay)
+    replaying.start()
+    time.sleep(0.5)  # the replay's statement waits for the key's lock
+    producer.commit()
+    replaying.join(30)
+    assert result == [[other]], result
+    assert queue.get(racing).status is JobStatus.FAILED
+    assert queue.get(other).status is JobStatus.QUEUED
+    assert queue.get(holder).status is JobStatus.QUEUED
+    assert _unfinished_with_key(connect, queue.schema, "invoices", "k") == [holder]
+
+
 def test_a_bulk_replay_takes_one_job_per_key(client: Client) -> None:
     ids = [client.enqueue("invoices", {}, unique_key="k", max_attempts=1) for _ in range(1)]
     (claim,) = client.claim("invoices")

@@ -59,8 +59,12 @@ def callers(conn: Any, kind: type[Any]) -> Any:
 
 
 def retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool:
-    # (a translated error: DatabaseError keeps the SQLSTATE the server sent)
-    sqlstate = error.sqlstate if isinstance(error, DatabaseError) else None
+    # (a translated error: DatabaseError keeps the SQLSTATE the server sent; a
+    # typed one, UniqueKeyHeld for LQ003 say, has the driver's error as its cause)
+    if isinstance(error, DatabaseError):
+        sqlstate = error.sqlstate
+    else:
+        sqlstate = getattr(error.__cause__, "sqlstate", None)
     return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
 
 

@@ -23,6 +23,12 @@ from .._statement import Operation, Rows, Statement
 from .._types import Job, JobStatus, QueueSettings, ReapResult
 from .base import StoreBase, ignore
 
+#: A bulk replay sees a key free in its snapshot, while a producer's enqueue of
+#: that key commits before the statement's trigger takes the key's lock: the
+#: trigger raises LQ003 and the statement writes nothing. Sent again, it sees the
+#: holder and leaves that job as it is (held), replaying the rest.
+RACED_FOR_A_KEY = frozenset({"LQ003"})
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayBatch:
@@ -104,7 +110,9 @@ class OperatorOperations(StoreBase):
                 )
             return replayed
 
-        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+        return Operation(
+            (Statement(self.sql("replay.sql"), params),), decode, retry_on=RACED_FOR_A_KEY
+        )
 
     def replay_failed(
         self, queue: str, *, limit: int = 1000, actor: str | None = None
@@ -122,7 +130,9 @@ class OperatorOperations(StoreBase):
                 exhausted=len(rows[0]) < limit,
             )
 
-        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+        return Operation(
+            (Statement(self.sql("replay.sql"), params),), decode, retry_on=RACED_FOR_A_KEY
+        )
 
     @staticmethod
     def _replay_params(
