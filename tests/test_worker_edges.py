@@ -139,6 +139,54 @@ async def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopping_worker(
     assert (job.status, job.attempts) == (JobStatus.RUNNING, 1)  # to its lease's expiry
 
 
+async def test_a_handler_deaf_to_cancellation_is_left_after_a_second_not_the_releases_wait(
+    aqueue: leaseq.AsyncQueue,
+    database_url: str,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The README: "the worker cancels it, waits a second more, then leaves it". It
+    waited the releases' whole 10 seconds first, then blamed the database."""
+    app = leaseq.App(schema=schema)
+    started = asyncio.Event()
+    stop_deafness = asyncio.Event()
+
+    @app.task("work")
+    async def deaf(job: leaseq.JobContext) -> None:
+        started.set()
+        while not stop_deafness.is_set():
+            with contextlib.suppress(BaseException):
+                await asyncio.sleep(0.05)
+
+    @app.task("polite")
+    async def polite(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(3600)
+
+    deaf_id = await aqueue.enqueue("work", {})
+    polite_id = await aqueue.enqueue("polite", {})
+    worker = leaseq.Worker(
+        app, dsn=database_url, concurrency=2, poll_interval=0.1, shutdown_grace=0.5
+    )
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 30)
+    while (await aqueue.get(polite_id)).status is not JobStatus.RUNNING:
+        await asyncio.sleep(0.05)
+    stopped_at = time.monotonic()
+    worker.request_stop()
+    try:
+        await asyncio.wait_for(asyncio.shield(running), 30)
+        waited = time.monotonic() - stopped_at
+    finally:
+        stop_deafness.set()
+    # The grace, a second for the deaf one; not runner.ACKNOWLEDGEMENT_WAIT (10 s).
+    assert waited < runner.ACKNOWLEDGEMENT_WAIT - 2, waited
+    assert "did not stop when cancelled" in caplog.text
+    assert "is the database reachable" not in caplog.text
+    assert (await aqueue.get(deaf_id)).status is JobStatus.RUNNING  # to its lease's expiry
+    polite_job = await aqueue.get(polite_id)  # released, its attempt not counted
+    assert (polite_job.status, polite_job.attempts) == (JobStatus.QUEUED, 0)
+
+
 MALFORMED_URL = "postgresql://app:Sekr1t@127.0.0.1:5432/app?bogus_option=1"
 
 

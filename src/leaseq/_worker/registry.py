@@ -146,16 +146,30 @@ class AttemptRegistry:
         # its job would be neither run nor released. One turn of the loop starts them.
         await asyncio.sleep(0)
         left = list(self._by_claim.values())
+        deaf: list[Attempt] = []
         for cancellable in (True, False):
-            tasks = [a.task for a in left if a.task is not None and a.cancellable is cancellable]
-            for attempt in left:
-                if attempt.cancellable is cancellable and not attempt.acknowledging:
+            these = [a for a in left if a.task is not None and a.cancellable is cancellable]
+            for attempt in these:
+                if not attempt.acknowledging and attempt.task is not None:
                     attempt.context.mark_lost("worker shutting down")
-                    if attempt.task is not None:
-                        attempt.task.cancel()
-            if tasks:
-                await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0.0))
-        unsettled = [a.task for a in left if a.task is not None and not a.task.done()]
+                    attempt.task.cancel()
+            if cancellable:
+                # A cancelled async handler stops at once and its release goes out;
+                # one that swallows its cancellation gets a second, then is left to
+                # its lease (the releases' wait is for the database, not for it).
+                deaf = await self._still_in_their_handlers(these, STRAGGLER_WAIT)
+            waiting = [a.task for a in these if a.task is not None and a not in deaf]
+            if waiting:
+                await asyncio.wait(waiting, timeout=max(deadline - time.monotonic(), 0.0))
+        if deaf:
+            log.error(
+                "%d handlers did not stop when cancelled; left running (their jobs' "
+                "leases will expire and they will run again)",
+                len(deaf),
+            )
+        unsettled = [
+            a.task for a in left if a.task is not None and not a.task.done() and a not in deaf
+        ]
         if unsettled:
             log.warning(
                 "%d jobs not acknowledged within %gs of the stop (is the database "
@@ -165,13 +179,24 @@ class AttemptRegistry:
             )
             for task in unsettled:
                 task.cancel()
-            _, deaf = await asyncio.wait(unsettled, timeout=STRAGGLER_WAIT)
-            if deaf:
-                log.error(
-                    "%d handlers did not stop when cancelled; left running (their jobs' "
-                    "leases will expire and they will run again)",
-                    len(deaf),
-                )
+            await asyncio.wait(unsettled, timeout=STRAGGLER_WAIT)
+
+    async def _still_in_their_handlers(
+        self, attempts: list[Attempt], timeout: float
+    ) -> list[Attempt]:
+        """Wait until each attempt's handler has returned (its task done, or its
+        outcome on its way), ``timeout`` seconds at most; those that have not."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = [
+                a
+                for a in attempts
+                if a.task is not None and not a.task.done() and not a.acknowledging
+            ]
+            remaining = deadline - time.monotonic()
+            if not running or remaining <= 0:
+                return running
+            await self.sleep_until_woken(min(remaining, 0.05))
 
     def wake(self) -> None:
         self._wakeup.set()
