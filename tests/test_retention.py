@@ -174,6 +174,30 @@ def test_dry_run_counts_what_a_prune_removes_and_writes_nothing(
     assert (done.deleted, done.archived, done.dry_run) == (planned.deleted, planned.archived, False)
 
 
+@pytest.mark.parametrize("archived_older_than", [0, 30, None])
+def test_a_dry_run_of_an_archive_says_what_the_run_archives_and_expires(
+    client: Client, clock: Clock, archived_older_than: float | None
+) -> None:
+    """With no archive retention at all (0), what the run archives its archive batch
+    expires too: the dry run counted none of those ("removed 10", then 20)."""
+    client.configure_queue("q", retention_mode="archive", retain_done=60, retain_archived=3600)
+    finish(client, "q", DONE, 3)
+    clock.advance(120)
+    client.prune()  # 3 in the archive
+    finish(client, "q", DONE, 2)
+    clock.advance(120)  # 2 more due; the archived 3 were archived 120 s ago
+    planned = client.prune(dry_run=True, archived_older_than=archived_older_than)
+    done = client.prune(archived_older_than=archived_older_than)
+    assert (planned.deleted, planned.archived, planned.expired) == (
+        done.deleted,
+        done.archived,
+        done.expired,
+    )
+    assert done.archived == {("q", DONE): 2}
+    expected = {0: 5, 30: 3, None: 0}[archived_older_than]
+    assert sum(done.expired.values()) == expected
+
+
 def test_archive_mode_moves_rows_whole_and_the_archive_has_its_own_retention(
     client: Client, clock: Clock
 ) -> None:

@@ -31,18 +31,34 @@ archive_targets AS (
     FROM settings AS s
     WHERE coalesce(%(archived_older_than)s::double precision, s.retain_archived_seconds)
           IS NOT NULL
+),
+removed AS (
+    SELECT t.queue, t.status, t.archive, count(*) AS jobs
+    FROM targets AS t
+    JOIN {schema}.job AS j
+      ON j.queue = t.queue AND j.status = t.status AND j.finished_at < t.cutoff
+     AND j.status IN ('done', 'cancelled', 'failed')
+     AND NOT (t.keeps_keyed_failed AND j.status = 'failed' AND j.ordering_key IS NOT NULL)
+    GROUP BY 1, 2, 3
+),
+expired AS (
+    SELECT t.queue, a.status, count(*) AS jobs
+    FROM archive_targets AS t
+    JOIN {schema}.job_archive AS a
+      ON a.queue = t.queue AND a.archived_at < t.cutoff AND a.status = ANY (%(states)s::text[])
+    GROUP BY 1, 2
+    UNION ALL
+    -- Archived by this very run and kept no time at all (an archive retention of
+    -- 0 seconds): the run's archive batch expires them too.
+    SELECT r.queue, r.status, r.jobs
+    FROM removed AS r
+    JOIN archive_targets AS t ON t.queue = r.queue AND t.cutoff >= {schema}.clock()
+    WHERE r.archive
 )
-SELECT CASE WHEN t.archive THEN 'archived' ELSE 'deleted' END, t.queue, t.status, count(*)
-FROM targets AS t
-JOIN {schema}.job AS j
-  ON j.queue = t.queue AND j.status = t.status AND j.finished_at < t.cutoff
- AND j.status IN ('done', 'cancelled', 'failed')
- AND NOT (t.keeps_keyed_failed AND j.status = 'failed' AND j.ordering_key IS NOT NULL)
-GROUP BY 1, 2, 3
+SELECT CASE WHEN r.archive THEN 'archived' ELSE 'deleted' END, r.queue, r.status, r.jobs
+FROM removed AS r
 UNION ALL
-SELECT 'expired', t.queue, a.status, count(*)
-FROM archive_targets AS t
-JOIN {schema}.job_archive AS a
-  ON a.queue = t.queue AND a.archived_at < t.cutoff AND a.status = ANY (%(states)s::text[])
+SELECT 'expired', e.queue, e.status, sum(e.jobs)::bigint
+FROM expired AS e
 GROUP BY 2, 3
 ORDER BY 2, 3, 1
