@@ -158,6 +158,39 @@ async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_i
     assert job.dead_tuples < 3000  # it did remove what it could
 
 
+async def test_with_autovacuum_off_the_leader_analyzes_a_backlog_being_built(
+    aqueue: leaseq.AsyncQueue, queue: leaseq.Queue, connect: Connect, schema: str
+) -> None:
+    """Inserts leave no dead rows: nothing analyzed a backlog being built, so the
+    planner and stats()' estimates knew nothing of it (one queue of two shown with
+    tens of thousands of done jobs)."""
+    with connect(autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".job SET (autovacuum_enabled = false)')
+    for start in range(0, 6000, 2000):
+        queue.enqueue_many("reports", [{"n": n} for n in range(start, start + 2000)])
+
+    def analyzed() -> bool:
+        with connect(autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stats WHERE schemaname = %s AND tablename = 'job'",
+                (schema,),
+            ).fetchone()
+        return row is not None and int(str(row[0])) > 0
+
+    assert not analyzed()
+    maintenance = leaseq.Maintenance(aqueue, interval=0.1)
+    task = asyncio.create_task(maintenance.run())
+    deadline = time.monotonic() + 30
+    while not maintenance.analyzes and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # more passes: analyzed once, not at every pass
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert maintenance.analyzes == 1
+    assert maintenance.vacuums == 0  # no dead rows to speak of
+    assert analyzed()
+
+
 async def test_with_dead_rows_uncounted_the_leader_vacuums_on_a_timer(
     database_url: str, schema: str, queue: leaseq.Queue
 ) -> None:

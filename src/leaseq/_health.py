@@ -3,6 +3,7 @@ which the maintenance leader vacuums the job table when autovacuum is off."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 from ._health_types import CleanupHolder, TableHealth
@@ -18,8 +19,40 @@ LONG_TRANSACTION_SECONDS = 60.0
 READY_INDEX = "job_ready_idx"
 
 
+#: ... and analyze it once the rows changed since its last ANALYZE pass 50 + 2%
+#: of its rows (the server's default threshold, the migration's scale factor).
+ANALYZE_THRESHOLD = 50
+ANALYZE_SCALE_FACTOR = 0.02
+
+
 def vacuum_due(dead_tuples: int, rows: int) -> bool:
     return dead_tuples > VACUUM_THRESHOLD + VACUUM_SCALE_FACTOR * rows
+
+
+class TableCare(enum.Enum):
+    """What the maintenance leader does for the job table now (autovacuum off)."""
+
+    NONE = "none"  # autovacuum runs, or nothing is due
+    VACUUM = "vacuum"  # dead rows past the threshold: VACUUM (ANALYZE)
+    #: Rows changed past the threshold without dead rows (a backlog being built:
+    #: inserts): ANALYZE, or the planner and stats()' estimates never learn of it.
+    ANALYZE = "analyze"
+    UNCOUNTED = "uncounted"  # track_counts = off: nothing is counted, on a timer
+
+
+def table_care(
+    autovacuum_off: bool, counted: bool, dead_tuples: int, modified: int, rows: int
+) -> TableCare:
+    """The leader's rule, autovacuum's own for this table."""
+    if not autovacuum_off:
+        return TableCare.NONE
+    if not counted:
+        return TableCare.UNCOUNTED
+    if vacuum_due(dead_tuples, rows):
+        return TableCare.VACUUM
+    if modified > ANALYZE_THRESHOLD + ANALYZE_SCALE_FACTOR * rows:
+        return TableCare.ANALYZE
+    return TableCare.NONE
 
 
 def duration(seconds: float) -> str:
@@ -61,8 +94,9 @@ def warnings(
             f"autovacuum is off {where}: PostgreSQL does not clean up the dead rows that "
             "claims and completions leave. The maintenance leader (in every worker, or "
             "`leaseq maintenance`) vacuums the job table itself once its dead rows pass "
-            f"{VACUUM_THRESHOLD} + {VACUUM_SCALE_FACTOR:.0%} of its rows; turn autovacuum "
-            "on where you can."
+            f"{VACUUM_THRESHOLD} + {VACUUM_SCALE_FACTOR:.0%} of its rows, and analyzes it "
+            f"once {ANALYZE_THRESHOLD} + {ANALYZE_SCALE_FACTOR:.0%} of its rows changed; "
+            "turn autovacuum on where you can."
         )
     for holder in holders:
         if holder.kind == "replication slot" or _long(holder, long_transaction):

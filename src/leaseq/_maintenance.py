@@ -23,6 +23,7 @@ from . import _validate_settings as validate_settings
 from ._async_client import AsyncQueue
 from ._db import Session
 from ._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, TransientError
+from ._health import TableCare
 from ._logs import get_logger
 from ._types import PruneResult, ReapResult
 from ._waiting import pause
@@ -77,6 +78,7 @@ class Maintenance:
         #: or the table's) and its dead rows pass autovacuum's own threshold for it.
         self.vacuum = vacuum
         self.vacuums = 0
+        self.analyzes = 0
         self.leading = False
         self.reaped = 0
         #: Jobs retention removed from the job table (deleted or archived) so far.
@@ -119,17 +121,23 @@ class Maintenance:
     async def _vacuum_if_due(self, session: Session) -> None:
         # Without autovacuum nothing removes the dead rows that every claim and
         # completion leaves at the head of the ready index, and claims slow down
-        # as they step over them. One cheap statistics read per pass decides.
-        due = await session.run(self.queue._store.vacuum_check())
-        if due is None:  # dead rows uncounted: on a timer, from the first pass
+        # as they step over them; nor does anything analyze a growing backlog.
+        # One cheap statistics read per pass decides.
+        care = await session.run(self.queue._store.vacuum_check())
+        if care is TableCare.UNCOUNTED:  # on a timer, from the first pass
             now = time.monotonic()
-            due = now >= self._uncounted_vacuum_at
-            if due:
-                self._uncounted_vacuum_at = now + VACUUM_UNCOUNTED_SECONDS
-        if due:
+            if now < self._uncounted_vacuum_at:
+                return
+            self._uncounted_vacuum_at = now + VACUUM_UNCOUNTED_SECONDS
+            care = TableCare.VACUUM
+        if care is TableCare.VACUUM:
             await session.run(self.queue._store.vacuum_job())
             self.vacuums += 1
             log.info("vacuumed %s.job: autovacuum is off for it", self.queue.schema)
+        elif care is TableCare.ANALYZE:
+            await session.run(self.queue._store.analyze_job())
+            self.analyzes += 1
+            log.info("analyzed %s.job: autovacuum is off for it", self.queue.schema)
 
     async def _prune(self) -> None:
         """Retention batches until nothing is due, for one interval at most."""

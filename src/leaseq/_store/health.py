@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import _health as health
 from .. import _validate as validate
+from .._health import TableCare, table_care
 from .._health_types import ClaimPlan, CleanupHolder, Health, IndexHealth, TableHealth
 from .._statement import Operation, Rows, Statement
 from .base import StoreBase, ignore
@@ -82,23 +83,20 @@ class HealthOperations(StoreBase):
         explain = self.sql("explain.sql") + self.sql("claim.sql")
         return Operation((Statement(explain, params),), decode)
 
-    def vacuum_check(self) -> Operation[bool | None]:
-        """True when autovacuum is off for the job table and its dead rows are due;
-        None when it is off and dead rows are not counted (``track_counts = off``):
-        whether they are due cannot be known."""
+    def vacuum_check(self) -> Operation[TableCare]:
+        """What the job table needs from the maintenance leader now."""
 
-        def decode(rows: list[Rows]) -> bool | None:
+        def decode(rows: list[Rows]) -> TableCare:
             if not rows[0]:
-                return False
-            ((off, dead, estimated, counted),) = rows[0]
-            if not off:
-                return False
-            if not counted:
-                return None
-            return health.vacuum_due(int(dead), int(estimated))
+                return TableCare.NONE
+            ((off, counted, dead, modified, estimated),) = rows[0]
+            return table_care(bool(off), bool(counted), int(dead), int(modified), int(estimated))
 
         params = {"job_table": f"{self._quoted}.job"}
         return Operation((Statement(self.sql("vacuum_check.sql"), params),), decode)
 
     def vacuum_job(self) -> Operation[None]:
         return Operation((Statement(self.sql("vacuum_job.sql")),), ignore)
+
+    def analyze_job(self) -> Operation[None]:
+        return Operation((Statement(self.sql("analyze_job.sql")),), ignore)
