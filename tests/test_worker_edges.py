@@ -576,6 +576,39 @@ async def test_a_job_released_while_its_sync_handler_runs_on_never_runs_twice_at
     del first_start
 
 
+async def test_a_sync_handler_that_stops_when_told_has_its_job_claimable_at_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The README's own handler returns once job.lost is set. Its job was released
+    as if its thread ran on: no worker could take it until the lease it held would
+    have ended (a minute here), after every deploy."""
+    app = leaseq.App(schema=schema)
+    ran: list[str] = []
+    started = threading.Event()
+
+    @app.task("slow", lease=60.0)
+    def slow(job: leaseq.JobContext) -> str:
+        started.set()
+        while not job.lost.is_set():
+            time.sleep(0.02)
+        ran.append("stopped when told")
+        return "partial"  # returned because told: not a result
+
+    job_id = await aqueue.enqueue("slow", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, shutdown_grace=0.2)
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(asyncio.to_thread(started.wait, 30), 35)
+    worker.request_stop()
+    await asyncio.wait_for(running, 30)
+    assert ran == ["stopped when told"]
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    (claim,) = await aqueue.claim("slow")  # at once: no thread of it runs on
+    assert claim.job_id == job_id
+    assert worker.stats.released == 1
+    assert worker.stats.completed == 0
+
+
 @pytest.mark.parametrize(
     "option",
     [

@@ -108,6 +108,10 @@ class AttemptRunner:
                     )
                 started = time.perf_counter()
                 outcome = await self.outcome_of(attempt, task)
+                if attempt.stopping and outcome is not None:
+                    # It returned (or raised) because the worker's stop told it to:
+                    # not its result. Its thread has ended: claimable at once.
+                    outcome = Outcome(Kind.RELEASE, claim)
                 elapsed = time.perf_counter() - started
                 if instruments is not None:
                     instruments.job_duration.observe(elapsed)

@@ -151,13 +151,22 @@ class AttemptRegistry:
             these = [a for a in left if a.task is not None and a.cancellable is cancellable]
             for attempt in these:
                 if not attempt.acknowledging and attempt.task is not None:
+                    attempt.stopping = True
                     attempt.context.mark_lost("worker shutting down")
-                    attempt.task.cancel()
+                    if cancellable:
+                        attempt.task.cancel()
             if cancellable:
                 # A cancelled async handler stops at once and its release goes out;
                 # one that swallows its cancellation gets a second, then is left to
                 # its lease (the releases' wait is for the database, not for it).
                 deaf = await self._still_in_their_handlers(these, STRAGGLER_WAIT)
+            else:
+                # A sync handler is told through job.lost. One that stops when told
+                # (the README's does) has its job claimable at once; the job of a
+                # thread still running a second later waits for the lease it held.
+                for attempt in await self._still_in_their_handlers(these, STRAGGLER_WAIT):
+                    if attempt.task is not None:
+                        attempt.task.cancel()
             waiting = [a.task for a in these if a.task is not None and a not in deaf]
             if waiting:
                 await asyncio.wait(waiting, timeout=max(deadline - time.monotonic(), 0.0))

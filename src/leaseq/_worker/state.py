@@ -50,6 +50,9 @@ class Attempt:
     #: The app's on_success/on_failure hooks run after the outcome: the job's slot
     #: stays taken until they have returned (or the job's timeout has passed).
     hooks_pending: bool = False
+    #: Told to stop by the worker's own stop (past its grace): whatever the
+    #: handler does next, its job is released, its attempt not counted.
+    stopping: bool = False
     #: Renew at once, whatever the time: an operator may have cancelled the job
     #: (the notification "!lost <job_id>"); the renewal tells.
     check_now: bool = False
