@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import sys
 import threading
@@ -477,3 +478,36 @@ def test_a_payload_nested_past_the_servers_stack_is_bad_input_not_transient(
     # (The queue's settings row is made before the enqueue is sent, on purpose:
     # steps.enqueue. No job was written.)
     assert queue.list_jobs(leaseq.JobStatus.QUEUED) == []
+
+
+class _Rank(enum.IntEnum):
+    HIGH = 5
+    SEQ = 7
+
+
+def test_int_subclasses_are_taken_as_the_ints_they_are(client: Client) -> None:
+    """A JobId (what enqueue returns) or an IntEnum as seq froze the process:
+    ``x in range(-2**63, 2**63)`` walks the range for an int subclass. And a list
+    mixing JobIds and ints made psycopg refuse "mixed types" (a raw DataError)."""
+    first = client.enqueue("q", {}, key="k", seq=1)
+    assert isinstance(first, leaseq.JobId)
+    done: list[Any] = []
+
+    def enqueue_with_subclasses() -> None:
+        done.append(client.enqueue("q", {}, key="k", seq=first, priority=_Rank.HIGH))
+        done.append(client.enqueue_many("q", [{}, {}], key="k2", seqs=[_Rank.SEQ, first]))
+
+    enqueuing = threading.Thread(target=enqueue_with_subclasses, daemon=True)
+    enqueuing.start()
+    enqueuing.join(30)
+    assert not enqueuing.is_alive(), "the enqueue froze on an int subclass"
+    second, batch = done
+    assert client.get(second).seq == first
+    assert client.get(second).priority == 5
+    assert [client.get(job_id).seq for job_id in batch] == [7, first]
+    # Ids as enqueue returned them (JobId) beside plain ints, one of them large.
+    a, b = client.enqueue("r", {}), client.enqueue("r", {})
+    for claim in client.claim("r", limit=2):
+        client.fail(claim, error="broke")
+    assert isinstance(a, leaseq.JobId)
+    assert sorted(client.replay_many([a, int(b), 2**40])) == sorted([a, b])

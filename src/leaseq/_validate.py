@@ -90,9 +90,20 @@ def text_key(value: object, what: str) -> str:
 
 
 def integer(value: object, what: str, allowed: range) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+    if not isinstance(value, int) or not within(value, allowed):
         raise InvalidJob(f"{what} must be an integer in [{allowed.start}, {allowed.stop - 1}]")
-    return value
+    return int(value)  # a plain int: psycopg dumps a subclass by rules of its own
+
+
+def within(value: object, allowed: range) -> bool:
+    """An int (not a bool) in ``allowed``, compared by its bounds. ``x in range`` is
+    O(1) for an exact int only: for an int subclass (a JobId, an IntEnum) it walks
+    the range, and ``seq=job_id`` froze the process for a 2**64-long range."""
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and allowed.start <= value < allowed.stop
+    )
 
 
 def _number_of_seconds(value: object, what: str) -> float:
@@ -301,19 +312,19 @@ def port(value: object) -> int:
     """A TCP port to listen on (0: any free one)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise InvalidArgument(f"port must be an integer in [0, 65535], got {value!r}")
-    return value
+    return int(value)  # a plain int: psycopg dumps a subclass by its own rules
 
 
 def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
-    return value
+    return int(value)  # a plain int: psycopg dumps a subclass by its own rules
 
 
 def claim_limit(value: object, what: str = "limit") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CLAIM_LIMIT:
         raise InvalidArgument(f"{what} must be an integer in [1, {MAX_CLAIM_LIMIT}], got {value!r}")
-    return value
+    return int(value)  # a plain int: psycopg dumps a subclass by its own rules
 
 
 def error_text(error: object) -> str | None:

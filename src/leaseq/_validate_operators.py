@@ -19,7 +19,9 @@ def job_id(value: object, what: str = "job id") -> int:
     """A job id, or another bigint id (``what`` names it in the error)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
-    return value
+    # A plain int: psycopg dumps a JobId (an int subclass) by rules of its own,
+    # and a list of JobIds and ints as "mixed types" (DataError).
+    return int(value)
 
 
 def lease_versions(values: object, job_ids: list[int]) -> list[int]:
@@ -38,7 +40,7 @@ def lease_versions(values: object, job_ids: list[int]) -> list[int]:
             raise InvalidArgument(f"a lease version must be an integer >= 0, got {version!r}")
     if len(set(job_ids)) != len(job_ids):
         raise InvalidArgument("with lease_versions, each job id may be given once")
-    return versions
+    return [int(version) for version in versions]
 
 
 def schedule_name(value: object) -> str:
@@ -91,7 +93,7 @@ def search_window(value: object) -> int:
         raise InvalidArgument(
             f"window must be an integer in [1, {MAX_SEARCH_WINDOW}], got {value!r}"
         )
-    return value
+    return int(value)
 
 
 def job_status(value: object) -> JobStatus:

@@ -14,6 +14,7 @@ from ._validate import (
     MAX_PRUNE_BATCH,
     MAX_RETENTION_SECONDS,
     seconds,
+    within,
 )
 
 _UNSET: Any = object()
@@ -53,9 +54,9 @@ MAX_RATE_PERIOD = 30 * 86400.0
 
 
 def _setting_int(value: Any, what: str, allowed: range) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+    if not isinstance(value, int) or not within(value, allowed):
         raise InvalidArgument(f"{what} must be an integer in [{allowed.start}, {allowed.stop - 1}]")
-    return value
+    return int(value)
 
 
 def _limit(value: Any, what: str, maximum: int) -> int | None:
@@ -124,7 +125,7 @@ def finished_states(values: object) -> list[str]:
 def prune_batch(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PRUNE_BATCH:
         raise InvalidArgument(f"batch must be an integer in [1, {MAX_PRUNE_BATCH}], got {value!r}")
-    return value
+    return int(value)
 
 
 def _flag(value: Any, what: str) -> bool:
