@@ -189,6 +189,33 @@ def test_a_connection_of_the_other_kind_is_refused_before_anything_is_written(
     assert queue.stats() == []  # not even the queue's settings row
 
 
+def test_a_connection_in_pipeline_mode_is_refused_before_anything_is_written(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    """Its results come at the pipeline's sync: leaseq read none, raised a raw
+    IndexError, and the job was written all the same (a retry doubled it)."""
+
+    async def async_client() -> None:
+        async with (
+            leaseq.AsyncQueue(database_url, schema=queue.schema) as aqueue,
+            await psycopg.AsyncConnection.connect(database_url) as conn,
+        ):
+            async with conn.pipeline():
+                with pytest.raises(InvalidArgument, match="pipeline"):
+                    await aqueue.enqueue("reports", {}, conn=conn)
+            await conn.commit()
+
+    with psycopg.connect(database_url) as conn:
+        with conn.pipeline():
+            with pytest.raises(InvalidArgument, match="pipeline"):
+                queue.enqueue("reports", {}, conn=conn)
+            with pytest.raises(InvalidArgument, match="pipeline"):
+                queue.enqueue_many("reports", [{}, {}], conn=conn)
+        conn.commit()
+    asyncio.run(async_client())
+    assert queue.stats() == []  # nothing written, not even the queue's settings row
+
+
 @pytest.mark.parametrize(
     "row_factory", [dict_row, namedtuple_row], ids=["dict_row", "namedtuple_row"]
 )

@@ -55,6 +55,13 @@ def callers(conn: Any, kind: type[Any]) -> Any:
         raise InvalidArgument(
             f"conn must be a psycopg.{wanted} for {client}, got {type(conn).__name__}"
         )
+    if conn is not None and conn.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
+        # Its results come at the pipeline's sync: leaseq reads each statement's
+        # (an id, a fence's answer) before the next. It read none, failed with an
+        # IndexError, and the job was written all the same.
+        raise InvalidArgument(
+            "conn is in pipeline mode: call leaseq outside the `conn.pipeline()` block"
+        )
     return conn
 
 
