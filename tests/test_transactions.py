@@ -189,6 +189,22 @@ def test_a_connection_of_the_other_kind_is_refused_before_anything_is_written(
     assert queue.stats() == []  # not even the queue's settings row
 
 
+def test_a_payload_the_callers_connection_cannot_encode_is_refused_typed(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    """Parameters go out as text in the connection's client_encoding: a LATIN1
+    connection cannot carry "Łódź". It raised a raw UnicodeEncodeError."""
+    with psycopg.connect(database_url, options="-c client_encoding=LATIN1") as conn:
+        with pytest.raises(InvalidArgument, match="client_encoding"):
+            queue.enqueue("reports", {"customer": "Łódź"}, conn=conn)
+        conn.rollback()
+        # What it can encode goes through, on the same connection.
+        job_id = queue.enqueue("reports", {"customer": "Malmö"}, conn=conn)
+        conn.commit()
+    assert [job.job_id for job in queue.list_jobs("queued", queue="reports")] == [job_id]
+    assert queue.get(job_id).payload == {"customer": "Malmö"}
+
+
 def test_a_connection_in_pipeline_mode_is_refused_before_anything_is_written(
     queue: leaseq.Queue, database_url: str
 ) -> None:

@@ -133,6 +133,13 @@ def translated_errors(*, migrating: bool = False) -> Iterator[None]:
     except OSError as exc:
         raise_if_cancelling(exc)
         raise TransientError(redact(f"{type(exc).__name__}: {exc}")) from exc
+    except UnicodeEncodeError as exc:
+        # Parameters go out as text in the connection's client_encoding: a caller's
+        # connection in LATIN1, say, cannot carry every payload. Refused, typed.
+        raise InvalidArgument(
+            f"a value cannot be sent in the connection's client_encoding ({exc.encoding}): "
+            f"{exc.reason} for {exc.object[exc.start : exc.end]!r}; use UTF8"
+        ) from exc
 
 
 def _scrub(error: BaseException) -> None:
