@@ -229,6 +229,25 @@ def test_enqueue_commits_and_rolls_back_with_the_model_write(shop: leaseq.Queue)
     assert [stats.queued for stats in shop.stats("orders")] == [2]
 
 
+def test_enqueue_many_takes_the_batch_arguments_of_queue_enqueue_many(
+    shop: leaseq.Queue,
+) -> None:
+    """docs/django.md: it takes leaseq.Queue's arguments; keys, seqs, unique keys
+    and timeouts were refused with a TypeError."""
+    from leaseq.contrib.django import enqueue_many
+
+    with transaction.atomic():
+        ordered = enqueue_many("orders", [{"n": 1}, {"n": 2}], key="customer-7", seqs=[2, 1])
+        unique = enqueue_many(
+            "orders", [{"n": 3}, {"n": 4}], unique_keys=["a", "a"], unique_for=60, timeout=5
+        )
+    assert [shop.get(job_id).seq for job_id in ordered] == [2, 1]
+    assert {shop.get(job_id).key for job_id in ordered} == {"customer-7"}
+    assert unique[0] == unique[1]
+    assert unique.existing == (False, True)
+    assert shop.get(unique[0]).timeout == 5
+
+
 def test_a_plain_handler_completes_in_the_same_transaction(
     shop: leaseq.Queue, run_worker: Callable[..., InProcessWorker]
 ) -> None:
@@ -465,6 +484,11 @@ def test_bad_tasks_and_arguments_are_refused_and_write_nothing(
         tasks.add.enqueue(object(), 2)
     with pytest.raises(TypeError, match="JSON"):
         tasks.add.enqueue(1, b=float("nan"))
+    # Keys JSON makes one: the round trip kept one value of the two, silently.
+    with pytest.raises(TypeError, match="same JSON text"):
+        tasks.add.enqueue({1: "int key", "1": "str key"}, 2)
+    with pytest.raises(TypeError, match="same JSON text"):
+        tasks.add.enqueue(1, b=[{"x": {True: 1, "true": 2}}])
     with pytest.raises(InvalidTaskError, match="priority"):
         tasks.add.using(priority=101)
     assert _count_jobs(database_url, shop.schema) == 0

@@ -9,7 +9,7 @@ Add ``"leaseq.contrib.django"`` to ``INSTALLED_APPS``; settings in ``settings.LE
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -145,10 +145,16 @@ def enqueue_many(
     run_at: datetime | None = None,
     priority: int = 0,
     max_attempts: int | None = None,
+    key: str | None = None,
+    seqs: Sequence[int] | None = None,
+    timeout: float | None = None,
+    unique_keys: Sequence[str] | None = None,
+    unique_for: float | None = None,
     group: str | None = None,
 ) -> JobIds:
     """Enqueue many jobs of one queue in one statement, on Django's connection
-    ``using`` (in its transaction, as :func:`enqueue`)."""
+    ``using`` (in its transaction, as :func:`enqueue`). The arguments are
+    ``leaseq.Queue.enqueue_many``'s."""
     return queue(using).enqueue_many(
         queue_name,
         payloads,
@@ -157,6 +163,11 @@ def enqueue_many(
         run_at=run_at,
         priority=priority,
         max_attempts=max_attempts,
+        key=key,
+        seqs=seqs,
+        timeout=timeout,
+        unique_keys=unique_keys,
+        unique_for=unique_for,
         group=group,
     )
 

@@ -86,11 +86,35 @@ def status(name: str) -> TaskResultStatus:
 
 
 def to_json(value: Any, what: str) -> Any:
-    """``value`` as JSON would give it back (tuples become lists), else TypeError."""
+    """``value`` as JSON would give it back (tuples become lists), else TypeError,
+    also for a mapping two of whose keys JSON makes one ({1: …, "1": …}): the
+    round trip would keep one of the two values, silently, where leaseq's own
+    enqueue refuses such a payload."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        returned = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"the task's {what} must be JSON-serializable: {exc}") from None
+    if _lost_keys(value, returned):
+        raise TypeError(
+            f"the task's {what} must be JSON-serializable: a mapping has keys that "
+            "become the same JSON text"
+        )
+    return returned
+
+
+def _lost_keys(value: Any, returned: Any) -> bool:
+    """Whether a mapping of ``value`` came back from JSON with fewer keys."""
+    pairs = [(value, returned)]
+    while pairs:
+        given, back = pairs.pop()
+        if isinstance(given, dict):
+            if len(back) < len(given):
+                return True
+            # (json keeps a mapping's order both ways: its keys pair up in turn)
+            pairs.extend((given[g], back[b]) for g, b in zip(given, back, strict=True))
+        elif isinstance(given, list | tuple):
+            pairs.extend(zip(given, back, strict=True))
+    return False
 
 
 class LeaseqBackend(BaseTaskBackend):
