@@ -426,6 +426,36 @@ async def test_a_commit_inside_the_async_block_is_refused_and_commits_nothing(
     assert counts.reports() == 0
 
 
+async def test_a_rollback_inside_the_block_is_refused_at_the_call(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,
+) -> None:
+    """docs/sqlalchemy.md: refused "at the call itself". It ran, and the handler
+    went on after it, its later writes outside the job's transaction."""
+    after: list[str] = []
+    job = _claimed(queue, aqueue)
+    with (
+        pytest.raises(leaseq.InvalidArgument, match="rollback inside the job_session block"),
+        job_session(job, engine) as session,
+    ):
+        _effect(session, job)
+        session.rollback()
+        after.append("sync")
+    other = _claimed(queue, aqueue)
+    with pytest.raises(leaseq.InvalidArgument, match="rollback inside the job_session block"):
+        async with job_async_session(other, async_engine) as asession:
+            _effect(asession, other)
+            await asession.rollback()
+            after.append("async")
+    assert after == []
+    for claimed in (job, other):
+        assert (queue.get(claimed.job_id).status, claimed.completed) == (JobStatus.RUNNING, False)
+    assert counts.reports() == 0
+
+
 async def test_a_savepoint_inside_the_block_still_commits_with_the_job(
     engine: Engine, queue: leaseq.Queue, aqueue: leaseq.AsyncQueue, counts: Counts
 ) -> None:

@@ -247,19 +247,30 @@ def _refuse_when_lost(job: JobContext) -> None:
 
 
 def _refuse_commits(session: Session | AsyncSession) -> None:
-    """The session's own ``commit()`` raises for the rest of its life (the block's):
-    called inside the block, it would commit the effect alone, before anything is
-    sent. (job_session commits the block's transaction itself, not through it;
-    ``begin_nested()`` savepoints commit their own.)"""
+    """The session's own ``commit()`` and ``rollback()`` raise for the rest of its
+    life (the block's), at the call: a commit would commit the effect alone,
+    before anything is sent; a rollback would end the block's transaction, and
+    what the handler wrote next would go outside the job's. (job_session commits
+    or rolls back the block's transaction itself, not through them;
+    ``begin_nested()`` savepoints have their own.)"""
 
-    def refuse(*args: Any, **kwargs: Any) -> NoReturn:
+    def refuse_commit(*args: Any, **kwargs: Any) -> NoReturn:
         raise InvalidArgument(
             "a commit inside the job_session block would commit the effect without the "
             "job's completion: leaving the block commits both (begin_nested() "
             "savepoints are fine)"
         )
 
-    session.__dict__["commit"] = refuse  # this session only, not its class
+    def refuse_rollback(*args: Any, **kwargs: Any) -> NoReturn:
+        raise InvalidArgument(
+            "a rollback inside the job_session block would end the job's transaction: "
+            "raise instead, and the block rolls back the effect (begin_nested() "
+            "savepoints are fine)"
+        )
+
+    # This session only, not its class.
+    session.__dict__["commit"] = refuse_commit
+    session.__dict__["rollback"] = refuse_rollback
 
 
 def _require_open(transaction: SessionTransaction | AsyncSessionTransaction) -> None:
