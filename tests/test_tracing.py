@@ -106,6 +106,24 @@ def test_a_refused_enqueue_ends_its_span_as_an_error_and_writes_nothing(client: 
     assert client.list_jobs(leaseq.JobStatus.QUEUED, queue="reports") == []
 
 
+def test_a_dsn_given_as_the_queue_leaves_its_password_in_no_error_or_span(
+    client: Client,
+) -> None:
+    """A mistake, but the README's promise holds: no secret leaves leaseq. The
+    error and the send span (its name, its exception) quoted the queue as given."""
+    secret = "Hunter2-Pw-77"
+    tracer = trace.get_tracer("the application")
+    with (
+        tracer.start_as_current_span("mistake") as parent,
+        pytest.raises(leaseq.InvalidJob) as refused,
+    ):
+        client.enqueue(f"postgresql://app:{secret}@db/prod", {})
+    assert secret not in str(refused.value)
+    send = _send_span(parent)
+    assert secret not in repr(send.to_json())
+    assert send.status.status_code is trace.StatusCode.ERROR
+
+
 def _run_without(setup: str, database_url: str, schema: str) -> str:
     script = textwrap.dedent(
         f"""

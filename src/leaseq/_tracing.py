@@ -84,6 +84,7 @@ def send(queue: str, count: int = 1) -> Iterator[Send]:
     if trace is None or _nothing_to_trace(None):
         yield Send(None, None)
         return
+    queue = redact(str(queue))  # checked only inside the span: a DSN given by mistake
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "send",

@@ -60,8 +60,8 @@ def schema_name(name: str) -> str:
 
 def queue_name(name: object) -> str:
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
-        raise InvalidJob(
-            f"queue name must be 1-128 characters of A-Z a-z 0-9 _ . : -, got {name!r}"
+        raise InvalidJob(  # (a DSN given as the queue by mistake is no place for its password)
+            f"queue name must be 1-128 characters of A-Z a-z 0-9 _ . : -, got {redact(repr(name))}"
         )
     return name
 
