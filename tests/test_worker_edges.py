@@ -106,12 +106,9 @@ async def test_a_handler_that_raises_what_is_not_an_exception_is_retried_and_the
 # -- stopping ---------------------------------------------------------------------------
 
 
-async def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopping_worker(
-    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """It swallows every cancellation: run() still returns (after the grace and the
-    releases' bounded wait), leaving the job to its lease, never acknowledged."""
-    monkeypatch.setattr(runner, "ACKNOWLEDGEMENT_WAIT", 1.0)
+def _deaf_app(schema: str) -> tuple[leaseq.App, asyncio.Event, asyncio.Event]:
+    """An app whose "work" handler swallows every cancellation until told to stop
+    (the second event); the first says it started."""
     app = leaseq.App(schema=schema)
     started = asyncio.Event()
     stop_deafness = asyncio.Event()
@@ -122,6 +119,17 @@ async def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopping_worker(
         while not stop_deafness.is_set():
             with contextlib.suppress(BaseException):
                 await asyncio.sleep(0.05)
+
+    return app, started, stop_deafness
+
+
+async def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopping_worker(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It swallows every cancellation: run() still returns (after the grace and the
+    releases' bounded wait), leaving the job to its lease, never acknowledged."""
+    monkeypatch.setattr(runner, "ACKNOWLEDGEMENT_WAIT", 1.0)
+    app, started, stop_deafness = _deaf_app(schema)
 
     job_id = await aqueue.enqueue("work", {})
     worker = leaseq.Worker(
@@ -147,16 +155,7 @@ async def test_a_handler_deaf_to_cancellation_is_left_after_a_second_not_the_rel
 ) -> None:
     """The README: "the worker cancels it, waits a second more, then leaves it". It
     waited the releases' whole 10 seconds first, then blamed the database."""
-    app = leaseq.App(schema=schema)
-    started = asyncio.Event()
-    stop_deafness = asyncio.Event()
-
-    @app.task("work")
-    async def deaf(job: leaseq.JobContext) -> None:
-        started.set()
-        while not stop_deafness.is_set():
-            with contextlib.suppress(BaseException):
-                await asyncio.sleep(0.05)
+    app, started, stop_deafness = _deaf_app(schema)
 
     @app.task("polite")
     async def polite(job: leaseq.JobContext) -> None:
