@@ -280,6 +280,21 @@ async def test_a_failed_groups_replay_takes_exactly_that_group(
     }
 
 
+async def test_a_failed_groups_jobs_link_lists_that_group_only(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """docs/dashboard.md: "a link to the jobs of each group". The group without
+    an error text linked to every failed job of its queue."""
+    boom = _failed(queue, 2, "boom")
+    _failed(queue, 1, None)
+    page = (await browser.get("/failed")).text
+    links = re.findall(r'href="(/jobs\?[^"]*)"[^>]*>Show jobs<', page)
+    assert len(links) == 1, links  # the "boom" group's; none that would list all
+    listed = (await browser.get(links[0].replace("&amp;", "&"))).text
+    shown = {int(i) for i in re.findall(r'href="/jobs/(\d+)"', listed)}
+    assert shown == set(boom)
+
+
 async def test_a_failed_groups_replay_finds_failures_older_than_the_search_window(
     make_app: AppFactory, queue: leaseq.Queue
 ) -> None:
