@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import leaseq
@@ -26,6 +27,7 @@ import leaseq._db.pool_rules
 from leaseq import JobStatus
 from leaseq._db import listening
 from leaseq._worker import connections
+from leaseq.testing import adrain
 
 from .conftest import SpareDatabase
 
@@ -490,3 +492,42 @@ async def test_wait_result_keeps_a_cancellation_that_arrives_as_it_stops_listeni
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+# -- the URL's own settings ---------------------------------------------------------
+
+
+async def test_the_urls_server_options_and_name_hold_on_every_connection_leaseq_makes(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """psycopg's keyword arguments override the URL's: a worker's handlers (and a
+    client with a statement_timeout) lost the URL's search_path and lock_timeout,
+    so a handler's unqualified INSERT went to another schema than the producer's;
+    and every connection was named "leaseq" whatever the URL said."""
+    url = make_conninfo(
+        database_url,
+        options="-c search_path=billing -c lock_timeout=4321",
+        application_name="billing-app",
+    )
+    shown = (
+        "SELECT current_setting('search_path'), current_setting('lock_timeout'),"
+        " current_setting('application_name')"
+    )
+    expected = ("billing", "4321ms", "billing-app")
+    with (
+        leaseq.Queue(url, schema=schema, statement_timeout=5) as timed,
+        timed.connection() as conn,
+    ):
+        assert conn.execute(shown).fetchone() == expected
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("5s",)
+    app = leaseq.App(schema=schema)
+    seen: list[Any] = []
+
+    @app.task("work")
+    def handler(job: leaseq.JobContext) -> None:
+        with job.connection() as conn:
+            seen.append(conn.execute(shown).fetchone())
+
+    queue.enqueue("work", {})
+    await adrain(app, dsn=url, timeout=30)
+    assert seen == [expected]

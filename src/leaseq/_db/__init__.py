@@ -52,6 +52,7 @@ from .options import (
     CONNECTION_OPTIONS,
     SERVICE_OPTIONS,
     WORKER_OPTIONS,
+    under_the_url,
     with_statement_timeout,
 )
 from .pool_rules import OpenFailures, attempt_timeout, failing, pool_settings
@@ -97,8 +98,8 @@ class Database:
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
-        self._options = options or CONNECTION_OPTIONS
-        self._settings = pool_settings(dsn, min_size, max_size, options)
+        self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
+        self._settings = pool_settings(dsn, min_size, max_size, self._options)
         #: The open pool; None until the first use, and again after a close.
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
@@ -255,8 +256,8 @@ class AsyncDatabase:
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
-        self._options = options or CONNECTION_OPTIONS
-        self._settings = pool_settings(dsn, min_size, max_size, options)
+        self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
+        self._settings = pool_settings(dsn, min_size, max_size, self._options)
         #: The open pool; None until the first use, and again after a close.
         self._pool: AsyncConnectionPool | None = None
         self._lock = asyncio.Lock()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
 
 #: Sent with every connection leaseq opens; keepalives notice a dead peer.
 CONNECTION_OPTIONS: dict[str, Any] = {
@@ -75,3 +78,25 @@ def with_statement_timeout(options: dict[str, Any] | None, seconds: float) -> di
     milliseconds = max(1, round(seconds * 1000))
     settings["options"] = f"{given} -c statement_timeout={milliseconds}".strip()
     return settings
+
+
+def under_the_url(dsn: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` as they must be sent with ``dsn``: psycopg's keyword arguments
+    override the URL's own keys, so the URL's server options (a search_path and
+    a lock_timeout the application's queries rely on, a provider's
+    ``endpoint=``) were dropped from every connection leaseq made with its own
+    (a worker's handlers, a client with a statement_timeout), and its
+    application_name replaced. The URL's options (else PGOPTIONS) now come
+    first and leaseq's after them, which win where both set one; its
+    application_name (else PGAPPNAME) is kept."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except Exception:  # not parsable: reported by the first connection's error
+        return options
+    merged = dict(options)
+    url_options = given.get("options") or os.environ.get("PGOPTIONS")
+    if url_options and merged.get("options"):
+        merged["options"] = f"{url_options} {merged['options']}"
+    if given.get("application_name") or os.environ.get("PGAPPNAME"):
+        merged.pop("application_name", None)
+    return merged
