@@ -133,3 +133,44 @@ def test_a_schema_holding_objects_leaseq_did_not_make_is_one_clear_error(
             "SELECT count(*) FROM pg_tables WHERE schemaname = %s", (schema,)
         ).fetchone()
     assert tables == ((1,) if "TABLE" in other else (0,))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        # Another tool's migration table, of leaseq's own shape: "up to date",
+        # having made nothing.
+        "CREATE TABLE {schema}.migration (version integer PRIMARY KEY, name text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now());"
+        " INSERT INTO {schema}.migration (version, name)"
+        " SELECT v, 'V' || v || '__their_change' FROM generate_series(1, 20) AS v",
+        # A view over someone's table: leaseq's rows were written into it.
+        "CREATE TABLE {schema}.theirs (version integer, name text, applied_at timestamptz);"
+        " CREATE VIEW {schema}.migration AS SELECT * FROM {schema}.theirs",
+        # Another shape: a DatabaseError whose hint said to run `leaseq migrate`.
+        "CREATE TABLE {schema}.migration (id integer, filename text)",
+    ],
+    ids=["their migrations", "a view", "another shape"],
+)
+def test_a_migration_table_that_is_not_leaseqs_is_one_clear_error_and_nothing_is_written(
+    queue: leaseq.Queue, database_url: str, schema: str, other: str
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(other.format(schema=f'"{schema}"'))
+        before = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace",
+            (schema,),
+        ).fetchone()
+    with pytest.raises(leaseq.InvalidArgument, match='table "migration" of schema'):
+        queue.migrate()
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        after = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace",
+            (schema,),
+        ).fetchone()
+        if "theirs" in other:
+            written = conn.execute(f'SELECT count(*) FROM "{schema}".theirs').fetchone()
+            assert written == (0,)
+    assert after == before

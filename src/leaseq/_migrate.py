@@ -8,17 +8,27 @@ and the later ones find nothing left to do.
 
 from __future__ import annotations
 
+from ._errors import InvalidArgument
 from ._statement import Plan, migration_files
 from ._store import Store
 
 
 def plan(store: Store) -> Plan:
-    """Yield the statements that bring ``store.schema`` up to date; return what was applied."""
+    """Yield the statements that bring ``store.schema`` up to date; return what was
+    applied. InvalidArgument (nothing written: all of it is one transaction) when
+    the schema's "migration" table is someone else's."""
     yield store.migration_lock()
     yield store.migration_prepare()
-    applied = {row[0] for row in (yield store.applied_migrations())}
+    if (yield store.migration_check()) != [(True,)]:
+        raise _foreign(store, "is not leaseq's (another table, or a view)")
+    applied: dict[int, str] = {row[0]: row[1] for row in (yield store.applied_migrations())}
+    files = migration_files()
+    names = {version: name for version, name, _ in files}
+    if any(names.get(version, name) != name for version, name in applied.items()):
+        # leaseq's rows name its files: these are another tool's migrations.
+        raise _foreign(store, "records migrations that are not leaseq's")
     done = []
-    for version, name, text in migration_files():
+    for version, name, text in files:
         if version in applied:
             continue
         yield store.migration(text)
@@ -29,3 +39,10 @@ def plan(store: Store) -> Plan:
 
 def latest_version() -> int:
     return max(version for version, _, _ in migration_files())
+
+
+def _foreign(store: Store, what: str) -> InvalidArgument:
+    return InvalidArgument(
+        f'cannot migrate: the table "migration" of schema {store.schema} {what}; '
+        "give leaseq a schema of its own"
+    )

@@ -33,6 +33,11 @@ class SchemaOperations(StoreBase):
     def migration_prepare(self) -> Statement:
         return Statement(self.sql("migrate/prepare.sql"))
 
+    def migration_check(self) -> Statement:
+        return Statement(
+            self.sql("migrate/check.sql"), {"migration_table": f"{self._quoted}.migration"}
+        )
+
     def applied_migrations(self) -> Statement:
         return Statement(self.sql("migrate/applied.sql"))
 

@@ -1,1 +1,1 @@
-SELECT version FROM {schema}.migration ORDER BY version
+SELECT version, name FROM {schema}.migration ORDER BY version
