@@ -54,13 +54,16 @@ def _stop_embedded(directory: Path, folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _leaseq(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``leaseq ARGS`` run in ``folder`` with no database URL: its embedded server."""
+def _leaseq(
+    folder: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``leaseq ARGS`` run in ``folder`` with no database URL: its embedded server
+    (``env``: more of the environment)."""
     unset = ("DATABASE_URL", "LEASEQ_DATABASE_URL", "LEASEQ_SCHEMA", "LEASEQ_LOG_LEVEL")
     return subprocess.run(
         [sys.executable, "-m", "leaseq", *args],
         cwd=folder,
-        env={key: value for key, value in os.environ.items() if key not in unset},
+        env={key: value for key, value in os.environ.items() if key not in unset} | (env or {}),
         capture_output=True,
         text=True,
         timeout=120,
@@ -156,6 +159,28 @@ def test_the_embedded_server_stops_by_its_command_and_keeps_its_data() -> None:
 
         # The next command starts it again, on the same data: the job is still queued.
         status = leaseq("status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        (reports,) = [q for q in json.loads(status.stdout) if q["queue"] == "reports"]
+        assert reports["queued"] == 1, reports
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)
+
+
+def test_the_embedded_server_is_found_whatever_pgport_says() -> None:
+    """Its URL named the socket's folder only: with PGPORT set (another server's
+    port, in a developer's shell), libpq looked for another socket and failed."""
+    folder = Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
+    try:
+        started = _leaseq(folder, "migrate")
+        assert started.returncode == 0, started.stdout + started.stderr
+        other_port = _leaseq(folder, "enqueue", "reports", "{}", env={"PGPORT": "5433"})
+        assert other_port.returncode == 0, other_port.stdout + other_port.stderr
+        stopped = _leaseq(folder, "embedded", "stop")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        # Started with PGPORT set, the server listens on that port; found without.
+        restarted = _leaseq(folder, "status", "--json", env={"PGPORT": "5433"})
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        status = _leaseq(folder, "status", "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         (reports,) = [q for q in json.loads(status.stdout) if q["queue"] == "reports"]
         assert reports["queued"] == 1, reports

@@ -46,13 +46,26 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
                 server = get_server(
                     directory / "pgdata", cleanup_mode=None if keep_running else "stop"
                 )
-                url: str = server.get_uri()
+                url: str = _with_port(server.get_uri(), directory / "pgdata")
             except Exception as exc:  # pgserver raises plain errors of many kinds
                 raise DatabaseUnavailable(
                     f"could not start the embedded PostgreSQL in {directory}: {exc}"
                 ) from exc
     log.debug("embedded PostgreSQL at %s", url)
     return url
+
+
+def _with_port(url: str, pgdata: Path) -> str:
+    """``url`` with the port the server listens on (its socket's name): pgserver's
+    names the socket's folder only, so libpq took the port from PGPORT when the
+    environment set one, and found no socket."""
+    try:
+        port = (pgdata / "postmaster.pid").read_text().splitlines()[3].strip()
+    except (OSError, IndexError):
+        return url
+    if not port.isdigit() or "port=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}port={port}"
 
 
 def _pgserver() -> Any:
