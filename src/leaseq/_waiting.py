@@ -21,6 +21,16 @@ import asyncio
 import contextlib
 
 
+def cancelling() -> bool:
+    """Whether the running task itself was asked to cancel (a CancelledError may
+    also come from something it awaited: a handler's own, a task it awaited)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop: a sync caller
+        return False
+    return task is not None and task.cancelling() > 0
+
+
 def raise_if_cancelling(cause: BaseException | None = None) -> None:
     """Raise the current task's pending cancellation, if it has one that something
     below swallowed: Python 3.11's ``asyncio.wait_for`` (psycopg_pool waits for a
@@ -28,11 +38,7 @@ def raise_if_cancelling(cause: BaseException | None = None) -> None:
     cancellation does, and a driver can turn an interrupted query into a
     connection error. A worker stopped right after it started waited forever on
     its scheduler this way (tests/test_worker_robustness.py)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop: a sync caller
-        return
-    if task is not None and task.cancelling():
+    if cancelling():
         raise asyncio.CancelledError from cause
 
 

@@ -38,6 +38,7 @@ from .._logs import get_logger, job_fields
 from .._metrics import Metrics
 from .._retry import Retry, Verdict
 from .._types import Claim
+from .._waiting import cancelling
 from .app import Task
 from .context import JobContext
 from .handlers import TimedOut, run_in_thread, run_on_loop, run_until
@@ -191,7 +192,7 @@ class AttemptRunner:
                 # A sync handler's thread runs on until it sees job.lost: its job
                 # must not start elsewhere before its lease would have ended.
                 return Outcome(Kind.RELEASE, claim, handler_running=not attempt.cancellable)
-            if _cancelling():
+            if cancelling():
                 raise  # this attempt's task was cancelled: not the handler's outcome
             # the handler's own CancelledError (it awaited something cancelled)
             return _raised(task, context, exc)
@@ -271,13 +272,6 @@ def _raised(task: Task, context: JobContext, exc: BaseException) -> Outcome | No
     if task.errors.classify(exc) is Verdict.FAIL:
         return Outcome(Kind.FAIL, claim, error=exc)
     return _retry_or_fail(task, claim, None, exc)
-
-
-def _cancelling() -> bool:
-    """Whether the current task was asked to cancel (a CancelledError may also come
-    from something a handler awaited)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _retry_or_fail(task: Task, claim: Claim, delay: float | None, error: object) -> Outcome:

@@ -39,6 +39,7 @@ from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._metrics import Metrics
 from .._types import Claim, Claims
+from .._waiting import cancelling
 from .app import App
 from .attempt import AttemptRunner
 from .connections import WorkerClients
@@ -415,7 +416,7 @@ class Worker:
         try:
             claims = await claiming
         except asyncio.CancelledError:
-            if current_task_cancelling():
+            if cancelling():
                 raise  # the worker's own task: a second signal, or its caller
             return Claims([])  # abandoned at the stop (_abandon_claim)
         finally:
@@ -441,12 +442,6 @@ class Worker:
             started_now.append(attempt)
         self._leases.attempts_started(started_now)
         return claims
-
-
-def current_task_cancelling() -> bool:
-    """Whether the running task itself is being cancelled (rather than a task it awaited)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _count_claim(metrics: Metrics, queue: str, elapsed: float, claims: list[Claim]) -> None:
