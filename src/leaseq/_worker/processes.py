@@ -39,6 +39,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection as Pipe
 from multiprocessing.context import SpawnProcess
 from typing import Any
@@ -200,6 +201,10 @@ class ProcessPool:
         # start-up (a new interpreter, the imports) takes a good part of a second,
         # in which a Ctrl-C or a service manager's stop killed it. Held back here
         # in this thread only, for the spawn: not lost, delivered right after.
+        # The start of multiprocessing's resource tracker, at a process's first
+        # spawn, unblocks SIGINT and SIGTERM (bpo-33613's own mask, undone with
+        # SIG_UNBLOCK): started first, it cannot undo this one.
+        resource_tracker.ensure_running()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
             process.start()
