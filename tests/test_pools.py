@@ -365,6 +365,42 @@ def silent_server() -> Iterator[str]:
     server.close()
 
 
+#: connect_timeout=3 took 11 s: the timeout, then up to 5 s while the pool that
+#: timed out joined its attempt in flight, then a diagnosis connection of up to 5 s.
+#: What a call may take past its timeout on a loaded machine.
+PAST_THE_TIMEOUT = 2.5
+
+
+@pytest.mark.server_agnostic
+@pytest.mark.parametrize("timeout", [2, 7])  # one pool's window (5 s), and two
+def test_a_server_that_never_answers_is_given_up_at_the_connect_timeout(
+    silent_server: str, timeout: int
+) -> None:
+    started = time.monotonic()
+    with (
+        leaseq.Queue(silent_server, connect_timeout=timeout) as queue,
+        pytest.raises(leaseq.DatabaseUnavailable) as unavailable,
+    ):
+        queue.stats()
+    elapsed = time.monotonic() - started
+    assert timeout - 0.5 < elapsed < timeout + PAST_THE_TIMEOUT, elapsed
+    assert not isinstance(unavailable.value, leaseq.InvalidDatabaseURL)  # it may answer later
+
+
+@pytest.mark.server_agnostic
+@pytest.mark.parametrize("timeout", [2, 7])
+async def test_an_async_call_to_a_server_that_never_answers_ends_at_the_connect_timeout(
+    silent_server: str, timeout: int
+) -> None:
+    async with leaseq.AsyncQueue(silent_server, connect_timeout=timeout) as queue:
+        started = time.monotonic()
+        with pytest.raises(leaseq.DatabaseUnavailable) as unavailable:
+            await queue.stats()
+        elapsed = time.monotonic() - started
+    assert timeout - 0.5 < elapsed < timeout + PAST_THE_TIMEOUT, elapsed
+    assert not isinstance(unavailable.value, leaseq.InvalidDatabaseURL)
+
+
 async def test_async_callers_while_the_database_is_away_share_one_failed_open(
     silent_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

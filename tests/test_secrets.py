@@ -244,6 +244,28 @@ def test_unreachable_database_errors_are_scrubbed(
     assert_clean("\n".join(texts) + logs.text(), [*secured.secrets(), wrong, typo])
 
 
+async def test_a_wrong_password_is_said_at_once_and_stops_a_worker(
+    secured: SecuredServer, logs: CapturedLogs
+) -> None:
+    """A refused password waited out the client's whole connect timeout (30 s by
+    default) and a worker retried it for ever; no retry can mend it."""
+    wrong = _random()
+    with leaseq.Queue(secured.url(), schema="refused") as queue:
+        queue.migrate()
+    async with leaseq.AsyncQueue(
+        secured.url(password=wrong), schema="refused", connect_timeout=120
+    ) as queue:
+        with pytest.raises(leaseq.InvalidDatabaseURL) as refused:
+            await asyncio.wait_for(queue.stats(), 20)
+    assert "password authentication failed" in str(refused.value)
+    app = _idle_app("refused")
+    worker = leaseq.Worker(app, dsn=secured.url(password=wrong), maintenance=False)
+    with pytest.raises(leaseq.InvalidDatabaseURL) as stopped:
+        await asyncio.wait_for(worker.run(), 20)
+    texts = _exception_text(refused.value) + _exception_text(stopped.value) + logs.text()
+    assert_clean(texts, [*secured.secrets(), wrong])
+
+
 async def test_async_unreachable_database_error_is_scrubbed(secured: SecuredServer) -> None:
     url = secured.url().replace(quote(secured.password), f"{secured.password}%zz")
     async with leaseq.AsyncQueue(url, schema="unreachable", connect_timeout=1) as queue:

@@ -87,9 +87,13 @@ class DatabaseUnavailable(TransientError):
 
 
 class InvalidDatabaseURL(DatabaseUnavailable):
-    """The database URL is one libpq cannot parse: no connection can ever be
-    made with it. Unlike its parent's other cases, trying again cannot help; a
-    worker stops at once (``leaseq worker`` with one ``error:`` line)."""
+    """No connection can be made with the database URL as it is: libpq cannot
+    parse it or refuses one of its values (``sslmode=bogus``), or the server
+    refused it for a reason no retry changes (a wrong password, an unknown role
+    or database, no ``pg_hba.conf`` entry). Said at the first attempt, without
+    waiting out the connect timeout. Unlike its parent's other cases, trying
+    again cannot help; a worker stops at once (``leaseq worker`` with one
+    ``error:`` line)."""
 
 
 class StatementTimeout(TransientError):

@@ -29,12 +29,10 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
 from .errors import (
-    aunreachable,
     malformed_dsn,
     parsable,
     read_only_server,
     translated_errors,
-    unreachable,
 )
 from .execution import (
     AsyncConnection,
@@ -55,7 +53,14 @@ from .options import (
     under_the_url,
     with_statement_timeout,
 )
-from .pool_rules import OpenFailures, attempt_timeout, failing, pool_settings
+from .pool_rules import (
+    READY_SECONDS,
+    ConnectWatch,
+    OpenFailures,
+    attempt_timeout,
+    failing,
+    pool_settings,
+)
 
 # Re-exported: what the clients need of the connections' settings.
 __all__ = [
@@ -99,7 +104,7 @@ class Database:
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
-        self._settings = pool_settings(dsn, min_size, max_size, self._options)
+        self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
@@ -126,18 +131,27 @@ class Database:
             raise self._failures.record(malformed)
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
-            pool = ConnectionPool(**self._settings)
+            watch = ConnectWatch()
+            pool = ConnectionPool(**self._settings, connection_class=watch.connection_class())
             try:
-                pool.open(wait=True, timeout=attempt_timeout(deadline, slow))
-                return pool
+                window = attempt_timeout(deadline, slow)
+                started = time.monotonic()
+                pool.open(wait=False)
+                if watch.wait(window):
+                    if watch.refusal is not None:  # no retry can connect: said at once
+                        raise self._failures.record(watch.refusal)
+                    pool.wait(max(window - (time.monotonic() - started), READY_SECONDS))
+                    return pool
+                # Not waited for: an attempt still in flight ends at its connect_timeout.
+                self._close_in_background(pool)
             except PoolTimeout:  # the pool closed itself
-                slow = not failing(pool)
-                if time.monotonic() >= deadline:
-                    error = unreachable(self.dsn, self.open_timeout, self._options)
-                    raise self._failures.record(error) from None
+                pass
             except BaseException:
                 pool.close()
                 raise
+            slow = watch.failure is None  # slow to answer, not failing: all the time next
+            if time.monotonic() >= deadline:
+                raise self._failures.record(watch.unavailable(self.open_timeout)) from None
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -193,6 +207,11 @@ class Database:
             if self._pool is not pool:
                 return  # dropped already
             self._pool = None
+        self._close_in_background(pool)
+
+    def _close_in_background(self, pool: ConnectionPool) -> None:
+        """Close ``pool`` in the background (a thread; a task that close() awaits):
+        no caller waits for its attempt in flight (psycopg waits up to 5 s for it)."""
         threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
@@ -257,7 +276,7 @@ class AsyncDatabase:
         self.dsn = dsn
         self.open_timeout = open_timeout
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
-        self._settings = pool_settings(dsn, min_size, max_size, self._options)
+        self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
         self._pool: AsyncConnectionPool | None = None
         self._lock = asyncio.Lock()
@@ -285,22 +304,33 @@ class AsyncDatabase:
             raise self._failures.record(malformed)
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
-            pool = AsyncConnectionPool(**self._settings)
+            watch = ConnectWatch()
+            pool = AsyncConnectionPool(
+                **self._settings, connection_class=watch.async_connection_class()
+            )
             try:
-                await pool.open(wait=True, timeout=attempt_timeout(deadline, slow))
-                # The pool waits with asyncio.wait_for, which on Python 3.11 returns
-                # when the first connection and a cancellation of this task arrive
-                # together: the cancellation must not be lost.
-                raise_if_cancelling()
-                return pool
+                window = attempt_timeout(deadline, slow)
+                started = time.monotonic()
+                await pool.open(wait=False)
+                if await watch.await_(window):
+                    if watch.refusal is not None:  # no retry can connect: said at once
+                        raise self._failures.record(watch.refusal)
+                    await pool.wait(max(window - (time.monotonic() - started), READY_SECONDS))
+                    # The pool waits with asyncio.wait_for, which on Python 3.11 returns
+                    # when the first connection and a cancellation of this task arrive
+                    # together: the cancellation must not be lost.
+                    raise_if_cancelling()
+                    return pool
+                # Not waited for: an attempt still in flight ends at its connect_timeout.
+                self._close_in_background(pool)
             except PoolTimeout:  # the pool closed itself
-                slow = not failing(pool)
-                if time.monotonic() >= deadline:
-                    error = await aunreachable(self.dsn, self.open_timeout, self._options)
-                    raise self._failures.record(error) from None
+                pass
             except BaseException:
                 await pool.close()
                 raise
+            slow = watch.failure is None  # slow to answer, not failing: all the time next
+            if time.monotonic() >= deadline:
+                raise self._failures.record(watch.unavailable(self.open_timeout)) from None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
@@ -349,6 +379,11 @@ class AsyncDatabase:
         if self._pool is not pool:
             return  # dropped already
         self._pool = None
+        self._close_in_background(pool)
+
+    def _close_in_background(self, pool: AsyncConnectionPool) -> None:
+        """Close ``pool`` in the background (a thread; a task that close() awaits):
+        no caller waits for its attempt in flight (psycopg waits up to 5 s for it)."""
         closing = asyncio.get_running_loop().create_task(pool.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)

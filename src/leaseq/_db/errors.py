@@ -8,11 +8,9 @@ query interrupted by its task's cancellation the task's cancellation.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -33,7 +31,6 @@ from .._errors import (
 from .._redact import redact
 from .._validate import sanitize
 from .._waiting import raise_if_cancelling
-from .options import CONNECTION_OPTIONS
 
 _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     "57014": StatementTimeout,  # query_canceled: statement_timeout (or pg_cancel_backend)
@@ -115,6 +112,8 @@ def translated_errors(*, migrating: bool = False) -> Iterator[None]:
                 f"({redact(exc.diag.message_primary or str(exc).strip())}); give leaseq a "
                 "schema of its own"
             ) from exc
+        if (refused := refused_for_good(exc)) is not None:  # a connection made outside a pool
+            raise refused from exc
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")
         if kind is None and isinstance(exc, psycopg.OperationalError):
             kind = TransientError
@@ -154,48 +153,10 @@ def _scrub(error: BaseException) -> None:
         current = current.__cause__ or current.__context__
 
 
-def unreachable(
-    dsn: str, open_timeout: float, options: dict[str, Any] | None = None
-) -> DatabaseUnavailable:
-    """Why the pool could not open: one direct attempt, with the pool's own
-    connection ``options`` (a server, or a pooler, may refuse those), tells the
-    real reason.
-
-    The reason is scrubbed (sanitize): libpq may quote the DSN's password in it.
-    """
-    try:
-        psycopg.connect(dsn, **_diagnosis_options(open_timeout, options)).close()
-    except psycopg.Error as exc:
-        return _unavailable(exc)
-    return DatabaseUnavailable("cannot connect to the database: timed out")
-
-
-async def aunreachable(
-    dsn: str, open_timeout: float, options: dict[str, Any] | None = None
-) -> DatabaseUnavailable:
-    """The async twin of :func:`unreachable`: its attempt must not stop the event
-    loop (the worker's renewals run on it)."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(
-            dsn, **_diagnosis_options(open_timeout, options)
-        )
-        await conn.close()
-    except psycopg.Error as exc:
-        raise_if_cancelling(exc)
-        return _unavailable(exc)
-    return DatabaseUnavailable("cannot connect to the database: timed out")
-
-
-def _diagnosis_options(open_timeout: float, options: dict[str, Any] | None) -> dict[str, Any]:
-    """The pool's connection options, with a connect timeout of at most 5 seconds,
-    at most the caller's own timeout, and at least libpq's minimum of 2."""
-    return {
-        **(options or CONNECTION_OPTIONS),
-        "connect_timeout": max(2, min(5, math.ceil(open_timeout))),
-    }
-
-
-def _unavailable(exc: psycopg.Error) -> DatabaseUnavailable:
+def unavailable(exc: psycopg.Error) -> DatabaseUnavailable:
+    """A failed connection attempt as the error a caller gets."""
+    if (refused := refused_for_good(exc)) is not None:
+        return refused
     return DatabaseUnavailable(f"cannot connect to the database: {_reason(exc)}")
 
 
@@ -212,6 +173,42 @@ def malformed_dsn(dsn: str) -> InvalidDatabaseURL | None:
         reason = re.sub(r'"([^"]*)"', lambda m: m[0] if len(m[1]) < 2 else '"…"', _reason(exc))
         return InvalidDatabaseURL(f"cannot connect to the database: invalid database URL: {reason}")
     return None
+
+
+#: What libpq says when a connection is refused for a reason no retry can change:
+#: the URL's credentials, role or database, an option's value, the server's rules
+#: for this client (pg_hba.conf, SSL). libpq gives no SQLSTATE for a refused
+#: connection, so its texts are read; a text not matched here (a server whose
+#: lc_messages is not English) is retried as any other failed connection. A
+#: server starting up, shutting down or full ("too many connections"), or a
+#: standby where a writer was asked for, can change: those are not here.
+_REFUSED_FOR_GOOD = re.compile(
+    r"authentication failed for user"  # password, md5, scram, ident, peer, ldap, cert...
+    r"|role \".*\" does not exist"
+    r"|database \".*\" does not exist"
+    r"|role \".*\" is not permitted to log in"
+    r"|permission denied for database"
+    r"|no pg_hba\.conf entry"
+    r"|pg_hba\.conf rejects connection"
+    r"|fe_sendauth: no password supplied"
+    r"|server does not support SSL, but SSL was required"
+    r"|invalid \w+ value"  # sslmode=bogus, target_session_attrs=..., checked before connecting
+    r"|invalid port number"
+    r"|invalid integer value"
+    r"|unrecognized configuration parameter"  # the URL's options, or connection_options
+    r"|invalid value for parameter"
+    r"|unsupported startup parameter"  # PgBouncer, refusing the options leaseq sends
+)
+
+
+def refused_for_good(exc: BaseException) -> InvalidDatabaseURL | None:
+    """``exc`` (a failed connection attempt) as an InvalidDatabaseURL if the server
+    or libpq refused it for a reason that trying again cannot change, else None."""
+    if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
+        return None
+    if _REFUSED_FOR_GOOD.search(str(exc)) is None:
+        return None
+    return InvalidDatabaseURL(f"cannot connect to the database: {_reason(exc)}")
 
 
 def parsable(dsn: str) -> str:

@@ -4,26 +4,53 @@ attempts fail is replaced rather than waited for (see :class:`~._db.Database`)."
 
 from __future__ import annotations
 
+import asyncio
+import math
+import os
+import threading
 import time
-from typing import Any
+from typing import Any, Self
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from .._errors import DatabaseUnavailable
+from .._errors import DatabaseUnavailable, InvalidDatabaseURL
+from .errors import refused_for_good, unavailable
 from .options import CONNECTION_OPTIONS
 
 
 def pool_settings(
-    dsn: str, min_size: int, max_size: int, options: dict[str, Any] | None
+    dsn: str, min_size: int, max_size: int, options: dict[str, Any] | None, open_timeout: float
 ) -> dict[str, Any]:
     return {
         "conninfo": dsn,
-        "kwargs": options or CONNECTION_OPTIONS,
+        "kwargs": bounded_attempts(dsn, options or CONNECTION_OPTIONS, open_timeout),
         "min_size": min_size,
         "max_size": max_size,
         "open": False,
         "name": "leaseq",
     }
+
+
+def bounded_attempts(dsn: str, options: dict[str, Any], open_timeout: float) -> dict[str, Any]:
+    """``options`` with a ``connect_timeout`` of the caller's open timeout (libpq's
+    least is 2 s), unless the URL or ``PGCONNECT_TIMEOUT`` sets one. libpq's own
+    default is none: an attempt on a server that accepts and never answers hung
+    for ever, in a pool given up long before."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.Error:  # not parsable: refused before any attempt (malformed_dsn)
+        return options
+    if "connect_timeout" in options or given.get("connect_timeout"):
+        return options
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        return options
+    return {**options, "connect_timeout": max(2, math.ceil(open_timeout))}
+
+
+#: The least time a pool is given to take in the connection its first attempt made.
+READY_SECONDS = 1.0
 
 
 class OpenFailures:
@@ -67,3 +94,93 @@ def failing(pool: ConnectionPool | AsyncConnectionPool) -> bool:
     """Whether the pool's connection attempts failed (so it retries with a growing
     delay), rather than one being slow to succeed."""
     return bool(pool.get_stats().get("connections_errors", 0))
+
+
+class ConnectWatch:
+    """What a new pool's connection attempts come to, for the caller that waits for
+    it to open: the first connection made, or one refused for good
+    (``refused_for_good``), ends the wait; the other failures are kept, to say why
+    no connection came.
+
+    Without it the caller waited on the pool itself: a refused password held it for
+    its whole open timeout (30 s for a client by default) and a worker tried again
+    for ever; and a pool that timed out was closed before the caller heard of it,
+    joining an attempt that hung on a silent server for 5 s, after which one more
+    connection (the diagnosis) took up to 5 s again: `connect_timeout=3` took 11 s.
+    """
+
+    def __init__(self) -> None:
+        self.refusal: InvalidDatabaseURL | None = None
+        #: The last attempt's failure (a refusal for good included).
+        self.failure: psycopg.Error | None = None
+        self._settled = threading.Event()  # set from the pool's worker threads
+        self._asettled: asyncio.Event | None = None
+
+    def connection_class(self) -> type[psycopg.Connection[Any]]:
+        watch = self
+
+        class Watched(psycopg.Connection[Any]):
+            @classmethod
+            def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+                try:
+                    conn = super().connect(conninfo, **kwargs)
+                except psycopg.Error as exc:
+                    watch._failed(exc)
+                    raise
+                watch._settle()
+                return conn
+
+        return Watched
+
+    def async_connection_class(self) -> type[psycopg.AsyncConnection[Any]]:
+        watch = self
+        self._asettled = asyncio.Event()
+
+        class Watched(psycopg.AsyncConnection[Any]):
+            @classmethod
+            async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+                try:
+                    conn = await super().connect(conninfo, **kwargs)
+                except psycopg.Error as exc:
+                    watch._failed(exc)
+                    raise
+                watch._settle()
+                return conn
+
+        return Watched
+
+    def wait(self, timeout: float) -> bool:
+        """Whether an attempt connected or was refused for good within ``timeout``."""
+        return self._settled.wait(timeout)
+
+    async def await_(self, timeout: float) -> bool:
+        """The async twin of :meth:`wait`."""
+        assert self._asettled is not None, "made without async_connection_class()"
+        try:
+            await asyncio.wait_for(self._asettled.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def unavailable(self, open_timeout: float) -> DatabaseUnavailable:
+        """Why no connection came in ``open_timeout``: the last attempt's failure,
+        else the attempt that was still waiting for the server."""
+        if self.failure is not None:
+            return unavailable(self.failure)
+        return DatabaseUnavailable(
+            f"cannot connect to the database: no connection within {open_timeout:g} s "
+            "(the server did not answer)"
+        )
+
+    def _failed(self, exc: psycopg.Error) -> None:
+        self.failure = exc
+        if (refusal := refused_for_good(exc)) is not None:
+            self.refusal = refusal
+            self._settle()
+
+    def _settle(self) -> None:
+        self._settled.set()
+        if self._asettled is not None:
+            # An asyncio.Event is not thread-safe, but the async pool's attempts run
+            # on the caller's loop.
+            self._asettled.set()
