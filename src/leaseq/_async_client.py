@@ -115,6 +115,12 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         Safe to run concurrently (an advisory lock serialises it)."""
         return await self._db.drive(_migrate.plan(self._store))
 
+    async def _require_migrated(self) -> None:
+        """NotMigrated unless the schema has every migration of this code (a
+        worker's first step: _migrate.require_current)."""
+        applied = await self._db.run(self._store.migrations_applied())
+        _migrate.require_current(self.schema, applied)
+
     # -- producers -------------------------------------------------------------
 
     async def enqueue(

@@ -8,7 +8,7 @@ and the later ones find nothing left to do.
 
 from __future__ import annotations
 
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, NotMigrated
 from ._statement import Plan, migration_files
 from ._store import Store
 
@@ -39,6 +39,22 @@ def plan(store: Store) -> Plan:
 
 def latest_version() -> int:
     return max(version for version, _, _ in migration_files())
+
+
+def require_current(schema: str, applied: set[int]) -> None:
+    """NotMigrated unless ``schema`` has every migration this code ships: the code
+    was deployed before `leaseq migrate` ran. A worker checks before its first
+    claim; one that claimed on such a schema stopped at its first statement that
+    needed the newer one, the jobs it held left running to their leases' end.
+    Migrations this code does not know (a newer leaseq migrated first, as a
+    rollout should) are no reason to refuse."""
+    missing = [version for version, _, _ in migration_files() if version not in applied]
+    if missing:
+        raise NotMigrated(
+            f"schema {schema} is at migration {max(applied, default=0)} and this leaseq "
+            f"needs migration {latest_version()}: run `leaseq migrate` (workers of the "
+            "older leaseq work on the migrated schema meanwhile)"
+        )
 
 
 def _foreign(store: Store, what: str) -> InvalidArgument:

@@ -104,6 +104,12 @@ class Queue(OperatorCalls, ClientBase):
         Safe to run concurrently (an advisory lock serialises it)."""
         return self._db.drive(_migrate.plan(self._store))
 
+    def _require_migrated(self) -> None:
+        """NotMigrated unless the schema has every migration of this code (a
+        worker's first step: _migrate.require_current)."""
+        applied = self._db.run(self._store.migrations_applied())
+        _migrate.require_current(self.schema, applied)
+
     # -- producers -------------------------------------------------------------
 
     def enqueue(

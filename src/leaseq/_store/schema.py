@@ -41,6 +41,10 @@ class SchemaOperations(StoreBase):
     def applied_migrations(self) -> Statement:
         return Statement(self.sql("migrate/applied.sql"))
 
+    def migrations_applied(self) -> Operation[set[int]]:
+        """The versions of leaseq's migrations the schema has."""
+        return Operation((self.applied_migrations(),), lambda r: {row[0] for row in r[0]})
+
     def migration(self, text: str) -> Statement:
         return Statement(self.render(text))
 

@@ -164,6 +164,8 @@ class Worker:
         self._main: asyncio.Task[None] | None = None
         #: The claim statement in flight, if any (cancelled past the grace of a stop).
         self._claiming: asyncio.Future[Claims] | None = None
+        #: Whether the schema has every migration of this code (checked before a claim).
+        self._schema_checked = False
         self._crashed: BaseException | None = None
         self._burst = False
 
@@ -359,6 +361,9 @@ class Worker:
                 await self._attempts.sleep_until_woken(self._hints.until_poll())
                 continue
             try:
+                if not self._schema_checked:  # here, where a database away is retried
+                    await self._clients.claims._require_migrated()
+                    self._schema_checked = True
                 for name, generation in asking:
                     claims = await self._claim(name, free)
                     if claims:

@@ -1,0 +1,105 @@
+"""A worker of a newer leaseq on a schema that misses its migrations (the code
+deployed before `leaseq migrate` ran): it must not start work it cannot finish.
+It claimed, and its first statement that needed the newer schema (a release,
+the key holds of 0013) stopped it with the jobs it held left running until
+their leases ran out. It now refuses to start, claims nothing, and says to
+migrate; on an up-to-date schema, or one a newer leaseq migrated further, it
+works."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+from leaseq._db.execution import drive
+from leaseq._statement import Plan, migration_files
+from leaseq._store import Store
+from leaseq.testing import adrain
+
+
+def _migrated_until(store: Store, last: int) -> Plan:
+    """leaseq's migrations up to ``last`` only: the schema an older leaseq made."""
+    yield store.migration_prepare()
+    for version, name, text in migration_files():
+        if version > last:
+            break
+        yield store.migration(text)
+        yield store.record_migration(version, name)
+    return []
+
+
+@pytest.fixture
+def behind(database_url: str, schema: str) -> int:
+    """The test's schema, one migration behind this code; yields its version."""
+    last = migration_files()[-1][0] - 1
+    with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
+        drive(conn, _migrated_until(Store(schema), last))
+    return last
+
+
+def _app(schema: str, ran: list[int]) -> leaseq.App:
+    app = leaseq.App(schema=schema)
+
+    @app.task("work")
+    async def work(job: leaseq.JobContext) -> None:
+        ran.append(job.job_id)
+
+    return app
+
+
+async def test_a_worker_refuses_a_schema_behind_its_code_and_claims_nothing(
+    database_url: str, schema: str, behind: int
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        # A job the older leaseq enqueued (a plain row: this code's enqueue is not
+        # what an older producer sends).
+        conn.execute(
+            f'INSERT INTO "{schema}".job (queue, payload, payload_bytes, available_at, '
+            "max_attempts) VALUES ('work', '{}', 2, now(), 3)"
+        )
+    ran: list[int] = []
+    worker = leaseq.Worker(
+        _app(schema, ran), dsn=database_url, poll_interval=0.1, maintenance=False
+    )
+    with pytest.raises(leaseq.NotMigrated) as refused:
+        await asyncio.wait_for(worker.run(), 30)
+    assert f"migration {behind}" in str(refused.value)
+    assert "leaseq migrate" in str(refused.value)
+    assert ran == []
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(f'SELECT status, attempts FROM "{schema}".job').fetchall()
+    assert rows == [("queued", 0)]  # not claimed, no attempt spent
+
+
+async def test_once_migrated_the_same_worker_runs_the_job(
+    database_url: str, schema: str, behind: int
+) -> None:
+    async with leaseq.AsyncQueue(database_url, schema=schema) as queue:
+        await queue.migrate()
+        job_id = await queue.enqueue("work", {})
+        ran: list[int] = []
+        await adrain(_app(schema, ran), dsn=database_url)
+        assert ran == [job_id]
+        assert (await queue.get(job_id)).status is JobStatus.DONE
+
+
+async def test_a_schema_a_newer_leaseq_migrated_further_is_worked(
+    database_url: str, schema: str
+) -> None:
+    """Migrate first, then deploy: during the rollout the older workers run on the
+    newer schema. A migration this code does not know is no reason to stop."""
+    async with leaseq.AsyncQueue(database_url, schema=schema) as queue:
+        await queue.migrate()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".migration (version, name) VALUES (9999, %s)',
+                ("9999_from_the_future.sql",),
+            )
+        job_id = await queue.enqueue("work", {})
+        ran: list[int] = []
+        await adrain(_app(schema, ran), dsn=database_url)
+        assert ran == [job_id]
