@@ -30,6 +30,11 @@ from .._waiting import pause, wait_for_event
 
 log = get_logger("leaseq.worker")
 
+#: How long a stopping worker waits for its last acknowledgements (the releases,
+#: then whatever is still unflushed) when the database does not take them; then
+#: it leaves them to their leases' expiry, as a crash would.
+ACKNOWLEDGEMENT_WAIT = 10.0
+
 
 class Kind(enum.Enum):
     """What the worker asks the database to do with a claim."""

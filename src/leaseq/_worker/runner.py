@@ -1,4 +1,5 @@
-"""The worker: its lifecycle and its claim loop; the rest are services it starts.
+"""The worker: its lifecycle; the claim loop (:mod:`.claiming`) and the services
+it starts do the work.
 
 One asyncio loop per process. The claim loop claims at most as many jobs as
 there are free slots (:mod:`.registry`), in one statement per queue, round
@@ -25,29 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import signal
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from .. import _metrics, _tracing
+from .. import _metrics
 from .. import _validate as validate
 from .._config import database_url
-from .._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, TransientError
+from .._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._metrics import Metrics
-from .._types import Claim, Claims
-from .._waiting import cancelling
 from .app import App
 from .attempt import AttemptRunner
+from .claiming import ClaimLoop
 from .connections import WorkerClients
-from .context import JobContext
 from .hints import WorkHints
 from .leases import LeaseKeeper
 from .listener import listen_for_work
-from .outcomes import Outcomes
+from .outcomes import ACKNOWLEDGEMENT_WAIT, Outcomes
 from .processes import ProcessPool
 from .registry import AttemptRegistry
 from .scheduler import Scheduler
@@ -56,10 +54,6 @@ from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
 
-#: How long a stopping worker waits for its last acknowledgements (the releases,
-#: then whatever is still unflushed) when the database does not take them; then
-#: it leaves them to their leases' expiry, as a crash would.
-ACKNOWLEDGEMENT_WAIT = 10.0
 #: A day: a poll interval, shutdown grace or maintenance interval past it is a
 #: unit mistake (milliseconds given as seconds).
 MAX_INTERVAL_SECONDS = 86400.0
@@ -162,10 +156,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
-        #: The claim statement in flight, if any (cancelled past the grace of a stop).
-        self._claiming: asyncio.Future[Claims] | None = None
-        #: Whether the schema has every migration of this code (checked before a claim).
-        self._schema_checked = False
+        self._claims: ClaimLoop | None = None  # made by run()
         self._crashed: BaseException | None = None
         self._burst = False
 
@@ -173,25 +164,10 @@ class Worker:
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs get the grace period, then are released."""
-        if not self._stopping.is_set() and self._claiming is not None:
-            # A claim in flight may wait on the database for long (a lock held by
-            # a migration, a server away): it gets the grace, as running jobs do.
-            claiming = self._claiming
-            loop = claiming.get_loop()  # (thread-safe: a stop may come from another thread)
-            loop.call_soon_threadsafe(
-                loop.call_later, self.shutdown_grace, self._abandon_claim, claiming
-            )
+        if not self._stopping.is_set() and self._claims is not None:
+            self._claims.abandon_after(self.shutdown_grace)  # the claim in flight, if any
         self._stopping.set()
         self._attempts.wake()
-
-    def _abandon_claim(self, claiming: asyncio.Future[Claims]) -> None:
-        if not claiming.done():
-            log.warning(
-                "the claim in flight at the stop has not returned within the grace "
-                "(%gs); cancelled",
-                self.shutdown_grace,
-            )
-            claiming.cancel()  # psycopg cancels the statement: it rolls back, claiming nothing
 
     def _on_signal(self) -> None:
         count = self._signals.received()
@@ -254,8 +230,25 @@ class Worker:
         log.info(
             "worker started: queues=%s concurrency=%d", ",".join(self.queues), self.concurrency
         )
+        self._claims = ClaimLoop(
+            client=self._clients.claims,
+            handlers=self._clients.handlers,
+            handlers_async=self._clients.handlers_async,
+            tasks=self.app.tasks,
+            queues=self.queues,
+            lease=self.lease,
+            poll_interval=self.poll_interval,
+            burst=burst,
+            stopping=self._stopping,
+            attempts=self._attempts,
+            hints=self._hints,
+            runner=self._runner,
+            leases=self._leases,
+            stats=self.stats,
+            metrics=self.metrics,
+        )
         try:
-            await self._claim_loop()
+            await self._claims.run()
             await self._shutdown()
         except asyncio.CancelledError:
             if self._crashed is None:
@@ -334,129 +327,7 @@ class Worker:
             log.warning("releasing %d unfinished jobs", len(self._attempts))
             await self._attempts.release_all(ACKNOWLEDGEMENT_WAIT)
 
-    # -- claiming ------------------------------------------------------------------
-
-    async def _claim_loop(self) -> None:
-        start = 0
-        swept = False  # burst: every queue was asked since the last job was claimed
-        while not self._stopping.is_set():
-            free = self._attempts.free_slots()
-            if free <= 0:
-                await self._attempts.sleep_until_woken(None)
-                continue
-            order = self.queues[start:] + self.queues[:start]
-            start = (start + 1) % len(self.queues)
-            asking = self._hints.to_ask(order)
-            idle = not asking and not self._attempts and not self._hints.awaiting_room()
-            if self._burst and idle:
-                if swept:
-                    return  # nothing claimable now, nothing running
-                # One more claim of every queue first: a job a handler enqueued,
-                # or one announced by no one (a burst worker does not listen),
-                # is found by no hint.
-                swept = True
-                self._hints.may_have_work()
-                continue
-            if not asking:  # nothing to claim until a hint or the poll (.hints)
-                await self._attempts.sleep_until_woken(self._hints.until_poll())
-                continue
-            try:
-                if not self._schema_checked:  # here, where a database away is retried
-                    await self._clients.claims._require_migrated()
-                    self._schema_checked = True
-                for name, generation in asking:
-                    claims = await self._claim(name, free)
-                    if claims:
-                        swept = False
-                    if len(claims) < free:
-                        self._hints.came_back_short(name, generation)
-                    if claims.retry_in is not None:
-                        self._hints.ask_again_in(name, claims.retry_in)
-                    free -= len(claims)
-                    if free <= 0 or self._stopping.is_set():
-                        break
-            except InvalidDatabaseURL:
-                raise  # a setup error: no retry can connect with it
-            except TransientError as exc:
-                self.stats.database_errors += 1
-                log.warning("claim failed (%s); retrying", exc)
-                await self._attempts.sleep_until_woken(
-                    self.poll_interval * random.uniform(0.5, 1.5)
-                )
-
-    async def _release_unstarted(self, claims: Claims) -> None:
-        try:  # bounded as the stop's other releases: the database may be away
-            results = await asyncio.wait_for(
-                self._clients.claims.release_many(claims), ACKNOWLEDGEMENT_WAIT
-            )
-        except (TransientError, TimeoutError) as exc:
-            log.warning(
-                "%d jobs claimed as the worker stopped could not be given back (%s); their "
-                "leases will expire and they will run again",
-                len(claims),
-                exc,
-            )
-            return
-        released = [claim for claim, given_back in results if given_back]
-        self.stats.released += len(released)
-        if self.metrics is not None:
-            for claim in released:
-                self.metrics.queue(claim.queue).finished["released"].inc()
-        log.info("gave back %d jobs whose claim returned after the stop", len(released))
-
     def _work_hint(self, queue: str | None) -> None:
         """Something may have made ``queue`` (None: any queue) claimable: claim again."""
         self._hints.may_have_work(queue)
         self._attempts.wake()
-
-    async def _claim(self, name: str, limit: int) -> Claims:
-        """Claim up to ``limit`` jobs of one queue and start an attempt for each."""
-        task = self.app.tasks[name]
-        started = time.perf_counter()
-        sent = time.monotonic()  # the leases run from no earlier than this
-        claiming = asyncio.ensure_future(
-            self._clients.claims.claim(name, limit=limit, lease=task.lease or self.lease)
-        )
-        self._claiming = claiming
-        try:
-            claims = await claiming
-        except asyncio.CancelledError:
-            if cancelling():
-                raise  # the worker's own task: a second signal, or its caller
-            return Claims([])  # abandoned at the stop (_abandon_claim)
-        finally:
-            self._claiming = None
-        elapsed = time.perf_counter() - started
-        self.stats.claim_statements += 1
-        self.stats.claim_seconds += elapsed
-        self.stats.claimed += len(claims)
-        if self.metrics is not None:
-            _count_claim(self.metrics, name, elapsed, claims)
-        if self._stopping.is_set() and claims:
-            # It returned after the stop: nothing of it starts. Given back at once,
-            # the attempt not counted (its lease would otherwise run out here, the
-            # attempt counted, after a stop that waited on this very claim).
-            await self._release_unstarted(claims)
-            return Claims([])
-        started_now = []
-        traced = _tracing.active() if claims else False
-        for claim in claims:
-            context = JobContext(claim, self._clients.handlers, self._clients.handlers_async)
-            attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
-            self._runner.start(attempt, task, traced=traced)
-            started_now.append(attempt)
-        self._leases.attempts_started(started_now)
-        return claims
-
-
-def _count_claim(metrics: Metrics, queue: str, elapsed: float, claims: list[Claim]) -> None:
-    """One claim call: its time, and per claim a recovered lease and how long it waited."""
-    instruments = metrics.queue(queue)
-    instruments.claims.inc()
-    instruments.claim_duration.observe(elapsed)
-    for claim in claims:
-        if claim.recovered:
-            instruments.recovered.inc()
-        wait = claim.wait_seconds
-        if wait is not None:
-            instruments.job_wait.observe(wait)
