@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 import leaseq
 import leaseq._db.pool_rules
 from leaseq import JobStatus
-from leaseq._db import listening
+from leaseq._db import AsyncDatabase, listening
 from leaseq._worker import connections
 from leaseq.testing import adrain
 
@@ -399,6 +399,20 @@ async def test_an_async_call_to_a_server_that_never_answers_ends_at_the_connect_
         elapsed = time.monotonic() - started
     assert timeout - 0.5 < elapsed < timeout + PAST_THE_TIMEOUT, elapsed
     assert not isinstance(unavailable.value, leaseq.InvalidDatabaseURL)
+
+
+@pytest.mark.server_agnostic
+async def test_a_session_on_a_server_that_never_answers_ends_at_the_connect_timeout(
+    silent_server: str,
+) -> None:
+    """The worker's LISTEN and maintenance sessions connect outside the pool: with
+    no libpq connect_timeout they waited for ever on such a server."""
+    database = AsyncDatabase(silent_server, open_timeout=2)
+    started = time.monotonic()
+    with pytest.raises(leaseq.DatabaseUnavailable):
+        async with asyncio.timeout(60), database.session():
+            pass
+    assert time.monotonic() - started < 2 + PAST_THE_TIMEOUT
 
 
 async def test_async_callers_while_the_database_is_away_share_one_failed_open(

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
-from .errors import malformed_dsn, parsable, read_only_server, translated_errors
+from .errors import malformed_dsn, parsable, read_only_server, translated_errors, unavailable
 from .execution import AsyncConnection, adrive, aexecute, callers, retryable
 from .listening import anotified
 from .options import CONNECTION_OPTIONS, under_the_url
@@ -25,6 +25,7 @@ from .pool_rules import (
     ConnectWatch,
     OpenFailures,
     attempt_timeout,
+    bounded_attempts,
     failing,
     pool_settings,
 )
@@ -218,7 +219,14 @@ class AsyncDatabase:
         """A connection of its own, outside the pool, for session state (an advisory
         lock held for as long as the session lives)."""
         with translated_errors():
-            conn = await psycopg.AsyncConnection.connect(parsable(self.dsn), **self._options)
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    parsable(self.dsn),
+                    **bounded_attempts(self.dsn, self._options, self.open_timeout),
+                )
+            except psycopg.OperationalError as exc:  # as a pool's failed open says it
+                raise_if_cancelling(exc)
+                raise unavailable(exc) from exc
         async with conn:
             try:
                 yield Session(conn)
