@@ -1,6 +1,8 @@
 """What the clients' pools are made with, and the rules for giving one up: a
 failed open is shared by the callers that waited for it; a pool whose connection
-attempts fail is replaced rather than waited for (see :class:`~._db.Database`)."""
+attempts fail is replaced rather than waited for; an attempt refused for good
+ends the wait at once (:class:`ConnectWatch`); no attempt waits past the
+caller's timeout (:func:`bounded_attempts`). See :class:`~.database.Database`."""
 
 from __future__ import annotations
 
