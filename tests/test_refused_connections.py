@@ -75,6 +75,35 @@ async def test_a_server_that_is_away_is_still_waited_for_and_not_refused_for_goo
     assert time.monotonic() - started >= 1.5  # tried for its timeout, not given up
 
 
+def _two_hosts(database_url: str, first: tuple[str, str], **changes: str) -> str:
+    """``database_url`` behind another host tried first (a failover URL)."""
+    given = conninfo_to_dict(database_url)
+    host, port = given.get("host") or "localhost", given.get("port") or "5432"
+    return make_conninfo(
+        **{**given, **changes, "host": f"{first[0]},{host}", "port": f"{first[1]},{port}"}
+    )
+
+
+async def test_with_several_hosts_a_refusal_is_for_good_only_if_every_host_refused(
+    database_url: str,
+) -> None:
+    """A failover URL whose first host is away: that host may answer next time."""
+    away = _two_hosts(database_url, ("127.0.0.1", "1"), user="leaseq_no_such_role")
+    async with leaseq.AsyncQueue(away, connect_timeout=2) as queue:
+        with pytest.raises(leaseq.DatabaseUnavailable) as unavailable:
+            await asyncio.wait_for(queue.stats(), AT_ONCE)
+    assert not isinstance(unavailable.value, leaseq.InvalidDatabaseURL)
+    given = conninfo_to_dict(database_url)
+    both = _two_hosts(
+        database_url,
+        (given.get("host") or "localhost", given.get("port") or "5432"),
+        user="leaseq_no_such_role",
+    )
+    async with leaseq.AsyncQueue(both, connect_timeout=PATIENT) as queue:
+        with pytest.raises(leaseq.InvalidDatabaseURL):
+            await asyncio.wait_for(queue.stats(), AT_ONCE)
+
+
 @pytest.mark.parametrize("which", ["dsn", "listen_dsn"])
 async def test_a_worker_stops_on_a_role_the_server_does_not_know(
     database_url: str, schema: str, which: str

@@ -201,12 +201,21 @@ _REFUSED_FOR_GOOD = re.compile(
 )
 
 
+#: How psycopg lists the attempts of a URL with several hosts (or addresses), one
+#: line each after this, each starting "- host: ".
+_EACH_HOST = "\n- host: "
+
+
 def refused_for_good(exc: BaseException) -> InvalidDatabaseURL | None:
     """``exc`` (a failed connection attempt) as an InvalidDatabaseURL if the server
-    or libpq refused it for a reason that trying again cannot change, else None."""
+    or libpq refused it for a reason that trying again cannot change, else None.
+    With several hosts, only if every one refused so: one that is away (a primary
+    restarting behind a failover URL) may answer next time."""
     if not isinstance(exc, psycopg.OperationalError) or exc.sqlstate is not None:
         return None
-    if _REFUSED_FOR_GOOD.search(str(exc)) is None:
+    text = str(exc)
+    attempts = text.split(_EACH_HOST)[1:] or [text]
+    if not all(_REFUSED_FOR_GOOD.search(attempt) for attempt in attempts):
         return None
     return InvalidDatabaseURL(f"cannot connect to the database: {_reason(exc)}")
 
