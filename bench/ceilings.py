@@ -7,6 +7,11 @@ own job table, measured beside leaseq in the same run.
 * Lifecycle: the batched claim/complete loop, 100 jobs per statement, on
   leaseq's table with leaseq's own claim statement and a bare completion (no
   fence, no worker), against the same loop on the minimal table.
+* Concurrency 50 without the worker: leaseq's own claim (50 jobs) and fenced
+  ``complete_many`` through the async client, on two connections, the next
+  claim sent while the last 50 are being completed (what the worker does, with
+  no handler, task, lease, outcome or metric per job), beside the Worker at
+  concurrency 50 on the same load: the most leaseq's statements allow there.
 * Start latency: a durable commit of a one-row UPDATE, p50/p95/p99; no claim
   starts a job sooner than its own commit comes back.
 * One enqueue per transaction, taken apart: the minimal INSERT, leaseq's own
@@ -21,6 +26,7 @@ Alternating rounds, medians: the machine is shared and noisy.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -106,6 +112,54 @@ def lifecycle_on_minimal(conn: psycopg.Connection[object]) -> int:
 
 
 ONE_BY_ONE = 2000  # enqueues per measurement of each form
+PIPELINED_JOBS = 20_000
+PIPELINED_BATCH = 50
+
+
+async def pipelined_without_worker(url: str) -> int:
+    """Claims of 50 on one client, their completion on another, overlapped."""
+    claimer = leaseq.AsyncQueue(url, schema=SCHEMA, pool_size=1)
+    acker = leaseq.AsyncQueue(url, schema=SCHEMA, pool_size=1)
+    async with claimer, acker:
+        await acker.stats()  # both pools open before the clock starts
+        started, done = time.perf_counter(), 0
+        claims = await claimer.claim("bench", limit=PIPELINED_BATCH)
+        while claims:
+            completing = asyncio.create_task(acker.complete_many(claims))
+            done += len(claims)
+            claims = await claimer.claim("bench", limit=PIPELINED_BATCH)
+            await completing
+        return int(done / (time.perf_counter() - started))
+
+
+async def worker_at_50(url: str) -> int:
+    app = leaseq.App(schema=SCHEMA)
+    finished = asyncio.Event()
+    done = 0
+
+    @app.task("bench")
+    async def noop(job: leaseq.JobContext) -> None:
+        nonlocal done
+        done += 1
+        if done == PIPELINED_JOBS:
+            finished.set()
+
+    worker = leaseq.Worker(app, dsn=url, concurrency=PIPELINED_BATCH, maintenance=False)
+    started = time.perf_counter()
+    running = asyncio.create_task(worker.run())
+    await finished.wait()
+    elapsed = time.perf_counter() - started
+    worker.request_stop()
+    await running
+    return int(done / elapsed)
+
+
+def load_for_pipelines(queue: leaseq.Queue, conn: psycopg.Connection[object]) -> None:
+    conn.execute(f"DELETE FROM {SCHEMA}.job")
+    for start in range(0, PIPELINED_JOBS, 10_000):
+        queue.enqueue_many("bench", [{"n": n} for n in range(start, start + 10_000)])
+    vacuum(conn)
+    conn.execute("CHECKPOINT")
 
 
 def insert_minimal(conn: psycopg.Connection[object]) -> int:
@@ -204,6 +258,17 @@ def main() -> None:
                 "lifecycle, 100 per statement, minimal table",
                 timed(lifecycle_on_minimal, conn),
             )
+            for _ in range(2):  # each form twice, alternating
+                load_for_pipelines(queue, conn)
+                record(
+                    "concurrency 50: Worker (jobs/s)",
+                    asyncio.run(worker_at_50(url)),
+                )
+                load_for_pipelines(queue, conn)
+                record(
+                    "concurrency 50: claim + complete_many, pipelined, no worker",
+                    asyncio.run(pipelined_without_worker(url)),
+                )
             latencies = commit_latencies(conn)
             for share in (0.5, 0.95, 0.99):
                 record(
