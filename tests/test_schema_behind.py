@@ -15,29 +15,17 @@ import pytest
 
 import leaseq
 from leaseq import JobStatus
-from leaseq._db.execution import drive
-from leaseq._statement import Plan, migration_files
-from leaseq._store import Store
+from leaseq._statement import migration_files
 from leaseq.testing import adrain
 
-
-def _migrated_until(store: Store, last: int) -> Plan:
-    """leaseq's migrations up to ``last`` only: the schema an older leaseq made."""
-    yield store.migration_prepare()
-    for version, name, text in migration_files():
-        if version > last:
-            break
-        yield store.migration(text)
-        yield store.record_migration(version, name)
-    return []
+from .older_schemas import migrate_until
 
 
 @pytest.fixture
 def behind(database_url: str, schema: str) -> int:
     """The test's schema, one migration behind this code; yields its version."""
     last = migration_files()[-1][0] - 1
-    with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
-        drive(conn, _migrated_until(Store(schema), last))
+    migrate_until(database_url, schema, last)
     return last
 
 

@@ -32,6 +32,30 @@ DROP INDEX {schema}.job_ready_idx;
 CREATE INDEX job_ready_idx ON {schema}.job (queue, priority DESC, available_at, job_id)
     WHERE status = 'queued' AND NOT blocked;
 
+-- leaseq 1 let a late, earlier job of a key run beside the key's running one,
+-- so its databases may hold two running jobs of one key, which the index below
+-- refuses. Each key keeps its earliest running job; the others go back to the
+-- queue (settled behind it at the end of this file) with a new lease version,
+-- so their workers' late writes are refused, and their attempt not counted:
+-- the upgrade ended it, not the job. (A data repair ahead of the index: the
+-- schema this migration makes is unchanged.)
+UPDATE {schema}.job AS j
+SET status = 'queued',
+    lease_until = NULL,
+    available_at = {schema}.clock(),
+    lease_version = j.lease_version + 1,
+    attempts = greatest(j.attempts - 1, 0),
+    history = {schema}.history_append(j.history, jsonb_build_object(
+        'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'released',
+        'write', 'upgrade', 'lease_version', j.lease_version, 'claimed_at', j.claimed_at,
+        'requeued', 'another job of its key was running'))
+WHERE j.ordering_key IS NOT NULL
+  AND j.status = 'running'
+  AND EXISTS (SELECT 1 FROM {schema}.job AS e
+              WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key
+                AND e.status = 'running'
+                AND (e.ordering_seq, e.job_id) < (j.ordering_seq, j.job_id));
+
 -- At most one running job per key: the database states the invariant.
 CREATE UNIQUE INDEX job_running_key_idx ON {schema}.job (queue, ordering_key)
     WHERE status = 'running' AND ordering_key IS NOT NULL;
