@@ -108,8 +108,9 @@ def test_a_result_that_cannot_be_stored_is_refused_and_writes_nothing(
 ) -> None:
     job_id = client.enqueue("reports", {})
     claim = _claim(client)
-    with pytest.raises(leaseq.InvalidResult, match=message):
+    with pytest.raises(leaseq.InvalidResult, match=message) as refused:
         client.complete(claim, result=value)
+    assert "payload" not in str(refused.value)  # the result is what was refused
     assert client.get(job_id).status is JobStatus.RUNNING
     client.complete(claim, result="fine")
     assert client.result(job_id) == "fine"

@@ -253,7 +253,8 @@ def result(value: object, limit: int = DEFAULT_MAX_RESULT_BYTES) -> EncodedPaylo
     try:
         encoded = payload(value, limit)
     except PayloadTooLarge as exc:
-        raise InvalidResult(f"result too large: {exc}") from None
+        reason = str(exc).replace("payload", "the result")
+        raise InvalidResult(f"result too large: {reason}") from None
     except InvalidJob as exc:
         reason = str(exc).replace("payload", "result")
         raise InvalidResult(f"result cannot be stored: {reason}") from None
