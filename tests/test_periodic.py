@@ -428,6 +428,26 @@ def test_a_daily_cron_ticks_once_on_each_dst_transition_day() -> None:
     assert autumn[0] == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)  # its first occurrence, CEST
 
 
+def test_the_hour_skipped_in_spring_ticks_as_cron_does() -> None:
+    """Paris, 29 March 2026, 02:00 CET is 03:00 CEST. An hour field that names
+    the skipped hour gets one tick for it, at 03:00; a schedule of every hour
+    has none there and stays one real hour apart."""
+    paris = ZoneInfo("Europe/Paris")
+    night = (datetime(2026, 3, 29, 0, 45, tzinfo=paris), datetime(2026, 3, 29, 4, 1, tzinfo=paris))
+
+    def wall_clock(cron: str) -> list[str]:
+        return [
+            t.astimezone(paris).strftime("%H:%M")
+            for t in _ticks(_declare(cron=cron, tz="Europe/Paris"), *night)
+        ]
+
+    assert wall_clock("30 2 * * *") == ["03:00"]
+    assert wall_clock("30 1-3 * * *") == ["01:30", "03:00", "03:30"]
+    assert wall_clock("30 * * * *") == ["01:30", "03:30"]
+    hourly = _ticks(_declare(cron="30 * * * *", tz="Europe/Paris"), *night)
+    assert hourly[1] - hourly[0] == timedelta(hours=1)
+
+
 def test_hourly_ticks_keep_their_wall_clock_through_dst() -> None:
     schedule = _declare(cron="0 * * * *", tz="America/New_York")
     ny = ZoneInfo("America/New_York")
@@ -472,6 +492,71 @@ def test_catch_up_counts_what_it_skips() -> None:
     assert due.next_tick == first + timedelta(seconds=101)
 
 
+def test_a_cron_catch_up_counts_what_it_skips() -> None:
+    """Near: each skipped tick counted. Far (ten days of a tick a second): the
+    latest tick enqueued, the skipped ones counted (estimated past a bound, from
+    the spacing of the ticks counted: exact for a cron of even spacing)."""
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    near = _declare(cron="* * * * * */5", catch_up=12).due(first, first + timedelta(seconds=149))
+    assert near.enqueue == tuple(first + timedelta(seconds=s) for s in (140, 145))
+    assert near.skipped == 28  # 0, 5, ..., 135
+    assert near.next_tick == first + timedelta(seconds=150)
+    far = _declare(cron="* * * * * *").due(first, first + timedelta(days=10, milliseconds=500))
+    assert far.enqueue == (first + timedelta(days=10),)
+    assert far.skipped == 10 * 86400
+    assert far.next_tick == first + timedelta(days=10, seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz", "since", "days"),
+    [
+        # business hours, every 10 s
+        ("* 9-17 * * mon-fri */10", "Europe/Paris", datetime(2026, 3, 2, 7, 3, tzinfo=UTC), 9),
+        # through a spring forward and a fall back
+        ("* * * * *", "Europe/Paris", datetime(2026, 3, 28, tzinfo=UTC), 2),
+        ("* * * * *", "Europe/Paris", datetime(2026, 10, 24, tzinfo=UTC), 2),
+        ("30 2 * * *", "Europe/Paris", datetime(2026, 3, 20, tzinfo=UTC), 20),
+        ("*/7 * * * *", "Australia/Lord_Howe", datetime(2026, 4, 1, tzinfo=UTC), 10),
+        ("*/5 * * * *", "Asia/Kolkata", datetime(2026, 1, 1, tzinfo=UTC), 3),
+        ("15 0 * * *", "America/Santiago", datetime(2026, 8, 20, tzinfo=UTC), 40),
+    ],
+)
+def test_a_cron_far_behind_counts_each_tick_it_skips(
+    cron: str, tz: str, since: datetime, days: int
+) -> None:
+    """Counted hour by hour, not tick by tick: the count is the number of ticks
+    the schedule has there (this test walks them all)."""
+    schedule = _declare(cron=cron, tz=tz)
+    first = schedule.next_after(since)
+    now = first + timedelta(days=days)
+    walked = _ticks(schedule, first - timedelta(microseconds=1), now)
+    due = schedule.due(first, now)
+    assert due.enqueue == (walked[-1],)
+    assert due.skipped == len(walked) - 1
+
+
+def test_a_cron_a_year_behind_extrapolates_its_count() -> None:
+    """Past a thousand hours counted, the rest is extrapolated at the rate counted."""
+    schedule = _declare(cron="*/2 * * * *")
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    due = schedule.due(first, first + timedelta(days=400, seconds=30))
+    assert due.enqueue == (first + timedelta(days=400),)
+    assert abs(due.skipped - 400 * 720) <= 2
+
+
+def test_a_long_catch_up_window_is_enqueued_over_several_passes() -> None:
+    """Three hours of a tick a second within the window: a pass takes 1,000 of
+    them, in order, and the next pass goes on from the first one it left."""
+    schedule = _declare(cron="* * * * * *", catch_up=4 * 3600)
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    now = first + timedelta(hours=3)
+    due = schedule.due(first, now)
+    assert due.enqueue == tuple(first + timedelta(seconds=s) for s in range(1000))
+    assert (due.skipped, due.next_tick) == (0, first + timedelta(seconds=1000))
+    following = schedule.due(due.next_tick, now)
+    assert following.enqueue[0] == first + timedelta(seconds=1000)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -505,3 +590,41 @@ def test_a_schedule_name_is_declared_once() -> None:
     app.periodic("s", queue="q", every=60)
     with pytest.raises(leaseq.InvalidArgument, match="already declared"):
         app.periodic("s", queue="q", every=60)
+
+
+async def test_a_long_downtime_of_a_dense_cron_does_not_stall_the_worker(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A worker that finds a schedule of one tick a second ten days behind (no
+    worker ran meanwhile) handles it without stalling its other work: it walked
+    each of the 864,000 missed ticks on its event loop, for half a minute, and a
+    job running meanwhile missed its renewals and lost its lease (its only
+    attempt failed). Its job must complete, and the skipped ticks be counted."""
+    await aqueue.configure_queue("work", lease=2)
+    app = _app(schema, dense={"cron": "* * * * * *"})
+    started = asyncio.Event()
+
+    @app.task("work")
+    async def long_job(job: leaseq.JobContext) -> None:
+        started.set()
+        await asyncio.sleep(4)  # two leases long: it lives on its renewals
+
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False)
+    running = asyncio.create_task(worker.run())
+    try:
+        while not await aqueue.schedules():
+            await asyncio.sleep(0.05)  # the worker declared the schedule
+        job_id = await aqueue.enqueue("work", {}, max_attempts=1)
+        await asyncio.wait_for(started.wait(), 10)
+        async with aqueue.connection() as conn:  # ten days with no worker
+            await conn.execute(
+                f"UPDATE \"{schema}\".schedule SET next_tick = next_tick - interval '10 days'"
+            )
+        await asyncio.wait_for(aqueue.wait_result(job_id, timeout=30), 40)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (leaseq.JobStatus.DONE, 1)
+    (info,) = await aqueue.schedules()
+    assert info.skipped >= 10 * 86400 - 10  # each tick of the ten days but the latest

@@ -5,14 +5,18 @@ last) in its own time zone, or every N seconds (aligned on the Unix epoch, so
 every worker agrees on the ticks). Pure computation, no I/O: the
 :mod:`.scheduler` asks it what is due between two database times.
 
-Daylight saving time: a wall-clock time that does not exist (the hour skipped
-in spring) ticks once, at the first time after it (croniter's rule); a
-wall-clock time that happens twice (the hour repeated in autumn) ticks once, at
-its first occurrence. So "0 2 * * *" runs once on every day of the year.
+Daylight saving time, as cron does it (croniter's rule): a schedule whose hour
+field names the hour skipped in spring ticks once for it, at the first time
+after the gap; one that ticks every hour has no tick in that hour and keeps
+its real-time spacing. A wall-clock time that happens twice (the hour repeated
+in autumn) ticks once, at its first occurrence. So "0 2 * * *" runs once on
+every day of the year, and "30 * * * *" once every real hour.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import re
 from collections.abc import Iterator
@@ -26,6 +30,13 @@ from croniter import CroniterError, croniter
 from .. import _validate as validate
 from .. import _validate_operators as operator_input
 from .._errors import InvalidArgument
+
+#: The hours a cron's skipped ticks are counted in, one croniter call each; past
+#: this many (41 days of a cron that ticks every hour), the count is extrapolated.
+HOURS_COUNTED = 1_000
+#: The most ticks one pass enqueues for a schedule (a long catch-up window of a
+#: dense schedule): the rest stay due, for the next pass half a second later.
+TICKS_PER_PASS = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +74,14 @@ class Schedule:
     def due(self, first: datetime, now: datetime) -> Due:
         """The ticks from ``first`` (the next unhandled tick) up to ``now``: which to
         enqueue (those within the catch-up window, and always the latest), how
-        many to skip, and the first tick after them."""
+        many to skip, and the first tick after them.
+
+        It runs on the worker's event loop, so its work is bounded whatever the
+        downtime: the ticks before the window are jumped over and counted hour
+        by hour (:meth:`_count`), and at most :data:`TICKS_PER_PASS` ticks are
+        chosen; the rest stay due for the next pass."""
         window = now - timedelta(seconds=self.catch_up)
-        start = first - timedelta(microseconds=1)
-        skipped = 0
-        if self.every is not None:
-            # Far behind an interval: jump over the ticks before the window.
-            before_window = math.floor((window - first).total_seconds() / self.every)
-            if before_window > 1:
-                skipped = before_window - 1
-                start += timedelta(seconds=skipped * self.every)
+        start, skipped = self._jump_to_window(first, window)
         chosen: list[datetime] = []
         latest: datetime | None = None
         for tick in self._ticks(start):
@@ -82,10 +91,68 @@ class Schedule:
                 skipped += 1  # older than the window, and not the latest
             elif latest is not None:
                 chosen.append(latest)
+                if len(chosen) == TICKS_PER_PASS:
+                    return Due(tuple(chosen), skipped, tick)  # the rest next pass
             latest = tick
         if latest is None:
             return Due((), skipped, self.next_after(now))
         return Due((*chosen, latest), skipped, self.next_after(latest))
+
+    def _jump_to_window(self, first: datetime, window: datetime) -> tuple[datetime, int]:
+        """Where to start walking the ticks (just before the last tick before the
+        window, when ``first`` is older), and how many ticks that jump skipped."""
+        start = first - timedelta(microseconds=1)
+        if self.every is not None:
+            before_window = math.floor((window - first).total_seconds() / self.every)
+            if before_window > 1:
+                skipped = before_window - 1
+                return start + timedelta(seconds=skipped * self.every), skipped
+            return start, 0
+        assert self.cron is not None
+        zone = ZoneInfo(self.tz)
+        last_before: datetime = (
+            croniter(self.cron, window.astimezone(zone)).get_prev(datetime).astimezone(UTC)
+        )
+        if last_before <= first:
+            return start, 0
+        return last_before - timedelta(microseconds=1), self._count(first, last_before)
+
+    def _count(self, first: datetime, end: datetime) -> int:
+        """How many cron ticks fall in [first, end), without walking each: the
+        minutes and seconds a cron ticks at are the same in every hour it ticks
+        in, so each such hour is counted at once, and croniter only finds the
+        next one (~30 µs a call: a tick a second ten days behind, walked tick by
+        tick, stalled the worker for half a minute). An hour that a change of
+        UTC offset cuts (daylight saving time) is walked. Past
+        :data:`HOURS_COUNTED` hours the rest is extrapolated at the rate
+        counted so far."""
+        zone = ZoneInfo(self.tz)
+        offsets = _offsets_in_hour(self.cron)
+        ticks = self._ticks(first - timedelta(microseconds=1))
+        tick, counted, hours = next(ticks), 0, 0
+        while tick < end:
+            if hours == HOURS_COUNTED:
+                return round(counted * (end - first) / (tick - first))
+            hours += 1
+            local = tick.astimezone(zone)
+            hour_start = local.replace(minute=0, second=0, microsecond=0)
+            hour_end = hour_start.astimezone(UTC) + timedelta(hours=1)
+            since = local.minute * 60 + local.second
+            last_instant = (hour_end - timedelta(microseconds=1)).astimezone(zone)
+            at = bisect.bisect_left(offsets, since)
+            on_offset = at < len(offsets) and offsets[at] == since
+            if not on_offset or hour_start.utcoffset() != last_instant.utcoffset():
+                # A tick moved out of a skipped wall-clock time, or an hour a
+                # change of UTC offset cuts: croniter's own ticks, one by one.
+                while tick < min(hour_end, end):
+                    counted += 1
+                    tick = next(ticks)
+                continue
+            until = (min(hour_end, end) - hour_start).total_seconds()
+            counted += bisect.bisect_left(offsets, until) - at
+            ticks = self._ticks(hour_end - timedelta(microseconds=1))
+            tick = next(ticks)
+        return counted
 
     def idempotency_key(self, tick: datetime) -> str:
         """The job's key: stable for the tick, whichever worker enqueues it."""
@@ -111,6 +178,19 @@ class Schedule:
             if tick.fold == 1 and tick.replace(fold=0).utcoffset() != tick.utcoffset():
                 continue  # the second pass of a repeated wall-clock time
             yield tick.astimezone(UTC)
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets_in_hour(cron: str) -> tuple[float, ...]:
+    """The seconds past the hour at which ``cron`` ticks, in any hour it ticks in
+    (its minute and second fields do not depend on the hour or the day)."""
+    ticks = croniter(cron, datetime(2001, 1, 1, tzinfo=UTC))
+    hour = ticks.get_next(datetime).replace(minute=0, second=0, microsecond=0)
+    ticks = croniter(cron, hour - timedelta(microseconds=1))
+    offsets: list[float] = []
+    while (tick := ticks.get_next(datetime)) < hour + timedelta(hours=1):
+        offsets.append((tick - hour).total_seconds())
+    return tuple(offsets)
 
 
 @dataclass(frozen=True, slots=True)
