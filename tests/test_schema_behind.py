@@ -12,10 +12,12 @@ import asyncio
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
 import leaseq
 from leaseq import JobStatus
 from leaseq._statement import migration_files
+from leaseq._cli import cli
 from leaseq.testing import adrain
 
 from .older_schemas import migrate_until
@@ -39,8 +41,9 @@ def _app(schema: str, ran: list[int]) -> leaseq.App:
     return app
 
 
+@pytest.mark.parametrize("maintenance", [False, True])
 async def test_a_worker_refuses_a_schema_behind_its_code_and_claims_nothing(
-    database_url: str, schema: str, behind: int
+    database_url: str, schema: str, behind: int, maintenance: bool
 ) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn:
         # A job the older leaseq enqueued (a plain row: this code's enqueue is not
@@ -51,7 +54,7 @@ async def test_a_worker_refuses_a_schema_behind_its_code_and_claims_nothing(
         )
     ran: list[int] = []
     worker = leaseq.Worker(
-        _app(schema, ran), dsn=database_url, poll_interval=0.1, maintenance=False
+        _app(schema, ran), dsn=database_url, poll_interval=0.1, maintenance=maintenance
     )
     with pytest.raises(leaseq.NotMigrated) as refused:
         await asyncio.wait_for(worker.run(), 30)
@@ -91,3 +94,47 @@ async def test_a_schema_a_newer_leaseq_migrated_further_is_worked(
         ran: list[int] = []
         await adrain(_app(schema, ran), dsn=database_url)
         assert ran == [job_id]
+
+
+async def test_maintenance_refuses_a_schema_behind_its_code(
+    database_url: str, schema: str, behind: int
+) -> None:
+    """`leaseq maintenance` of a newer leaseq on a schema missing its migrations:
+    its reaper's statements need them, and it ended at its first round with a
+    database error about a missing column or function. It now says what to do,
+    as a worker does, before it changes anything."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{schema}".job (queue, payload, payload_bytes, available_at, '
+            "max_attempts, attempts) VALUES ('work', '{}', 2, now(), 1, 1)"
+        )  # exhausted: the reaper's to fail, once the schema is migrated
+    async with leaseq.AsyncQueue(database_url, schema=schema) as queue:
+        maintenance = leaseq.Maintenance(queue, interval=0.05)
+        with pytest.raises(leaseq.NotMigrated) as refused:
+            await asyncio.wait_for(maintenance.run(), 30)
+        assert f"migration {behind}" in str(refused.value)
+        assert "leaseq migrate" in str(refused.value)
+        assert maintenance.reaped == 0
+        await queue.migrate()
+        maintenance = leaseq.Maintenance(queue, interval=0.05)
+        running = asyncio.create_task(maintenance.run())
+        try:
+            async with asyncio.timeout(30):
+                while maintenance.reaped < 1:
+                    await asyncio.sleep(0.05)
+        finally:
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+
+
+def test_the_maintenance_command_says_to_migrate(
+    database_url: str, schema: str, behind: int
+) -> None:
+    result = CliRunner().invoke(
+        cli, ["maintenance", "--database-url", database_url, "--schema", schema]
+    )
+    assert result.exit_code != 0
+    assert f"is at migration {behind}" in result.output
+    assert "leaseq migrate" in result.output
+    assert "Traceback" not in result.output

@@ -84,6 +84,7 @@ class Maintenance:
         #: Jobs retention removed from the job table (deleted or archived) so far.
         self.pruned = 0
         self._warned_not_migrated = False
+        self._schema_checked = False
         #: When the next vacuum is due while dead rows are not counted.
         self._uncounted_vacuum_at = -math.inf
 
@@ -92,6 +93,13 @@ class Maintenance:
         never returns."""
         while True:
             try:
+                if not self._schema_checked:
+                    # Its statements need this code's migrations: on a schema
+                    # behind it they end in a missing column or function. Said
+                    # before it changes anything, as a worker does (retried
+                    # here while the database is away).
+                    await self.queue._require_migrated()
+                    self._schema_checked = True
                 async with self.queue._session() as session:
                     self.leading = await session.run(self.queue._store.maintenance_lock())
                     while self.leading:
@@ -147,8 +155,8 @@ class Maintenance:
             try:
                 result = await self.queue.prune(batch=self.batch, max_batches=1)
             except NotMigrated as exc:
-                # New code on a schema without migration 0003 (a rolling upgrade):
-                # keep reaping; retention starts once `leaseq migrate` has run.
+                # A schema whose retention columns are gone though its migrations
+                # are recorded (edited by hand): keep reaping, say it once.
                 if not self._warned_not_migrated:
                     log.warning("retention waits for `leaseq migrate` (%s)", exc)
                     self._warned_not_migrated = True
