@@ -103,3 +103,92 @@ def test_a_v1_database_with_two_running_jobs_of_one_key_upgrades(
         assert ran == [2, 3]
         for job_id in (first, second, int(third[0])):
             assert queue.get(job_id).status is leaseq.JobStatus.DONE
+
+
+def test_a_producer_of_leaseq_at_migration_8_keeps_enqueueing_unique_jobs(
+    database_url: str, schema: str
+) -> None:
+    """Migrate first, then deploy: the older producers run on the migrated schema
+    meanwhile. Migration 0009 replaced enqueue_unique() by one that also takes a
+    group, and the older producers' every unique enqueue failed until deployed."""
+    migrate_until(database_url, schema, 8)
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        queue.migrate()
+    # The call leaseq at migration 8 sends (its enqueue_unique.sql): 14 arguments.
+    older_call = (
+        f'SELECT * FROM "{schema}".enqueue_unique(%s, NULL, %s, 2, 0::smallint, now(), '
+        "NULL::integer, NULL, NULL, NULL, NULL, NULL, %s, NULL)"
+    )
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        first = conn.execute(older_call, ("work", "{}", "report-7")).fetchone()
+        again = conn.execute(older_call, ("work", "{}", "report-7")).fetchone()
+    assert first is not None and again is not None
+    assert (again[0], first[1], again[1]) == (first[0], False, True)  # one job for the key
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        job = queue.get(int(first[0]))
+        assert (job.status, job.unique_key) == (leaseq.JobStatus.QUEUED, "report-7")
+
+
+def test_a_key_held_by_a_lease_cut_before_migration_13_stays_held(
+    database_url: str, schema: str
+) -> None:
+    """A running job of a key cancelled (cancel(running=True)) by leaseq at
+    migration 12 may run on until its lease would have ended. Migration 0013 made
+    that hold the key's, for every head made claimable later, but kept none for
+    the leases cut before it: after the upgrade, the next head became claimable
+    at once, beside the handler still running."""
+    migrate_until(database_url, schema, 12)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"INSERT INTO \"{schema}\".queue (name) VALUES ('work')")
+        running = _running_v1_job(conn, schema, seq=1)  # lease 60 s
+        for seq in (2, 3):
+            conn.execute(
+                f'INSERT INTO "{schema}".job (queue, payload, payload_bytes, available_at, '
+                "max_attempts, ordering_key, ordering_seq) VALUES ('work', '{}', 2, now(), 1, "
+                "'k', %s)",
+                (seq,),
+            )
+        # leaseq at migration 12 cuts the lease: cancel.sql, then its hold on the
+        # key's next job (moved available_at), in one transaction.
+        with conn.transaction():
+            cut = conn.execute(
+                f"UPDATE \"{schema}\".job SET status = 'cancelled', finished_at = now(), "
+                "lease_until = NULL, lease_version = lease_version + 1, history = history || "
+                "jsonb_build_array(jsonb_build_object('attempt', 1, 'outcome', 'cancelled', "
+                "'previous_status', 'running', 'lease_version', 1, 'cut_lease_until', "
+                "lease_until)) WHERE job_id = %s RETURNING (history -> -1 ->> 'cut_lease_until')"
+                "::timestamptz",
+                (running,),
+            ).fetchone()
+            assert cut is not None
+            conn.execute(
+                f'UPDATE "{schema}".job SET available_at = greatest(available_at, %s) '
+                "WHERE ordering_key = 'k' AND status = 'queued' AND NOT blocked",
+                (cut[0],),
+            )
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        queue.migrate()
+        second, third = (
+            j.job_id for j in sorted(queue.list_jobs("queued"), key=lambda j: j.seq or 0)
+        )
+        queue.cancel(second)  # the key's third job becomes its head
+        assert queue.claim("work", limit=5) == []  # the cut lease has not ended
+        assert queue.get(third).available_at >= cut[0]
+
+
+def test_a_schema_migrated_with_the_first_text_of_0007_gets_its_columns(
+    database_url: str, schema: str
+) -> None:
+    """0007 was edited after it shipped (result_awaited added): a schema migrated
+    with its first text recorded 0007 and never got the columns, and every
+    completion failed there, `leaseq migrate` finding nothing to do."""
+    migrate_until(database_url, schema, 13)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for table in ("job", "job_archive"):
+            conn.execute(f'ALTER TABLE "{schema}".{table} DROP COLUMN result_awaited')
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        queue.migrate()
+        job_id = queue.enqueue("work", {})
+        (claim,) = queue.claim("work")
+        queue.complete(claim, result=7)
+        assert queue.result(job_id) == 7
