@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 import leaseq
 from leaseq import JobStatus
-from leaseq._statement import migration_files
 from leaseq._cli import cli
+from leaseq._statement import migration_files
 from leaseq.testing import adrain
 
 from .older_schemas import migrate_until

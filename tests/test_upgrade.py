@@ -122,7 +122,8 @@ def test_a_producer_of_leaseq_at_migration_8_keeps_enqueueing_unique_jobs(
     with psycopg.connect(database_url, autocommit=True) as conn:
         first = conn.execute(older_call, ("work", "{}", "report-7")).fetchone()
         again = conn.execute(older_call, ("work", "{}", "report-7")).fetchone()
-    assert first is not None and again is not None
+    assert first is not None
+    assert again is not None
     assert (again[0], first[1], again[1]) == (first[0], False, True)  # one job for the key
     with leaseq.Queue(database_url, schema=schema) as queue:
         job = queue.get(int(first[0]))
