@@ -130,14 +130,41 @@ def test_a_producer_of_leaseq_at_migration_8_keeps_enqueueing_unique_jobs(
         assert (job.status, job.unique_key) == (leaseq.JobStatus.QUEUED, "report-7")
 
 
-def test_a_key_held_by_a_lease_cut_before_migration_13_stays_held(
-    database_url: str, schema: str
+def _cut_as_leaseq_12_did(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, job_id: int
+) -> datetime:
+    """cancel(running=True) as leaseq at migration 12 sent it: cancel.sql, then
+    its hold on the key's next job of the moment (its available_at moved), in
+    one transaction. Returns the cut lease's end."""
+    with conn.transaction():
+        cut = conn.execute(
+            f"UPDATE \"{schema}\".job SET status = 'cancelled', finished_at = now(), "
+            "lease_until = NULL, lease_version = lease_version + 1, history = history || "
+            "jsonb_build_array(jsonb_build_object('attempt', 1, 'outcome', 'cancelled', "
+            "'previous_status', 'running', 'lease_version', 1, 'cut_lease_until', "
+            "lease_until)) WHERE job_id = %s RETURNING (history -> -1 ->> 'cut_lease_until')"
+            "::timestamptz",
+            (job_id,),
+        ).fetchone()
+        assert cut is not None
+        conn.execute(
+            f'UPDATE "{schema}".job SET available_at = greatest(available_at, %s) '
+            "WHERE ordering_key = 'k' AND status = 'queued' AND NOT blocked",
+            (cut[0],),
+        )
+    return cut[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("cut", ["before the upgrade", "during the rollout"])
+def test_a_key_held_by_a_lease_an_older_leaseq_cut_stays_held(
+    database_url: str, schema: str, cut: str
 ) -> None:
     """A running job of a key cancelled (cancel(running=True)) by leaseq at
-    migration 12 may run on until its lease would have ended. Migration 0013 made
-    that hold the key's, for every head made claimable later, but kept none for
-    the leases cut before it: after the upgrade, the next head became claimable
-    at once, beside the handler still running."""
+    migration 12 may run on until its lease would have ended. Migration 0013
+    made that hold the key's, for every head made claimable later, but only
+    for the cuts this leaseq's own statements made: after a cut made before
+    the upgrade, or by a leaseq at 12 still running after it, the key's next
+    head but one became claimable at once, beside the handler still running."""
     migrate_until(database_url, schema, 12)
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f"INSERT INTO \"{schema}\".queue (name) VALUES ('work')")
@@ -149,32 +176,18 @@ def test_a_key_held_by_a_lease_cut_before_migration_13_stays_held(
                 "'k', %s)",
                 (seq,),
             )
-        # leaseq at migration 12 cuts the lease: cancel.sql, then its hold on the
-        # key's next job (moved available_at), in one transaction.
-        with conn.transaction():
-            cut = conn.execute(
-                f"UPDATE \"{schema}\".job SET status = 'cancelled', finished_at = now(), "
-                "lease_until = NULL, lease_version = lease_version + 1, history = history || "
-                "jsonb_build_array(jsonb_build_object('attempt', 1, 'outcome', 'cancelled', "
-                "'previous_status', 'running', 'lease_version', 1, 'cut_lease_until', "
-                "lease_until)) WHERE job_id = %s RETURNING (history -> -1 ->> 'cut_lease_until')"
-                "::timestamptz",
-                (running,),
-            ).fetchone()
-            assert cut is not None
-            conn.execute(
-                f'UPDATE "{schema}".job SET available_at = greatest(available_at, %s) '
-                "WHERE ordering_key = 'k' AND status = 'queued' AND NOT blocked",
-                (cut[0],),
-            )
+        if cut == "before the upgrade":
+            lease_end = _cut_as_leaseq_12_did(conn, schema, running)
     with leaseq.Queue(database_url, schema=schema) as queue:
         queue.migrate()
-        second, third = (
-            j.job_id for j in sorted(queue.list_jobs("queued"), key=lambda j: j.seq or 0)
-        )
+        if cut == "during the rollout":
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                lease_end = _cut_as_leaseq_12_did(conn, schema, running)
+        waiting = sorted(queue.list_jobs("queued"), key=lambda j: j.seq or 0)
+        second, third = (job.job_id for job in waiting)
         queue.cancel(second)  # the key's third job becomes its head
         assert queue.claim("work", limit=5) == []  # the cut lease has not ended
-        assert queue.get(third).available_at >= cut[0]
+        assert queue.get(third).available_at >= lease_end
 
 
 def test_a_schema_migrated_with_the_first_text_of_0007_gets_its_columns(

@@ -168,13 +168,7 @@ class OperatorOperations(StoreBase):
                 raise JobNotFound(f"no job {job_id}")
             return bool(rows[0][0][2])
 
-        return Operation(
-            (
-                Statement(self.sql("cancel.sql"), params),
-                Statement(self.sql("cancel_hold_key.sql"), {"job_id": params["job_id"]}),
-            ),
-            decode,
-        )
+        return Operation((Statement(self.sql("cancel.sql"), params),), decode)
 
     def get(self, job_id: int) -> Operation[Job]:
         schema = self.schema

@@ -6,9 +6,9 @@
 -- and its worker learns at its next renewal -- sooner, through a notification
 -- ("!lost <job_id>": not a queue name) that makes it renew that lease now. The
 -- history entry keeps the end of the lease cut short (cut_lease_until): a
--- replay waits until then (see replay.sql), and so does the next job of its
--- ordering key (cancel_hold_key.sql, next in the same transaction). One audit
--- row if it changed.
+-- replay waits until then (see replay.sql), and so does every job of its
+-- ordering key (the hold job_key_leave writes, migration 0014). One audit row
+-- if it changed.
 WITH target AS (
     SELECT j.job_id, j.status FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
 ),

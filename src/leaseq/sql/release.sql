@@ -40,18 +40,10 @@ released AS (
            OR (j.status = 'queued'
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'release', 'lease_version', c.lease_version)))
-    RETURNING j.job_id, j.queue, j.ordering_key, j.available_at, c.handler_running
-),
--- A keyed job whose handler runs on holds its key until its lease would have
--- ended (migration 0013): should the job be cancelled meanwhile, the key's
--- next job still waits.
-held AS (
-    INSERT INTO {schema}.key_hold AS h (queue, ordering_key, until)
-    SELECT r.queue, r.ordering_key, r.available_at
-    FROM released AS r
-    WHERE r.handler_running AND r.ordering_key IS NOT NULL
-    ON CONFLICT (queue, ordering_key) DO UPDATE SET until = greatest(h.until, excluded.until)
+    RETURNING j.job_id
 )
+-- A keyed job whose handler runs on holds its key until its lease would have
+-- ended (key_hold, written by the job table's trigger job_key_leave, 0014).
 -- Rows as every fenced batch write returns them (see complete.sql): one per
 -- job this statement changed (written), then one per claim as the statement's
 -- snapshot saw it: accepted when this claim's own release had committed before

@@ -28,7 +28,7 @@ $$;
 -- and not yet ended holds its key now: a running job cancelled (its history
 -- keeps the cut lease's end, also after a replay), or released while its
 -- handler ran on (its own available_at is that end). The key's head claimable
--- now waits for it too, as cancel_hold_key.sql does.
+-- now waits for it too.
 INSERT INTO {schema}.key_hold AS h (queue, ordering_key, until)
 SELECT held.queue, held.ordering_key, max(held.until)
 FROM (
@@ -57,6 +57,46 @@ WHERE h.until > {schema}.clock()
   AND n.queue = h.queue AND n.ordering_key = h.ordering_key
   AND n.status = 'queued' AND NOT n.blocked
   AND n.available_at < h.until;
+
+-- And from now on the hold is written where the key is left (job_key_leave,
+-- the row trigger of 0002/0010), not by the statements that cut a lease: an
+-- older leaseq cutting a lease during the rollout writes none itself, and the
+-- statement's settling of the key, which runs after its row triggers, then
+-- sees the hold when it makes the next head claimable.
+CREATE OR REPLACE FUNCTION {schema}.job_key_leave() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NOT (
+           (OLD.status = 'running' AND NEW.status <> 'running')
+        OR (OLD.status = 'queued' AND NEW.status NOT IN ('queued', 'running'))
+        OR (OLD.status = 'failed' AND NEW.status = 'cancelled')) THEN
+        RETURN NULL;
+    END IF;
+    -- A running job cut short, its lease live: cancelled (its handler runs
+    -- until told), or released while its handler runs on (requeued for when
+    -- the lease would have ended). No job of the key may start before then.
+    IF TG_OP = 'UPDATE' AND OLD.status = 'running' AND OLD.lease_until > {schema}.clock()
+       AND (NEW.status = 'cancelled'
+            OR (NEW.status = 'queued' AND NEW.available_at > {schema}.clock()
+                AND NEW.history -> -1 ->> 'write' = 'release')) THEN
+        INSERT INTO {schema}.key_hold AS h (queue, ordering_key, until)
+        VALUES (OLD.queue, OLD.ordering_key,
+                CASE WHEN NEW.status = 'cancelled' THEN OLD.lease_until ELSE NEW.available_at END)
+        ON CONFLICT (queue, ordering_key) DO UPDATE SET until = greatest(h.until, excluded.until);
+    END IF;
+    IF NOT pg_try_advisory_xact_lock({schema}.key_lock_class(),
+                                     {schema}.key_bucket(OLD.queue, OLD.ordering_key)) THEN
+        INSERT INTO {schema}.key_repair (queue, ordering_key, next_check)
+            VALUES (OLD.queue, OLD.ordering_key, {schema}.clock());
+    END IF;
+    PERFORM set_config('leaseq.keys_to_settle',
+        coalesce(current_setting('leaseq.keys_to_settle', true), '')
+            || ',' || jsonb_build_array(OLD.queue, OLD.ordering_key)::text,
+        true);
+    RETURN NULL;
+END
+$$;
 
 -- 0007 was edited after it shipped (the result_awaited columns were added to
 -- it): a schema migrated with its first text recorded 0007 as applied and never
