@@ -314,6 +314,8 @@ BAD_CLIENT_OPTIONS: list[dict[str, Any]] = [
     # A truthy string turned notifications on.
     {"notify": "no"},
     {"notify": 0},
+    {"listen": "no"},
+    {"listen": None},
     {"dsn": 5},
 ]
 

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from . import _metrics, _migrate, _steps, _tracing
+from . import _validate as validate
 from ._client_base import ClientBase, pool_options
 from ._db import (
     Connection,
@@ -45,8 +46,10 @@ class Queue(OperatorCalls, ClientBase):
     on ``metrics`` (``leaseq.metrics`` unless given; None counts nothing). With
     ``statement_timeout`` (seconds, > 0; None: no timeout), the server cancels
     any of its statements that runs longer (StatementTimeout), as a dashboard
-    wants for its reads. Bad options raise InvalidArgument here, before anything
-    connects.
+    wants for its reads. ``wait_result`` hears jobs end on a LISTEN connection of
+    its own; ``listen=False`` (behind PgBouncer's transaction pooling, where a
+    LISTEN stays on a server connection of the pool) makes it poll instead. Bad
+    options raise InvalidArgument here, before anything connects.
     The operators' calls (replay, cancel, stats, find_jobs, ...) are those of
     :class:`~leaseq._sync_operators.OperatorCalls`.
     """
@@ -63,7 +66,9 @@ class Queue(OperatorCalls, ClientBase):
         connect_timeout: float = 30.0,
         metrics: Metrics | None = _metrics.DEFAULT,
         statement_timeout: float | None = None,
+        listen: bool = True,
     ) -> None:
+        validate.flag(listen, "listen")
         options = pool_options(
             pool_size=pool_size,
             connection_options=connection_options,
@@ -74,7 +79,11 @@ class Queue(OperatorCalls, ClientBase):
             dsn, schema=schema, max_payload_bytes=max_payload_bytes, notify=notify, metrics=metrics
         )
         self._db = Database(
-            self.dsn, max_size=pool_size, options=options, open_timeout=connect_timeout
+            self.dsn,
+            max_size=pool_size,
+            options=options,
+            open_timeout=connect_timeout,
+            listen=listen,
         )
 
     def __enter__(self) -> Self:

@@ -29,6 +29,7 @@ from leaseq import (
 )
 
 from .._config import configured_database_url
+from .._db.options import CONNECTION_OPTIONS
 from .._logs import JsonFormatter, RedactingFilter
 from .._redact import redact, remember_dsn
 
@@ -66,7 +67,13 @@ def database_options(command: F) -> F:
 def open_queue(database_url: str | None, schema: str) -> Iterator[Queue]:
     # One-shot commands: fail within seconds, with one line, if the server is away.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    with Queue(database_url, schema=schema, pool_size=2, connect_timeout=5) as queue:
+    # And prepare nothing: a command gains little from it, and through PgBouncer's
+    # transaction pooling a statement prepared on one server connection is missing
+    # on the next, or another client's of the same name is there already.
+    options = {**CONNECTION_OPTIONS, "prepare_threshold": None}
+    with Queue(
+        database_url, schema=schema, pool_size=2, connect_timeout=5, connection_options=options
+    ) as queue:
         yield queue
 
 

@@ -18,7 +18,7 @@ from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
 from .errors import malformed_dsn, parsable, read_only_server, translated_errors, unavailable
 from .execution import AsyncConnection, adrive, aexecute, callers, retryable
-from .listening import anotified
+from .listening import anotified, asleeping
 from .options import CONNECTION_OPTIONS, under_the_url
 from .pool_rules import (
     READY_SECONDS,
@@ -45,9 +45,12 @@ class AsyncDatabase:
         max_size: int = 10,
         options: dict[str, Any] | None = None,
         open_timeout: float = 30.0,
+        listen: bool = True,
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
+        #: Whether :meth:`notified` LISTENs (not behind a transaction pooler).
+        self.listen = listen
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
         self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
@@ -198,7 +201,9 @@ class AsyncDatabase:
         self, statement: Statement
     ) -> AbstractAsyncContextManager[Callable[[float], Awaitable[None]]]:
         """``wait(seconds)``, cut short by a notification on what ``statement``
-        LISTENs to (:mod:`.listening`)."""
+        LISTENs to (:mod:`.listening`); without ``listen``, a plain sleep."""
+        if not self.listen:
+            return asleeping()
         return anotified(self.dsn, self._options, statement)
 
     async def close(self) -> None:

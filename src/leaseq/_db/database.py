@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from .._statement import Operation, Plan, Statement, Steps
 from .errors import malformed_dsn, read_only_server, translated_errors
 from .execution import Connection, callers, drive, execute, retryable
-from .listening import notified
+from .listening import notified, sleeping
 from .options import CONNECTION_OPTIONS, under_the_url
 from .pool_rules import (
     READY_SECONDS,
@@ -51,9 +51,12 @@ class Database:
         max_size: int = 10,
         options: dict[str, Any] | None = None,
         open_timeout: float = 30.0,
+        listen: bool = True,
     ) -> None:
         self.dsn = dsn
         self.open_timeout = open_timeout
+        #: Whether :meth:`notified` LISTENs (not behind a transaction pooler).
+        self.listen = listen
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
         self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
@@ -200,7 +203,9 @@ class Database:
 
     def notified(self, statement: Statement) -> AbstractContextManager[Callable[[float], None]]:
         """``wait(seconds)``, cut short by a notification on what ``statement``
-        LISTENs to (:mod:`.listening`)."""
+        LISTENs to (:mod:`.listening`); without ``listen``, a plain sleep."""
+        if not self.listen:
+            return sleeping()
         return notified(self.dsn, self._options, statement)
 
     def close(self) -> None:

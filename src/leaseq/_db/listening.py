@@ -102,3 +102,17 @@ async def anotified(
         # A cancellation of the caller that arrived while the listener ended was
         # swallowed with the listener's own just above: it must still propagate.
         raise_if_cancelling()
+
+
+@contextlib.contextmanager
+def sleeping() -> Iterator[Callable[[float], None]]:
+    """``wait(seconds)`` with no LISTEN: behind a transaction pooler a LISTEN stays
+    on a server connection of the pool, whose next users (anyone's) get its
+    notifications; the caller's polling is all there is then."""
+    yield time.sleep
+
+
+@contextlib.asynccontextmanager
+async def asleeping() -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+    """The asyncio twin of :func:`sleeping`."""
+    yield asyncio.sleep
