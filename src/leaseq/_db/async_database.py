@@ -50,7 +50,7 @@ class AsyncDatabase:
         self.dsn = dsn
         self.open_timeout = open_timeout
         #: Whether :meth:`notified` LISTENs (not behind a transaction pooler).
-        self.listen = listen
+        self._listen = listen
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
         self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
@@ -202,7 +202,7 @@ class AsyncDatabase:
     ) -> AbstractAsyncContextManager[Callable[[float], Awaitable[None]]]:
         """``wait(seconds)``, cut short by a notification on what ``statement``
         LISTENs to (:mod:`.listening`); without ``listen``, a plain sleep."""
-        if not self.listen:
+        if not self._listen:
             return asleeping()
         return anotified(self.dsn, self._options, statement)
 

@@ -56,7 +56,7 @@ class Database:
         self.dsn = dsn
         self.open_timeout = open_timeout
         #: Whether :meth:`notified` LISTENs (not behind a transaction pooler).
-        self.listen = listen
+        self._listen = listen
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
         self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
@@ -204,7 +204,7 @@ class Database:
     def notified(self, statement: Statement) -> AbstractContextManager[Callable[[float], None]]:
         """``wait(seconds)``, cut short by a notification on what ``statement``
         LISTENs to (:mod:`.listening`); without ``listen``, a plain sleep."""
-        if not self.listen:
+        if not self._listen:
             return sleeping()
         return notified(self.dsn, self._options, statement)
 
