@@ -202,6 +202,9 @@ class Due:
     next_tick: datetime
 
 
+#: Zone keys the system's tz database resolves to the host's own zone.
+_HOST_ZONES = frozenset({"localtime", "posixrules"})
+
 #: A cron field drawn at random by croniter: ``R``, ``R(0-5)``, ``R/5``.
 _RANDOM_FIELD = re.compile(r"R(?:$|[(/])", re.IGNORECASE)
 
@@ -240,6 +243,13 @@ def schedule(
         every = validate.seconds(every, "every", 366 * 86400.0, allow_zero=False)
         if every < 1:
             raise InvalidArgument(f"schedule {name!r}: every must be at least 1 second")
+    if isinstance(tz, str) and tz.lower() in _HOST_ZONES:
+        # Each host's own zone (a link to /etc/localtime): workers on hosts of
+        # other zones would compute other ticks.
+        raise InvalidArgument(
+            f"schedule {name!r}: time zone {tz!r} is each host's own; every worker "
+            "must compute the same ticks: name the zone (Europe/Paris, UTC)"
+        )
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
