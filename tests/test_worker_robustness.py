@@ -615,3 +615,46 @@ async def test_a_claim_stuck_past_the_grace_of_a_stop_is_cancelled(
         locker.close()
     assert waited < 15, waited
     assert ran == []
+
+
+@contextlib.contextmanager
+def _role_without(database_url: str, schema: str, table: str) -> Iterator[str]:
+    """A login role with every privilege on ``schema`` but those on ``table`` (a
+    revoked grant); the URL that logs in as it."""
+    role = f"t_role_{os.urandom(6).hex()}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO {role}')
+        for kind in ("TABLES", "SEQUENCES", "FUNCTIONS"):
+            admin.execute(f'GRANT ALL ON ALL {kind} IN SCHEMA "{schema}" TO {role}')
+        admin.execute(f'REVOKE ALL ON "{schema}".{table} FROM {role}')
+    try:
+        yield make_conninfo(database_url, user=role)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
+
+
+async def test_a_service_refused_for_good_stops_the_worker_in_one_line_keeping_its_jobs(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The maintenance leader's reaper refused for good (a revoked grant on a table
+    only it writes): the worker stopped as on a crash, with a 135-line traceback
+    ("a worker service crashed") where the README promises one line, and the
+    jobs its claim in flight had taken were left running until their leases
+    ended. It now stops as on a signal: the error itself, and no job left running."""
+    ids = await aqueue.enqueue_many("work", [{}] * 6)
+    app = leaseq.App(schema=schema)
+
+    @app.task("work")
+    async def work(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(0.3)
+
+    with _role_without(database_url, schema, "key_hold") as url:
+        worker = leaseq.Worker(app, dsn=url, concurrency=3, poll_interval=0.1, maintenance=True)
+        with pytest.raises(leaseq.DatabaseError) as refused:
+            await asyncio.wait_for(worker.run(), 60)
+    assert refused.value.sqlstate == "42501"  # insufficient privilege, said as it is
+    statuses = {(await aqueue.get(job_id)).status for job_id in ids}
+    assert JobStatus.RUNNING not in statuses  # completed, or given back

@@ -29,12 +29,18 @@ import contextlib
 import signal
 import time
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from .. import _metrics
 from .. import _validate as validate
 from .._config import database_url
-from .._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated
+from .._errors import (
+    InvalidArgument,
+    InvalidDatabaseURL,
+    LeaseqError,
+    NotMigrated,
+    TransientError,
+)
 from .._logs import get_logger
 from .._maintenance import Maintenance
 from .._metrics import Metrics
@@ -62,6 +68,12 @@ MAX_CONCURRENCY = 10_000
 #: What no retry can mend: the worker stops, and says what to fix in one line
 #: (``leaseq worker`` exits with it; its --processes supervisor restarts no child).
 SETUP_ERRORS = (NotMigrated, InvalidDatabaseURL)
+
+
+def _refused_for_good(error: BaseException | None) -> TypeGuard[LeaseqError]:
+    """A leaseq error that no retry mends (the database refused: a privilege,
+    a constraint), as against one that passes (the database away) or a bug."""
+    return isinstance(error, LeaseqError) and not isinstance(error, TransientError)
 
 
 class Worker:
@@ -156,6 +168,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
+        #: Whether run() is past its main loop, cleaning up.
+        self._finishing = False
         self._claims: ClaimLoop | None = None  # made by run()
         self._crashed: BaseException | None = None
         self._burst = False
@@ -254,6 +268,11 @@ class Worker:
             if self._crashed is None:
                 raise  # a second signal, or our caller cancelled us
         finally:
+            # A service that ends from here on must not cancel this task: its
+            # cleanup would be cut short, and the caller would get a
+            # CancelledError for the error the claim loop raised (both saw
+            # the same schema behind the code).
+            self._finishing = True
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -268,7 +287,7 @@ class Worker:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
             log.info("worker stopped: %s", self.stats)
-        if isinstance(self._crashed, SETUP_ERRORS):
+        if isinstance(self._crashed, SETUP_ERRORS) or _refused_for_good(self._crashed):
             raise self._crashed  # not a crash: what to fix is in its one line (the CLI's)
         if self._crashed is not None:
             raise RuntimeError("a worker service crashed") from self._crashed
@@ -308,14 +327,21 @@ class Worker:
         if task.cancelled():
             return
         error = task.exception()
+        self._crashed = error
+        if _refused_for_good(error) and not isinstance(error, SETUP_ERRORS):
+            # The database said no, and no retry mends it (a revoked grant): one
+            # line, and a stop as on a signal, so that the claim in flight and
+            # the running jobs end as they do then (finished, or given back).
+            log.error("%s: %s; stopping the worker", task.get_name(), error)
+            self.request_stop()
+            return
         if isinstance(error, SETUP_ERRORS):  # what to do is in its one line (run raises it)
             log.error("%s: %s; stopping the worker", task.get_name(), error)
         else:
             log.error(
                 "%s stopped unexpectedly; stopping the worker", task.get_name(), exc_info=error
             )
-        self._crashed = error
-        if self._main is not None:
+        if self._main is not None and not self._finishing:
             self._main.cancel()
 
     async def _shutdown(self) -> None:
