@@ -18,6 +18,7 @@ import asyncio
 import math
 import time
 
+from . import _migrate
 from . import _validate as validate
 from . import _validate_settings as validate_settings
 from ._async_client import AsyncQueue
@@ -93,14 +94,15 @@ class Maintenance:
         never returns."""
         while True:
             try:
-                if not self._schema_checked:
-                    # Its statements need this code's migrations: on a schema
-                    # behind it they end in a missing column or function. Said
-                    # before it changes anything, as a worker does (retried
-                    # here while the database is away).
-                    await self.queue._require_migrated()
-                    self._schema_checked = True
                 async with self.queue._session() as session:
+                    if not self._schema_checked:
+                        # Its statements need this code's migrations: on a schema
+                        # behind it they end in a missing column or function.
+                        # Said before it changes anything, as a worker does
+                        # (retried here while the database is away).
+                        applied = await session.run(self.queue._store.migrations_applied())
+                        _migrate.require_current(self.queue.schema, applied)
+                        self._schema_checked = True
                     self.leading = await session.run(self.queue._store.maintenance_lock())
                     while self.leading:
                         await self._reap(session)
