@@ -29,7 +29,6 @@ from leaseq import (
 )
 
 from .._config import configured_database_url
-from .._db.options import CONNECTION_OPTIONS
 from .._logs import JsonFormatter, RedactingFilter
 from .._redact import redact, remember_dsn
 
@@ -70,7 +69,8 @@ def open_queue(database_url: str | None, schema: str) -> Iterator[Queue]:
     # And prepare nothing: a command gains little from it, and through PgBouncer's
     # transaction pooling a statement prepared on one server connection is missing
     # on the next, or another client's of the same name is there already.
-    options = {**CONNECTION_OPTIONS, "prepare_threshold": None}
+    # (A command's connections live for seconds: no keepalives needed.)
+    options = {"autocommit": True, "application_name": "leaseq", "prepare_threshold": None}
     with Queue(
         database_url, schema=schema, pool_size=2, connect_timeout=5, connection_options=options
     ) as queue:
