@@ -114,3 +114,10 @@ def traced(job: leaseq.JobContext) -> dict[str, str | None]:
     if not context.is_valid:
         return {"trace_id": None, "span_id": None}
     return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+def completes_then_hangs(job: leaseq.JobContext) -> None:
+    """The effect and the completion, then never returns, deaf to job.lost."""
+    effect(job)
+    while True:
+        time.sleep(0.1)

@@ -295,3 +295,27 @@ async def test_a_child_that_completed_its_job_may_work_on_after_its_transaction(
     ]
     assert stats.lost_leases == 0
     assert stats.completed == 1
+
+
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+def test_a_child_that_completed_its_job_and_hangs_is_killed_at_its_timeout(
+    tables: leaseq.Queue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its job.transaction() committed, the worker never told the child its
+    timeout, nor killed it: it kept its slot for ever, and at concurrency 1 no
+    other job ever ran."""
+    queue = tables
+    monkeypatch.setattr(processes, "KILL_AFTER", 1.0)
+    hangs = queue.enqueue("completes_then_hangs", {"schema": schema})
+    after = queue.enqueue("spin", {"n": 10})
+    app = leaseq.App(schema=schema)
+    app.task("completes_then_hangs", executor="process", timeout=2.0)(
+        process_app.completes_then_hangs
+    )
+    app.task("spin", executor="process")(process_app.spin)
+
+    drain(app, dsn=database_url, concurrency=1, timeout=60)
+
+    assert queue.get(hangs).status is JobStatus.DONE  # its own transaction's completion
+    assert queue.get(after).status is JobStatus.DONE  # the slot came back
+    assert _rows(queue, "SELECT count(*) FROM {schema}.effect") == [(1,)]

@@ -57,6 +57,9 @@ Flag = Any
 
 #: Seconds a process handler has to return once told (``job.lost``) before it is killed.
 KILL_AFTER = 5.0
+#: Why a child whose job.transaction() completed its job is still told, then
+#: killed: its timeout, and the worker's stop (``mark_lost``'s reasons).
+_ENDS_EVEN_A_COMPLETED_ONE = frozenset({"timed out", "worker shutting down"})
 #: How often the waiting thread looks at ``job.lost`` and at the child's health.
 _POLL = 0.05
 
@@ -225,15 +228,17 @@ class ProcessPool:
                 return answer
             if not child.process.is_alive():
                 raise ProcessHandlerDied(_ended(child))
-            if child.completed.value:
+            if child.completed.value and not context.completed:
                 # Its job.transaction() committed: the job is done, whatever the
                 # handler does next. The worker stops renewing its lease now (a
                 # renewal of a done job is refused, and read as a lost lease that
                 # would get this child told, then killed) and waits for its answer.
-                if not context.completed:
-                    context.mark_completed()
-                continue
-            if context.lost.is_set():
+                context.mark_completed()
+            if context.lost.is_set() and (
+                not context.completed or context.lost_reason in _ENDS_EVEN_A_COMPLETED_ONE
+            ):
+                # (A done job's lease is not the child's to lose, but its time is:
+                # a child that hangs past its timeout must not keep its slot.)
                 if told_at is None:
                     child.lost.value = 1
                     told_at = time.monotonic()
