@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from leaseq._worker import processes
 from leaseq.testing import adrain, aset_clock_offset, drain, set_clock_offset
 
 from . import process_app
+from .conftest import ROOT
 
 
 @pytest.fixture
@@ -319,3 +324,53 @@ def test_a_child_that_completed_its_job_and_hangs_is_killed_at_its_timeout(
     assert queue.get(hangs).status is JobStatus.DONE  # its own transaction's completion
     assert queue.get(after).status is JobStatus.DONE  # the slot came back
     assert _rows(queue, "SELECT count(*) FROM {schema}.effect") == [(1,)]
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie that no one reaped does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+def test_a_child_leaves_when_its_worker_is_killed_outright(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """A worker killed with SIGKILL (or by the OOM killer) cannot stop its
+    children: a busy child, reparented, ran on beside the job's next attempt
+    elsewhere, for as long as its handler took (for ever, one that never
+    returns). It now notices, is told (job.lost), and leaves."""
+    queue = tables
+    queue.enqueue("stubborn", {"schema": schema})  # its first attempt never returns
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import leaseq, leaseq.testing, sys\n"
+            "from tests import process_app\n"
+            "app = leaseq.App(schema=sys.argv[1])\n"
+            "app.task('stubborn', executor='process')(process_app.stubborn)\n"
+            "leaseq.testing.drain(app, dsn=sys.argv[2], timeout=120)\n",
+            schema,
+            database_url,
+        ],
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (started := _rows(queue, "SELECT pid FROM {schema}.seen WHERE what = 'started'")):
+            assert time.monotonic() < deadline
+            assert worker.poll() is None
+            time.sleep(0.05)
+        ((child,),) = started
+    finally:
+        worker.kill()
+        worker.wait(10)
+    deadline = time.monotonic() + processes.KILL_AFTER + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(child)
+    assert _rows(queue, "SELECT what FROM {schema}.seen WHERE what = 'still alive'") == []

@@ -19,6 +19,9 @@ the timeout, the hooks and the acknowledgement are the same as for a thread.
 * Children ignore SIGINT and SIGTERM (sent to the whole process group by a
   terminal's Ctrl-C or a service manager): the worker stops them itself, after
   its grace. An idle child found dead is replaced before it is handed a job.
+* A child whose worker is gone (killed outright: nothing could stop its
+  children) tells its handler (``job.lost``) and leaves ``KILL_AFTER`` seconds
+  later, rather than run on beside the job's next attempt.
 * A child that does not return within ``KILL_AFTER`` seconds of being told is
   killed and replaced: unlike a thread, a process can be stopped. Its open
   transaction dies with its connection (rolled back). A child that dies on its
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing
+import os
 import pickle
 import signal
 import sys
@@ -62,6 +66,8 @@ KILL_AFTER = 5.0
 _ENDS_EVEN_A_COMPLETED_ONE = frozenset({"timed out", "worker shutting down"})
 #: How often the waiting thread looks at ``job.lost`` and at the child's health.
 _POLL = 0.05
+#: How often a child looks whether its worker is still there.
+_ORPHAN_POLL = 0.5
 
 
 class ProcessHandlerDied(Exception):
@@ -269,6 +275,9 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # (discards one held back since the spawn)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    threading.Thread(
+        target=_leave_with_the_worker, args=(os.getppid(), lost), daemon=True
+    ).start()
     sync_queue = Queue(dsn, schema=schema, pool_size=2)
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
     try:
@@ -297,6 +306,19 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
         pass  # the worker went away
     finally:
         sync_queue.close()
+
+
+def _leave_with_the_worker(worker_pid: int, lost: Flag) -> None:
+    """A worker killed outright (SIGKILL, the OOM killer) cannot tell its children
+    nor kill them, and a busy child never reads the pipe that would say so: it ran
+    on, orphaned, beside the job's next attempt elsewhere. Once the worker is gone
+    (this process was handed to another parent) the handler is told, as the
+    worker would have told it, and the process leaves ``KILL_AFTER`` seconds later."""
+    while os.getppid() == worker_pid:
+        time.sleep(_ORPHAN_POLL)
+    lost.value = 1  # the handler's job.lost (its _watch)
+    time.sleep(KILL_AFTER)
+    os._exit(1)
 
 
 class _ChildJobContext(JobContext):
