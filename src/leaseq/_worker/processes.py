@@ -275,9 +275,7 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # (discards one held back since the spawn)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    threading.Thread(
-        target=_leave_with_the_worker, args=(os.getppid(), lost), daemon=True
-    ).start()
+    threading.Thread(target=_leave_with_the_worker, args=(os.getppid(), lost), daemon=True).start()
     sync_queue = Queue(dsn, schema=schema, pool_size=2)
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
     try:
