@@ -121,3 +121,10 @@ def completes_then_hangs(job: leaseq.JobContext) -> None:
     effect(job)
     while True:
         time.sleep(0.1)
+
+
+class CallableHandler:
+    """A callable object: a handler in a thread, none a process can import."""
+
+    def __call__(self, job: leaseq.JobContext) -> None:
+        pass

@@ -4,6 +4,7 @@ fencing, outcomes, timeouts and lost-lease signals (tests/process_app.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
@@ -202,6 +203,12 @@ def test_process_handlers_are_checked_when_declared(schema: str) -> None:
         app.task("b", executor="process")(local)
     with pytest.raises(leaseq.InvalidArgument, match="executor"):
         app.task("c", executor="fork")
+    # Accepted, then every attempt failed in the child ('... has no attribute
+    # __qualname__'): a process imports a function by its name.
+    with pytest.raises(leaseq.InvalidArgument, match="module-level"):
+        app.task("d", executor="process")(functools.partial(process_app.spin))
+    with pytest.raises(leaseq.InvalidArgument, match="module-level"):
+        app.task("e", executor="process")(process_app.CallableHandler())
     assert app.tasks == {}
 
 

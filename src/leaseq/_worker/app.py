@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -213,7 +214,12 @@ def _check_process_handler(queue: str, handler: Handler) -> None:
             'executor="process" takes a plain def'
         )
     qualname = getattr(handler, "__qualname__", "")
-    if "<locals>" in qualname or "<lambda>" in qualname or not getattr(handler, "__module__", ""):
+    if (
+        not inspect.isfunction(handler)  # a callable object, a partial, a bound method
+        or "<locals>" in qualname
+        or "<lambda>" in qualname
+        or not getattr(handler, "__module__", "")
+    ):
         raise InvalidArgument(
             f'queue {queue!r}: a handler with executor="process" must be a module-level '
             f"function (its process imports it by name), got {qualname or handler!r}"
