@@ -68,6 +68,22 @@ def crash(job: leaseq.JobContext) -> None:
     effect(job)
 
 
+class CustomerGone(leaseq.PermanentError):
+    """A PermanentError whose constructor takes two arguments: pickle rebuilds an
+    exception from its ``args`` (one, the message), which this one refuses."""
+
+    def __init__(self, customer: int, why: str) -> None:
+        super().__init__(f"customer {customer}: {why}")
+        self.customer = customer
+
+
+class Locked(Exception):
+    """An error a task lists in ``fail_on``, with a two-argument constructor."""
+
+    def __init__(self, what: str, number: int) -> None:
+        super().__init__(f"{what} {number} is locked")
+
+
 def raises(job: leaseq.JobContext) -> None:
     """payload['raise']: retry (job.retry with a delay), permanent, stop, value."""
     match job.payload["raise"]:
@@ -77,6 +93,10 @@ def raises(job: leaseq.JobContext) -> None:
             raise leaseq.PermanentError("not worth a retry")
         case "stop":
             next(iter(()))  # StopIteration, which no Future takes as it is
+        case "permanent_two_args":
+            raise CustomerGone(7, "deleted")
+        case "fail_on_two_args":
+            raise Locked("invoice", 12)
         case _:
             raise ValueError("bad value")
 

@@ -381,3 +381,24 @@ def test_a_child_leaves_when_its_worker_is_killed_outright(
         time.sleep(0.1)
     assert not _running(child)
     assert _rows(queue, "SELECT what FROM {schema}.seen WHERE what = 'still alive'") == []
+
+
+def test_a_childs_exception_that_pickle_cannot_rebuild_keeps_its_meaning(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """An exception class whose constructor takes other arguments than its message
+    (a common pattern) did not survive pickling: it came back as a plain
+    ProcessHandlerError, so a PermanentError, or an error the task fails on, was
+    retried until its attempts ran out (repeating any outside effect)."""
+    queue = tables
+    permanent = queue.enqueue("raises", {"raise": "permanent_two_args"})
+    listed = queue.enqueue("raises", {"raise": "fail_on_two_args"})
+    app = leaseq.App(schema=schema)
+    app.task("raises", executor="process", max_attempts=3, fail_on=(process_app.Locked,))(
+        process_app.raises
+    )
+    drain(app, dsn=database_url, concurrency=2)
+    for job_id, text in ((permanent, "customer 7: deleted"), (listed, "invoice 12 is locked")):
+        job = queue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.FAILED, 1), job.last_error
+        assert text in (job.last_error or "")

@@ -377,10 +377,47 @@ def _resolve(module: str, qualname: str) -> Callable[[JobContext], Any]:
 
 
 def _sendable(error: BaseException) -> BaseException:
-    """The handler's exception itself if it survives pickling, else its text."""
+    """The handler's exception itself if it survives pickling; else the same class
+    rebuilt without its constructor (so that a PermanentError, or an error the
+    task fails on, keeps its meaning); else its text."""
     try:
         pickle.loads(pickle.dumps(error))
     except Exception:
-        text = "".join(traceback.format_exception(error)).rstrip()
-        return ProcessHandlerError(f"{type(error).__qualname__}: {error}\n{text}")
+        pass
+    else:
+        return error
+    for keep_attributes in (True, False):  # (an attribute may not pickle either)
+        rebuilt = _Rebuilt(error, f"{error}", keep_attributes)
+        try:
+            pickle.loads(pickle.dumps(rebuilt))
+        except Exception:
+            continue
+        return rebuilt  # type: ignore[return-value]  # (unpickled as the error's class)
+    text = "".join(traceback.format_exception(error)).rstrip()
+    return ProcessHandlerError(f"{type(error).__qualname__}: {error}\n{text}")
+
+
+class _Rebuilt:
+    """Pickles as an instance of the error's class made without calling its
+    ``__init__`` (whose arguments pickle does not keep: it calls the class with
+    ``args``, the message, which a constructor of other arguments refuses): the
+    same ``args`` and attributes, and the message as the child saw it."""
+
+    def __init__(self, error: BaseException, message: str, keep_attributes: bool) -> None:
+        self.error = error
+        self.message = message
+        self.keep_attributes = keep_attributes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = dict(getattr(self.error, "__dict__", {})) if self.keep_attributes else {}
+        return (_rebuild, (type(self.error), self.error.args, state, self.message))
+
+
+def _rebuild(
+    cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any], message: str
+) -> BaseException:
+    error = cls.__new__(cls, *args)
+    error.args = args if args else (message,)
+    with contextlib.suppress(Exception):
+        error.__dict__.update(state)
     return error
