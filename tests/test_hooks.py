@@ -448,3 +448,33 @@ def test_a_jobs_slot_stays_taken_until_its_after_hooks_return(
     assert all(queue.get(i).status is JobStatus.DONE for i in ids)
     assert busy == 0
     assert most <= 2, most
+
+
+def test_a_hung_plain_hook_does_not_hold_up_the_hooks_of_later_jobs(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """Plain hooks run in a pool of one thread per slot. A hook no longer waited for
+    (past its job's timeout) kept its thread, so the hooks of the jobs after it
+    queued behind it: logged as not returning in time without having started,
+    and run long after the drain had returned."""
+    app = leaseq.App(schema=schema)
+    release = threading.Event()
+    started: list[int] = []
+
+    @app.on_success
+    def report(job: leaseq.JobContext, result: Any) -> None:
+        started.append(job.payload["n"])
+        if job.payload["n"] < 2:
+            release.wait(60)
+
+    @app.task("jobs", timeout=1)
+    def handler(job: leaseq.JobContext) -> None:
+        pass
+
+    try:
+        queue.enqueue_many("jobs", [{"n": n} for n in range(8)])
+        stats = drain(app, dsn=database_url, concurrency=2, timeout=30)
+        assert stats.completed == 8
+        assert sorted(started) == list(range(8))  # every hook ran, within the drain
+    finally:
+        release.set()

@@ -210,6 +210,8 @@ async def _call_after(
             timeout,
             extra=job_fields(job.claim),
         )
+        if not is_async_callable(hook):
+            threads.abandoned()  # its thread is still in it: the next hooks get another
     except BaseException as exc:
         _log_failure(hook, job, exc)
 

@@ -54,6 +54,18 @@ class DaemonThreads:
                     self._threads.append(thread)
         return future
 
+    def abandoned(self) -> None:
+        """A call is no longer waited for (past its time; a thread cannot be
+        stopped): its thread stays taken, maybe for ever, so one more may start.
+        Else the calls after it would queue behind it, unstarted."""
+        with self._lock:
+            self._size += 1
+            thread = threading.Thread(
+                target=self._serve, name=f"{self._name}-{len(self._threads)}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
     def shutdown(self) -> None:
         """Let every thread end once it is free; never waits (a handler may never return)."""
         for _ in self._threads:
