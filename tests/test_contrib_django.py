@@ -434,6 +434,33 @@ def test_a_failing_task_ends_failed_with_its_error(
     assert (job.status, job.queue) == (leaseq.JobStatus.FAILED, "emails")
 
 
+def test_a_task_whose_return_value_is_not_json_is_finished_as_failed(
+    shop: leaseq.Queue, run_worker: Callable[..., InProcessWorker]
+) -> None:
+    """task_finished said SUCCESSFUL for a task whose job then failed (its return
+    value cannot be stored: InvalidResult), as Django's own backends do not."""
+    from leaseq.contrib.django._framework import task_finished
+    from tests.django_project.shop import tasks
+
+    finished: list[str] = []
+
+    def record(sender: Any, task_result: Any, **_: Any) -> None:
+        finished.append(str(task_result.status))
+
+    task_finished.connect(record)
+    try:
+        result = tasks.returns_a_set.enqueue()
+        run_worker()
+        _until(lambda: _refreshed(result).is_finished)
+    finally:
+        task_finished.disconnect(record)
+    assert result.status == "FAILED"
+    assert finished == [str(result.status)]
+    job = shop.get(int(result.id))
+    assert (job.status, job.attempts) == (leaseq.JobStatus.FAILED, 1)
+    assert "InvalidResult" in (job.last_error or "")
+
+
 def test_a_task_is_retried_up_to_its_attempts_with_one_error_each(
     shop: leaseq.Queue, run_worker: Callable[..., InProcessWorker]
 ) -> None:

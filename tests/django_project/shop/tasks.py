@@ -38,3 +38,8 @@ def record(name: str) -> None:
 @task(queue_name="emails")
 def fail(message: str) -> None:
     raise ValueError(message)
+
+
+@task
+def returns_a_set() -> set[int]:
+    return {1, 2}

@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections
 from django.utils import timezone
 
-from leaseq import App, JobContext, PermanentError, Retry
+from leaseq import App, InvalidResult, JobContext, PermanentError, Retry
 
 from ._framework import (
     InvalidTaskError,
@@ -27,7 +27,7 @@ from ._framework import (
 )
 from ._framework import task_started as task_started_signal
 from .conf import leaseq_settings
-from .tasks import LeaseqBackend, TaskFailed, load_task, status
+from .tasks import LeaseqBackend, TaskFailed, load_task, status, to_json
 
 __all__ = ["django_connections", "run_task", "task_queues", "worker_app"]
 
@@ -140,6 +140,13 @@ def _run(job: JobContext) -> Any:
     except Exception as exc:
         _finished(result, status("FAILED"), backend_class)
         raise TaskFailed(_describe(exc)) from exc
+    try:
+        to_json(value, "return value")
+    except TypeError as exc:
+        # The job fails for it (InvalidResult): the signal says so, as Django's
+        # own backends do, which turn the value into JSON before they finish.
+        _finished(result, status("FAILED"), backend_class)
+        raise InvalidResult(f"result cannot be stored: {exc}") from None
     _finished(result, status("SUCCESSFUL"), backend_class)
     return value
 
