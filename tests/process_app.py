@@ -106,6 +106,8 @@ def unsendable(job: leaseq.JobContext) -> Any:
     results no attempt can send back from the child."""
     if job.payload["what"] == "lambda":
         return lambda: 1
+    if job.payload["what"] == "refuses":
+        return Unreducible()
     nested: Any = []
     for _ in range(200_000):
         nested = [nested]
@@ -148,3 +150,10 @@ class CallableHandler:
 
     def __call__(self, job: leaseq.JobContext) -> None:
         pass
+
+
+class Unreducible:
+    """A value whose pickling raises ValueError (its ``__reduce__`` refuses)."""
+
+    def __reduce__(self) -> Any:
+        raise ValueError("not today")

@@ -180,7 +180,8 @@ def test_a_result_the_child_cannot_send_back_fails_the_job_at_once(
     back either, so the job fails with InvalidResult (not retried as an error,
     nor a child that died of a RecursionError)."""
     queue = tables
-    ids = [queue.enqueue("unsendable", {"what": what}) for what in ("lambda", "deep")]
+    # (one whose pickling raises ValueError crashed the child: retried as a death)
+    ids = [queue.enqueue("unsendable", {"what": what}) for what in ("lambda", "deep", "refuses")]
     drain(_app(schema, max_attempts=3, backoff=(0, 0)), dsn=database_url, concurrency=2)
     for job_id in ids:
         job = queue.get(job_id)

@@ -292,9 +292,12 @@ def _child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) 
                     answer = _run_one(handler, context, lost)
             try:
                 pipe.send(answer)
-            except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
+            except OSError:
+                raise  # the pipe: the worker went away
+            except Exception as exc:
                 # What no attempt can send either (a lambda, a structure nested past
-                # the recursion limit): the result cannot be stored, fail at once.
+                # the recursion limit, a value whose pickling raises): the result
+                # cannot be stored, fail at once.
                 unsent = InvalidResult(
                     f"result cannot be stored: it cannot be sent back from the handler's "
                     f"process ({type(exc).__name__}: {exc})"
