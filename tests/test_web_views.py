@@ -81,6 +81,11 @@ def test_payload_filter() -> None:
     for bad in ("customer", ":x", "auth.token:abc", "'unclosed"):
         with pytest.raises(leaseq.InvalidArgument):
             payload_filter(bad, mask)
+    # A field named twice (whatever the order): the later one silently replaced
+    # the earlier, and a bulk replay then took jobs the filter shown does not match.
+    for twice in ("customer:acme customer:globex", "region.x:1 region:us", "region:us region.x:1"):
+        with pytest.raises(leaseq.InvalidArgument, match="given twice"):
+            payload_filter(twice, mask)
 
 
 @pytest.mark.parametrize(

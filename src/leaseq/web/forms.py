@@ -114,6 +114,8 @@ def payload_filter(text: str, mask: SecretMask) -> dict[str, Any] | None:
             if not isinstance(nested, dict):
                 raise leaseq.InvalidArgument(f"payload filter: {field!r} given twice")
             target = nested
+        if path[-1] in target:  # (else the later would silently replace the earlier)
+            raise leaseq.InvalidArgument(f"payload filter: {field!r} given twice")
         target[path[-1]] = raw if word.quoted_after(len(field)) else _literal(field, raw)
     return document
 
