@@ -393,6 +393,15 @@ def test_replay_of_one_job_refuses_a_queue(invoke: Invoke, queue: leaseq.Queue) 
     assert queue.get(job_id).status is JobStatus.FAILED
 
 
+def test_replay_of_a_mistyped_queue_says_so(invoke: Invoke, queue: leaseq.Queue) -> None:
+    """It printed "replayed 0 jobs" and exited 0, as for a queue with no failure."""
+    queue.enqueue("reports", {})
+    result = invoke("replay", "--queue", "reprots", "--all-failed", ok=False)
+    assert result.exit_code == 1
+    assert "error: no queue named 'reprots'" in result.output
+    assert "replayed 0 jobs" in invoke("replay", "--queue", "reports", "--all-failed").output
+
+
 @pytest.mark.parametrize("interval", ["0", "-1", "nan"])
 def test_the_maintenance_interval_is_checked_before_anything_runs(interval: str) -> None:
     """0 or less reaped in a busy loop, NaN never again."""

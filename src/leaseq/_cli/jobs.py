@@ -154,6 +154,9 @@ def replay(
         if all_failed:
             assert queue_name is not None
             ids = queue.replay_failed(queue_name, actor=actor())
+            if not ids and queue.queue_settings(queue_name) is None:
+                # (a mistyped name replayed nothing, and said so as a success)
+                raise InvalidArgument(f"no queue named {queue_name!r}")
             click.echo(f"replayed {len(ids)} jobs")
         else:
             assert job_id is not None
