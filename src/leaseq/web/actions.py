@@ -95,7 +95,10 @@ async def skip(request: Request, ctx: Context) -> Response:
     # since the look above stays queued.
     if not await client.cancel(job_id, only_failed=True, actor=ctx.actor):
         return _done(ctx, form, "/blocked", f"Job {job_id} changed meanwhile: nothing skipped.")
-    message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
+    if job.key is None:  # (no key to move on: a hand-made request; cancelled all the same)
+        message = f"Cancelled failed job {job_id} (it has no ordering key)."
+    else:
+        message = f"Skipped job {job_id}, the head of key {job.key!r}: the key's next job can run."
     return _done(ctx, form, "/blocked", message)
 
 
