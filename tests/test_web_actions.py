@@ -447,6 +447,32 @@ async def test_the_settings_form_saves_back_every_value_it_shows(
     assert queue.queue_settings("odd") == dataclasses.replace(before, max_attempts=7)
 
 
+async def test_a_settings_save_keeps_what_another_operator_changed_meanwhile(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """Operator A opens the form; operator B changes the lease and the attempts; A
+    changes only the done retention and saves. The save compared every field with
+    the settings as they were then, so it put A's stale lease and attempts back,
+    silently undoing B's change (and audited it as A's)."""
+    queue.configure_queue("shared", lease=0.3, retain_done=90061.0)
+    page = (await browser.get("/queues/shared")).text  # A's form
+    form = {
+        name: unescape(value)
+        for name, value in re.findall(r'<input (?:type="hidden" )?name="(\w+)" value="([^"]*)"', page)
+        if name != "csrf"
+    }
+    for name, options in re.findall(r'<select name="(\w+)">(.*?)</select>', page, re.S):
+        (form[name],) = re.findall(r"<option selected>([^<]*)<", options)
+    queue.configure_queue("shared", lease=120, max_attempts=9)  # B, meanwhile
+    response = await browser.post("/queues/shared/settings", {**form, "retain_done": "2h"})
+    saved = text_of((await browser.follow(response)).text)
+    assert "Saved shared: retain_done" in saved
+    assert "lease" not in saved.split("Saved shared:", 1)[1].split(".", 1)[0]
+    after = queue.queue_settings("shared")
+    assert after is not None
+    assert (after.lease, after.max_attempts, after.retain_done) == (120, 9, 7200)
+
+
 def _declare(queue: leaseq.Queue, name: str, first_tick_in: float) -> None:
     """A schedule as a worker declares it, its first tick ``first_tick_in`` seconds
     from the database's now (negative: past due, as one no worker declares)."""

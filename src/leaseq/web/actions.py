@@ -17,7 +17,7 @@ import leaseq
 
 from . import security
 from .context import Context, Dashboard, handler, refuse
-from .forms import JobFilter, digits, failed_group, group_search, settings_changes
+from .forms import JobFilter, digits, edited, failed_group, group_search, settings_changes
 from .pages import settings_page
 from .views import retention
 
@@ -274,7 +274,7 @@ async def configure(request: Request, ctx: Context) -> Response:
         return refuse(ctx, 404, f"No queue named {name!r}.")
     typed = {k: v for k, v in form.items() if k not in ("csrf", "next")}
     try:
-        changes = settings_changes(typed, current)
+        changes = settings_changes(edited(typed), current)
         if changes:
             await client.configure_queue(name, actor=ctx.actor, **changes)
     except leaseq.InvalidArgument as exc:

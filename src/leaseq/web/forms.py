@@ -312,6 +312,26 @@ def settings_text(settings: leaseq.QueueSettings) -> dict[str, str]:
     return shown
 
 
+def edited(form: Mapping[str, str]) -> dict[str, str]:
+    """The settings fields the operator edited: those whose text differs from what
+    the form showed (its ``shown`` field). Compared with the settings as they are
+    at the save instead, every field another operator changed meanwhile would
+    count as edited, and the save would silently undo that change. A form
+    without ``shown`` (a hand-made request) counts every field it sends."""
+    try:
+        shown = json.loads(form.get("shown", ""))
+    except ValueError:
+        shown = None
+    fields = {name: text for name, text in form.items() if name in SETTINGS_FIELDS}
+    if not isinstance(shown, dict):
+        return fields
+    return {
+        name: text
+        for name, text in fields.items()
+        if not isinstance(shown.get(name), str) or text.strip() != shown[name].strip()
+    }
+
+
 def settings_changes(form: Mapping[str, str], current: leaseq.QueueSettings) -> dict[str, Any]:
     """The settings the form changes (only those), read as ``configure_queue`` wants."""
     changes: dict[str, Any] = {}

@@ -7,6 +7,7 @@ writes."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -241,12 +242,16 @@ async def settings_page(
             "error.html", status=404, heading="Not found", message=f"No queue named {name!r}."
         )
     values = {**settings_text(current), **(form or {})}
+    # What the form showed, sent back with it: a save then changes only the fields
+    # the operator edited (kept across a refused save: it shows what was typed).
+    shown = (form or {}).get("shown") or json.dumps(settings_text(current))
     return ctx.render(
         "settings.html",
         status=400 if error else 200,
         queue=name,
         settings=current,
         values=values,
+        shown=shown,
         error=error,
         policies=[p.value for p in leaseq.OrderingPolicy],
         modes=[m.value for m in leaseq.RetentionMode],
