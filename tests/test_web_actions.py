@@ -426,6 +426,16 @@ async def test_a_malformed_list_of_jobs_to_replay_is_refused(
     assert _audit(queue) == []
 
 
+def _settings_form(page: str) -> dict[str, str]:
+    """What the settings form of ``page`` submits as shown (its inputs, hidden ones
+    but the form token included, and each select's chosen option)."""
+    inputs = re.findall(r'<input (?:type="hidden" )?name="(\w+)" value="([^"]*)"', page)
+    form = {name: unescape(value) for name, value in inputs if name != "csrf"}
+    for name, options in re.findall(r'<select name="(\w+)">(.*?)</select>', page, re.S):
+        (form[name],) = re.findall(r"<option selected>([^<]*)<", options)
+    return form
+
+
 async def test_the_settings_form_saves_back_every_value_it_shows(
     browser: Browser, queue: leaseq.Queue
 ) -> None:
@@ -434,13 +444,7 @@ async def test_the_settings_form_saves_back_every_value_it_shows(
     queue.configure_queue("odd", lease=1234.5678, retain_done=1_000_000.0, backoff_base=0.3)
     before = queue.queue_settings("odd")
     assert before is not None
-    page = (await browser.get("/queues/odd")).text
-    form = {
-        name: unescape(value)
-        for name, value in re.findall(r'<input name="(\w+)" value="([^"]*)"', page)
-    }
-    for name, options in re.findall(r'<select name="(\w+)">(.*?)</select>', page, re.S):
-        (form[name],) = re.findall(r"<option selected>([^<]*)<", options)
+    form = _settings_form((await browser.get("/queues/odd")).text)
     response = await browser.post("/queues/odd/settings", {**form, "max_attempts": "7"})
     saved = text_of((await browser.follow(response)).text)
     assert "Saved odd: max_attempts 20 → 7." in saved
@@ -455,14 +459,7 @@ async def test_a_settings_save_keeps_what_another_operator_changed_meanwhile(
     the settings as they were then, so it put A's stale lease and attempts back,
     silently undoing B's change (and audited it as A's)."""
     queue.configure_queue("shared", lease=0.3, retain_done=90061.0)
-    page = (await browser.get("/queues/shared")).text  # A's form
-    form = {
-        name: unescape(value)
-        for name, value in re.findall(r'<input (?:type="hidden" )?name="(\w+)" value="([^"]*)"', page)
-        if name != "csrf"
-    }
-    for name, options in re.findall(r'<select name="(\w+)">(.*?)</select>', page, re.S):
-        (form[name],) = re.findall(r"<option selected>([^<]*)<", options)
+    form = _settings_form((await browser.get("/queues/shared")).text)  # A's form
     queue.configure_queue("shared", lease=120, max_attempts=9)  # B, meanwhile
     response = await browser.post("/queues/shared/settings", {**form, "retain_done": "2h"})
     saved = text_of((await browser.follow(response)).text)
