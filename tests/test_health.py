@@ -21,6 +21,7 @@ import leaseq
 from leaseq._cli import cli
 
 from .clients import Client
+from .roles import restricted_roles
 
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
 
@@ -156,6 +157,38 @@ async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_i
     assert job.last_vacuum is not None  # a manual vacuum: the leader's, not autovacuum's
     assert clean_enough(job)
     assert job.dead_tuples < 3000  # it did remove what it could
+
+
+async def test_a_leader_that_may_not_vacuum_the_table_says_so_once_and_counts_no_vacuum(
+    queue: leaseq.Queue,
+    connect: Connect,
+    schema: str,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only the table's owner may VACUUM or ANALYZE it. A leader of another role
+    (the README's restricted worker role) had PostgreSQL skip its vacuum with a
+    warning in the server's log at every pass, and logged "vacuumed" itself."""
+    with connect(autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".job SET (autovacuum_enabled = false)')
+    _churn(queue, "reports", 3000)
+    _until_dead_rows(queue, lambda dead: dead > 3000, "counted")
+    with restricted_roles(database_url, schema) as roles:
+        async with leaseq.AsyncQueue(roles.worker, schema=schema) as worker_role:
+            maintenance = leaseq.Maintenance(worker_role, interval=0.1)
+            with caplog.at_level("INFO", logger="leaseq"):
+                task = asyncio.create_task(maintenance.run())
+                await asyncio.sleep(1.5)  # passes enough for a vacuum at each
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    assert maintenance.vacuums == 0
+    assert maintenance.analyzes == 0
+    told = [r.getMessage() for r in caplog.records if "owner" in r.getMessage()]
+    assert len(told) == 1, told
+    assert f"{schema}.job" in told[0]
+    assert "autovacuum is off" in told[0]
+    assert not [r for r in caplog.records if r.getMessage().startswith("vacuumed")]
+    assert _job_table(queue).dead_tuples > 3000  # nothing removed them, as said
 
 
 async def test_with_autovacuum_off_the_leader_analyzes_a_backlog_being_built(

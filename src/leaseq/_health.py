@@ -38,6 +38,9 @@ class TableCare(enum.Enum):
     #: inserts): ANALYZE, or the planner and stats()' estimates never learn of it.
     ANALYZE = "analyze"
     UNCOUNTED = "uncounted"  # track_counts = off: nothing is counted, on a timer
+    #: Something is due, but only the table's owner may vacuum or analyze it
+    #: (the leader runs as a restricted role): said once, left to the owner.
+    NOT_OURS = "not ours"
 
 
 def table_care(

@@ -88,6 +88,8 @@ class Maintenance:
         self._schema_checked = False
         #: When the next vacuum is due while dead rows are not counted.
         self._uncounted_vacuum_at = -math.inf
+        #: Whether the leader said it may not vacuum the table (said once).
+        self._told_not_ours = False
 
     async def run(self) -> None:
         """Lead when possible, reap and apply retention every ``interval`` seconds;
@@ -134,6 +136,16 @@ class Maintenance:
         # as they step over them; nor does anything analyze a growing backlog.
         # One cheap statistics read per pass decides.
         care = await session.run(self.queue._store.vacuum_check())
+        if care is TableCare.NOT_OURS:
+            if not self._told_not_ours:
+                self._told_not_ours = True
+                log.warning(
+                    "%s.job needs a vacuum or an analyze and autovacuum is off for it, but "
+                    "only its owner may run them (this leader's role may not): run "
+                    "the leader as the owner, or turn autovacuum on",
+                    self.queue.schema,
+                )
+            return
         if care is TableCare.UNCOUNTED:  # on a timer, from the first pass
             now = time.monotonic()
             if now < self._uncounted_vacuum_at:

@@ -89,8 +89,9 @@ class HealthOperations(StoreBase):
         def decode(rows: list[Rows]) -> TableCare:
             if not rows[0]:
                 return TableCare.NONE
-            ((off, counted, dead, modified, estimated),) = rows[0]
-            return table_care(bool(off), bool(counted), int(dead), int(modified), int(estimated))
+            ((off, counted, dead, modified, estimated, may),) = rows[0]
+            care = table_care(bool(off), bool(counted), int(dead), int(modified), int(estimated))
+            return TableCare.NOT_OURS if care is not TableCare.NONE and not may else care
 
         params = {"job_table": f"{self._quoted}.job"}
         return Operation((Statement(self.sql("vacuum_check.sql"), params),), decode)

@@ -2,7 +2,10 @@
 -- setting, track_counts, or the table's reloption), whether changes are counted
 -- at all (track_counts: without it the counts stay whatever they were, and a
 -- vacuum does not reset them), its dead tuples, its rows changed since its last
--- ANALYZE, and its size.
+-- ANALYZE, its size, and whether this session may vacuum and analyze it at all:
+-- only its owner (or a member of the owner's role, or a superuser) may, and from
+-- PostgreSQL 17 a role granted MAINTAIN on it; anyone else's VACUUM is skipped
+-- with only a warning in the server's log.
 SELECT NOT (current_setting('autovacuum')::boolean
             AND current_setting('track_counts')::boolean
             AND coalesce((SELECT o.option_value::boolean
@@ -11,7 +14,10 @@ SELECT NOT (current_setting('autovacuum')::boolean
        current_setting('track_counts')::boolean,
        coalesce(s.n_dead_tup, 0),
        coalesce(s.n_mod_since_analyze, 0),
-       greatest(c.reltuples, 0)::bigint
+       greatest(c.reltuples, 0)::bigint,
+       pg_has_role(c.relowner, 'USAGE')
+           OR CASE WHEN current_setting('server_version_num')::int >= 170000
+                   THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END
 FROM pg_class AS c
 LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.oid = to_regclass(%(job_table)s)

@@ -1,0 +1,153 @@
+"""The README's "Restricted roles": a producer and a worker with only the grants
+it documents do everything it says they do; a grant left out is a typed error
+that writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+import leaseq
+from leaseq import JobStatus
+
+from .roles import restricted_roles
+
+pytestmark = pytest.mark.server_agnostic
+
+
+def _job_rows(database_url: str, schema: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{schema}".job').fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def _run_until(worker: leaseq.Worker, done: asyncio.Event, seconds: float) -> None:
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(done.wait(), seconds)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+
+
+async def test_a_producer_with_the_documented_grants_enqueues_in_every_form(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    with (
+        restricted_roles(database_url, schema) as roles,
+        leaseq.Queue(roles.producer, schema=schema) as producer,
+    ):
+        plain = producer.enqueue("reports", {"n": 1})
+        producer.enqueue("reports", {"n": 2}, delay=60)
+        producer.enqueue("reports", {"n": 3}, key="customer-1", seq=2)
+        producer.enqueue("reports", {"n": 4}, key="customer-1", seq=1)  # out of order
+        first = producer.enqueue("reports", {"n": 5}, unique_key="daily")
+        again = producer.enqueue("reports", {"n": 6}, unique_key="daily")
+        producer.enqueue("reports", {"n": 7}, unique_key="weekly", unique_for=60)
+        producer.enqueue("tenants", {"n": 8}, group="acme")
+        producer.enqueue_many("reports", [{"n": 9}, {"n": 10}])
+        producer.enqueue_many("reports", [{"n": 11}, {"n": 12}], key="c2", seqs=[1, 2])
+        producer.enqueue_many("reports", [{"n": 13}, {"n": 14}], unique_keys=["a", "b"])
+        producer.enqueue("a-queue-never-seen", {"n": 15})
+        with psycopg.connect(roles.producer) as own:  # the caller's transaction
+            producer.enqueue("reports", {"n": 16}, conn=own)
+        job = producer.get(plain)
+        with pytest.raises(leaseq.ResultNotReady):
+            producer.result(plain)
+
+        assert again == first
+        assert again.existing
+        assert job.status is JobStatus.QUEUED
+        assert _job_rows(database_url, schema) == 15  # the unique one's twin wrote nothing
+
+        # The worker role runs the job; the producer role waits for its result.
+        app = leaseq.App(schema=schema)
+        done = asyncio.Event()
+
+        @app.task("reports")
+        async def report(job: leaseq.JobContext) -> dict[str, int]:
+            if job.job_id == plain:
+                done.set()
+            return {"pages": 3}
+
+        worker = leaseq.Worker(app, dsn=roles.worker, concurrency=4, poll_interval=0.1)
+        waiting = asyncio.create_task(
+            asyncio.to_thread(producer.wait_result, plain, timeout=60, poll_interval=0.1)
+        )
+        await _run_until(worker, done, 60)
+        assert await waiting == {"pages": 3}
+
+
+async def test_a_worker_with_the_documented_grants_runs_maintains_and_operates(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    queue.configure_queue("work", max_running_per_group=1)
+    plain = queue.enqueue_many("work", [{"kind": "ok"}] * 3)
+    keyed = queue.enqueue_many("work", [{"kind": "ok"}] * 3, key="k", seqs=[1, 2, 3])
+    flaky = queue.enqueue("work", {"kind": "flaky"}, max_attempts=2)
+    broken = queue.enqueue("work", {"kind": "broken"}, max_attempts=1)
+    grouped = queue.enqueue_many("work", [{"kind": "ok"}] * 2, group="acme")
+    waiting = queue.enqueue("later", {}, delay=3600)
+    finished = {*plain, *keyed, flaky, broken, *grouped}
+
+    with restricted_roles(database_url, schema) as roles:
+        app = leaseq.App(schema=schema)
+        ended: set[int] = set()
+        all_ended = asyncio.Event()
+        order: list[int] = []
+
+        @app.task("work", backoff=(0.05, 0.1))
+        async def work(job: leaseq.JobContext) -> None:
+            kind = job.payload["kind"]
+            if job.key == "k":
+                order.append(job.job_id)
+            if kind == "broken" or (kind == "flaky" and job.attempts == 1):
+                if kind == "broken":
+                    ended.add(job.job_id)
+                raise RuntimeError(f"{kind} on attempt {job.attempts}")
+            ended.add(job.job_id)
+            if ended >= finished:
+                all_ended.set()
+
+        worker = leaseq.Worker(
+            app, dsn=roles.worker, concurrency=4, poll_interval=0.1, maintenance_interval=0.2
+        )
+        await _run_until(worker, all_ended, 60)
+        assert order == list(keyed)
+
+        # The operator's commands (the CLI and the dashboard use these) as the worker role.
+        with leaseq.Queue(roles.worker, schema=schema) as operator:
+            deadline = time.monotonic() + 30
+            while operator.get(flaky).status is not JobStatus.DONE:
+                assert time.monotonic() < deadline, operator.get(flaky)
+                time.sleep(0.1)
+            assert operator.get(broken).status is JobStatus.FAILED
+            assert operator.replay(broken, actor="ops")
+            assert operator.get(broken).status is JobStatus.QUEUED
+            assert operator.cancel(waiting, actor="ops")
+            operator.configure_queue("work", retain_done=0, actor="ops")
+            pruned = operator.prune(states=["done"], older_than=0, pause=0)
+            assert sum(pruned.deleted.values()) == 9  # 3 + 3 + flaky + 2 grouped
+            assert [entry.actor for entry in operator.audit_log(limit=3)] == ["ops"] * 3
+            assert {s.queue for s in operator.stats()} >= {"work", "later"}
+            assert operator.find_jobs(status="cancelled").jobs[0].job_id == waiting
+            assert operator.health().table("job") is not None
+
+
+def test_a_grant_left_out_is_a_typed_error_that_writes_nothing(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    with (
+        restricted_roles(database_url, schema, leave_out="key_hold") as roles,
+        leaseq.Queue(roles.producer, schema=schema) as producer,
+    ):
+        producer.enqueue("reports", {})  # unkeyed jobs need no key_hold
+        with pytest.raises(leaseq.DatabaseError) as refused:
+            producer.enqueue("reports", {}, key="customer-1", seq=1)
+    assert refused.value.sqlstate == "42501"
+    assert "key_hold" in str(refused.value)
+    assert _job_rows(database_url, schema) == 1
