@@ -141,6 +141,7 @@ def test_configure_queue_rejects_bad_settings_and_writes_nothing(client: Client)
         {"backoff_base": 10, "backoff_cap": 5},
         {"paused": "yes"},
         {"colour": "blue"},
+        {"max_payload_bytes": 2**28},  # more than jsonb holds
     ]
     for settings in bad:
         with pytest.raises(leaseq.InvalidArgument):
@@ -148,6 +149,20 @@ def test_configure_queue_rejects_bad_settings_and_writes_nothing(client: Client)
     with pytest.raises(leaseq.InvalidJob):
         client.configure_queue("bad queue name!", lease=5)
     assert client.queue_settings("reports") is None
+
+
+def test_configure_queue_naming_no_setting_shows_defaults_and_makes_no_queue(
+    client: Client,
+) -> None:
+    """It made the settings row of a queue never used, which then showed in every
+    listing of queues, though such a call "changes nothing"."""
+    shown = client.configure_queue("never-used")
+    assert shown.name == "never-used"
+    assert shown.max_attempts == client.configure_queue("used", lease=30).max_attempts
+    assert client.queue_settings("never-used") is None
+    assert [s.queue for s in client.stats()] == ["used"]
+    # A queue that has a row shows it, as it is.
+    assert client.configure_queue("used").lease == 30
 
 
 def test_settings_round_trip(client: Client) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import leaseq
 from leaseq import InvalidArgument, InvalidJob, PayloadTooLarge
+from leaseq._db.errors import translated_errors
 
 from .clients import Client, ClientConnect
 
@@ -42,6 +43,14 @@ class NoOffset(tzinfo):
         return None
 
 
+def _nested(depth: int) -> Any:
+    """A payload of ``depth`` lists, one in the other."""
+    payload: Any = []
+    for _ in range(depth - 1):
+        payload = [payload]
+    return payload
+
+
 BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("empty queue name", {"queue": ""}, InvalidJob),
     ("queue name with spaces", {"queue": "my queue"}, InvalidJob),
@@ -59,6 +68,8 @@ BAD_ENQUEUES: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("nested keys True and 'true'", {"payload": {"x": [{True: 1, "true": 2}]}}, InvalidJob),
     ("keys None and 'null'", {"payload": {None: 1, "null": 2}}, InvalidJob),
     ("payload over 1 MiB", {"payload": "x" * (1024 * 1024 + 1)}, PayloadTooLarge),
+    # The producer could encode it; every worker that claimed it crashed.
+    ("payload nested 257 deep", {"payload": {"a": _nested(256)}}, InvalidJob),
     ("negative delay", {"delay": -1}, InvalidJob),
     ("infinite delay", {"delay": math.inf}, InvalidJob),
     ("NaN delay", {"delay": math.nan}, InvalidJob),
@@ -317,6 +328,7 @@ BAD_CLIENT_OPTIONS: list[dict[str, Any]] = [
     {"listen": "no"},
     {"listen": None},
     {"dsn": 5},
+    {"max_payload_bytes": 2**28},  # more than jsonb holds
 ]
 
 
@@ -513,3 +525,36 @@ def test_int_subclasses_are_taken_as_the_ints_they_are(client: Client) -> None:
         client.fail(claim, error="broke")
     assert isinstance(a, leaseq.JobId)
     assert sorted(client.replay_many([a, int(b), 2**40])) == sorted([a, b])
+
+
+def test_a_batch_past_what_one_statement_carries_is_refused_before_it_is_sent(
+    client: Client, client_connect: ClientConnect
+) -> None:
+    """Each payload under the cap, together over 256 MiB: PostgreSQL closed the
+    connection on the message (over 1 GiB once escaped), a TransientError that
+    no retry mends, and inside the caller's transaction the connection was lost."""
+    payloads = [{"blob": "a" * 1_040_000}] * 260
+    conn = client_connect()
+    with conn.transaction():
+        with pytest.raises(PayloadTooLarge, match="smaller batches"):
+            client.enqueue_many("reports", payloads, conn=conn)
+        client.enqueue("reports", {"x": "fine"}, conn=conn)  # the transaction goes on
+    assert len(client.claim("reports", limit=10)) == 1
+
+
+def test_a_size_past_postgresqls_own_limits_is_bad_input_not_transient(
+    queue: leaseq.Queue,
+) -> None:
+    """program_limit_exceeded (54000), e.g. jsonb's "total size of jsonb array
+    elements exceeds the maximum" for a payload under the cap whose numbers take
+    more room as jsonb: it came out as a TransientError ("try again"), though
+    sending it again fails again. (A too large array raises the same SQLSTATE
+    at no cost; the payload would take gigabytes.)"""
+    with (
+        queue.connection() as conn,
+        pytest.raises(InvalidArgument) as refused,
+        translated_errors(),
+    ):
+        conn.execute("SELECT array_fill(0, ARRAY[200000000])")
+    assert not isinstance(refused.value, leaseq.TransientError)
+    assert "exceeds the maximum" in str(refused.value)

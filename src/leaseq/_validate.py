@@ -24,6 +24,19 @@ MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_LEASE_SECONDS = 24 * 3600.0
 #: leaseq's own payload cap; queues may set a lower one.
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: The largest payload cap a client or queue may set: jsonb holds no string, and
+#: no container's elements, past 2^28 - 1 bytes.
+MAX_PAYLOAD_BYTES_CAP = 2**28 - 1
+#: How deep a payload (or result) may nest. Python decodes JSON recursively, and a
+#: worker decodes a claim's payloads deep in its own stack, after the claim has
+#: committed: a payload its producer could still encode (near the recursion limit)
+#: took down every worker that claimed it, with the jobs claimed beside it.
+MAX_PAYLOAD_DEPTH = 256
+#: The most payload bytes one enqueue_many may carry: PostgreSQL takes no message
+#: over 1 GiB, and a batch's payloads go as one text array, in which quotes and
+#: backslashes are escaped (up to twice the bytes). Past it the server closed the
+#: connection (the caller's transaction with it).
+MAX_BATCH_BYTES = 256 * 1024 * 1024
 PRIORITY_RANGE = range(-32768, 32768)
 SEQ_RANGE = range(-(2**63), 2**63)
 MAX_CLAIM_LIMIT = 10_000
@@ -238,7 +251,41 @@ def payload(value: object, limit: int) -> EncodedPayload:
         raise InvalidJob("payload contains text that is not valid Unicode") from None
     if size > limit:
         raise PayloadTooLarge(f"payload is {size} bytes; the limit is {limit}")
+    # Only a text with more brackets than the bound can nest past it (counted at
+    # C speed; most payloads have a handful).
+    if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH and _deeper_than(
+        value, MAX_PAYLOAD_DEPTH
+    ):
+        raise InvalidJob(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
     return EncodedPayload(text, size)
+
+
+def _deeper_than(value: object, bound: int) -> bool:
+    """Whether ``value``'s lists and mappings nest more than ``bound`` deep."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children: Iterable[object] = current.values()
+        elif isinstance(current, list | tuple):
+            children = current
+        else:
+            continue
+        if depth > bound:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def batch_size(sizes: Iterable[int]) -> int:
+    """The bytes of a batch's payloads, refused past what one statement carries."""
+    total = sum(sizes)
+    if total > MAX_BATCH_BYTES:
+        raise PayloadTooLarge(
+            f"the batch's payloads are {total} bytes; one enqueue_many carries at most "
+            f"{MAX_BATCH_BYTES} (PostgreSQL's message limit): enqueue them in smaller batches"
+        )
+    return total
 
 
 #: A job result's cap unless its task says otherwise (``max_result_bytes``).
@@ -320,6 +367,17 @@ def positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{what} must be a positive integer, got {value!r}")
     return int(value)  # a plain int: psycopg dumps a subclass by its own rules
+
+
+def payload_cap(value: object) -> int:
+    """A client's ``max_payload_bytes``: no more than jsonb can hold."""
+    cap = positive_int(value, "max_payload_bytes")
+    if cap > MAX_PAYLOAD_BYTES_CAP:
+        raise InvalidArgument(
+            f"max_payload_bytes must be at most {MAX_PAYLOAD_BYTES_CAP} (what jsonb holds), "
+            f"got {cap}"
+        )
+    return cap
 
 
 def claim_limit(value: object, what: str = "limit") -> int:

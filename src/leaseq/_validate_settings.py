@@ -11,6 +11,7 @@ from ._types import JobStatus, OrderingPolicy, RetentionMode
 from ._validate import (
     FINISHED_STATES,
     MAX_LEASE_SECONDS,
+    MAX_PAYLOAD_BYTES_CAP,
     MAX_PRUNE_BATCH,
     MAX_RETENTION_SECONDS,
     seconds,
@@ -28,7 +29,10 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "ordering_policy": ("ordering_policy", lambda v: _policy(v).value),
     "max_queued_jobs": ("max_queued_jobs", lambda v: _limit(v, "max_queued_jobs", 2**62)),
     "max_queued_bytes": ("max_queued_bytes", lambda v: _limit(v, "max_queued_bytes", 2**62)),
-    "max_payload_bytes": ("max_payload_bytes", lambda v: _limit(v, "max_payload_bytes", 2**31 - 1)),
+    "max_payload_bytes": (
+        "max_payload_bytes",
+        lambda v: _limit(v, "max_payload_bytes", MAX_PAYLOAD_BYTES_CAP),
+    ),
     "paused": ("paused", lambda v: _flag(v, "paused")),
     "retain_done": ("retain_done", lambda v: retention(v, "retain_done")),
     "retain_cancelled": ("retain_cancelled", lambda v: retention(v, "retain_cancelled")),

@@ -47,6 +47,10 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
     # statement_too_complex: "stack depth limit exceeded", e.g. a payload nested
     # tens of thousands deep. An OperationalError, but sending it again fails again.
     "54001": InvalidArgument,
+    # program_limit_exceeded: past one of PostgreSQL's sizes, e.g. "total size of
+    # jsonb array elements exceeds the maximum" (a payload under the cap whose
+    # numbers take more room as jsonb). Sending it again fails again.
+    "54000": InvalidArgument,
     "22P02": InvalidArgument,  # invalid_text_representation
 }
 

@@ -26,7 +26,7 @@ class StoreBase:
         self.max_payload_bytes = (
             validate.DEFAULT_MAX_PAYLOAD_BYTES
             if max_payload_bytes is None
-            else validate.positive_int(max_payload_bytes, "max_payload_bytes")
+            else validate.payload_cap(max_payload_bytes)
         )
         self._quoted = f'"{self.schema}"'
         self._texts: dict[str, str] = {}

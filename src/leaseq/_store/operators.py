@@ -237,6 +237,19 @@ class OperatorOperations(StoreBase):
             **validate_settings.queue_settings(settings),
         }
         named = {"name": params["name"]}
+        if not settings:
+            # Shown, not changed: a queue never used gets no row (it would then
+            # be listed as a queue), but its defaults are shown as the table's
+            # own, read from a row made in a savepoint and rolled back.
+            return Operation(
+                (
+                    Statement(self.sql("settings_probe_begin.sql")),
+                    Statement(self.sql("configure_queue_ensure.sql"), named),
+                    Statement(self.sql("get_queue.sql"), named),
+                    Statement(self.sql("settings_probe_end.sql")),
+                ),
+                lambda r: decoding.settings_from_row(r[2][0]),
+            )
         audit = {
             **named,
             "actor": operator_input.actor(actor),

@@ -84,6 +84,7 @@ class ProducerOperations(StoreBase):
         encoded = [
             validate.payload(p, self.max_payload_bytes) for p in validate.payload_batch(payloads)
         ]
+        total_bytes = validate.batch_size(e.size for e in encoded)
         if seqs is not None:
             validate.per_payload(seqs, len(encoded), "seqs")
         ordering = [
@@ -106,7 +107,7 @@ class ProducerOperations(StoreBase):
                 raise InvalidJob("unique_for needs unique_keys")
             params |= {
                 "count": len(encoded),
-                "total_bytes": sum(e.size for e in encoded),
+                "total_bytes": total_bytes,
                 "largest_bytes": max((e.size for e in encoded), default=0),
             }
             return Operation(

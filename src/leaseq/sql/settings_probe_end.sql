@@ -1,0 +1,2 @@
+-- See settings_probe_begin.sql.
+ROLLBACK TO SAVEPOINT leaseq_settings_probe
