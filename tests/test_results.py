@@ -4,6 +4,7 @@ read back with ``result()`` / ``wait_result()``, for as long as the job is kept.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from typing import Any
@@ -101,6 +102,7 @@ def test_a_failed_or_cancelled_job_has_no_result(client: Client) -> None:
         ({"blob": "x" * 70_000}, "too large"),
         ({1, 2}, "cannot be stored"),
         ("nul \x00 byte", "NUL"),
+        ({"deep": functools.reduce(lambda inner, _: [inner], range(256), [])}, "nests deeper"),
     ],
 )
 def test_a_result_that_cannot_be_stored_is_refused_and_writes_nothing(
@@ -295,6 +297,45 @@ async def test_a_transactional_handler_stores_the_result_it_sets(
         assert await aqueue.wait_result(job_id, timeout=30) == {"written": True}
     finally:
         await running.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_transactional_handlers_result_is_held_to_its_tasks_cap(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, connect: Any
+) -> None:
+    """``job.result`` set inside job.transaction() was checked against the 64 KiB
+    default, not the task's max_result_bytes: a task capped at 100 bytes stored
+    200, and one allowing 200 kB could not store 100 kB (its effect rolled back)."""
+    with connect(autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".effect (job_id bigint)')
+    app = leaseq.App(schema=schema)
+
+    @app.task("small", max_result_bytes=100)
+    def small(job: leaseq.JobContext) -> None:
+        with job.transaction() as conn:
+            conn.execute(f'INSERT INTO "{schema}".effect VALUES (%s)', (job.job_id,))
+            job.result = "x" * 200
+
+    @app.task("large", max_result_bytes=200_000)
+    async def large(job: leaseq.JobContext) -> None:
+        async with job.atransaction() as conn:
+            await conn.execute(f'INSERT INTO "{schema}".effect VALUES (%s)', (job.job_id,))
+            job.result = "y" * 100_000
+
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False))
+    try:
+        over = await aqueue.enqueue("small", {})
+        within = await aqueue.enqueue("large", {})
+        assert await aqueue.wait_result(within, timeout=30) == "y" * 100_000
+        with pytest.raises(leaseq.JobFailed) as failed:
+            await aqueue.wait_result(over, timeout=30)
+    finally:
+        await running.stop()
+    assert "the limit is 100" in (failed.value.error or "")
+    assert (await aqueue.get(over)).attempts == 1  # failed at once: it would set it again
+    with connect() as conn:
+        effects = conn.execute(f'SELECT job_id FROM "{schema}".effect').fetchall()
+    assert effects == [(within,)]  # the refused one's effect rolled back with it
 
 
 @pytest.mark.asyncio

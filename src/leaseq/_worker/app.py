@@ -107,7 +107,9 @@ class App:
             retry_on=ErrorPolicy.exceptions(retry_on, "retry_on"),
             fail_on=ErrorPolicy.exceptions(fail_on, "fail_on"),
         )
-        validate.integer(max_result_bytes, "max_result_bytes", range(1, 2**30))
+        validate.integer(
+            max_result_bytes, "max_result_bytes", range(1, validate.MAX_PAYLOAD_BYTES_CAP + 1)
+        )
         settings = (
             validate.lease(lease),
             None

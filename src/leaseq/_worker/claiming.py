@@ -189,7 +189,7 @@ class ClaimLoop:
         started_now = []
         traced = _tracing.active() if claims else False
         for claim in claims:
-            context = JobContext(claim, self._handlers, self._handlers_async)
+            context = JobContext(claim, self._handlers, self._handlers_async, task.max_result_bytes)
             attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
             self._runner.start(attempt, task, traced=traced)
             started_now.append(attempt)

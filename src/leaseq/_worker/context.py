@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
+from .. import _validate as validate
 from .._async_client import AsyncConnection, AsyncQueue
 from .._errors import InvalidArgument, LeaseLost
 from .._retry import Retry
@@ -28,8 +29,17 @@ class JobContext:
     attempt reports its timeout once the handler has returned).
     """
 
-    def __init__(self, claim: Claim, sync_queue: Queue, async_queue: AsyncQueue) -> None:
+    def __init__(
+        self,
+        claim: Claim,
+        sync_queue: Queue,
+        async_queue: AsyncQueue,
+        max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES,
+    ) -> None:
         self.claim = claim
+        #: The task's cap on ``job.result`` (``max_result_bytes``), for completions
+        #: through :meth:`transaction` as for returned values.
+        self.max_result_bytes = max_result_bytes
         # ``lost`` is made on first use: most handlers never look at it, and an
         # Event (with its Condition and lock) was ~4 µs of every job's ~60 µs of
         # the worker's own time. ``_lost_flag`` is what leaseq itself reads.
@@ -178,12 +188,17 @@ class JobContext:
         second completion), and the transaction must roll back with the effect.
         """
         self._check_owned()
-        self._sync.complete(self.claim, result=self.result, conn=conn)
+        self._sync.complete(self.claim, result=self._stored_result(), conn=conn)
 
     async def acomplete_in(self, conn: AsyncConnection) -> None:
         """The async twin of :meth:`complete_in`."""
         self._check_owned()
-        await self._async.complete(self.claim, result=self.result, conn=conn)
+        await self._async.complete(self.claim, result=self._stored_result(), conn=conn)
+
+    def _stored_result(self) -> validate.EncodedPayload | None:
+        """``job.result`` checked against the task's cap (the client's own
+        check knows only the default): InvalidResult fails the job at once."""
+        return validate.result(self.result, self.max_result_bytes)
 
     def mark_completed(self) -> None:
         """Say that the transaction of :meth:`complete_in` committed: the worker

@@ -66,14 +66,16 @@ def child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) -
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
     try:
         while (work := pipe.recv()) is not None:
-            module, qualname, claim, trace_context = work
+            module, qualname, claim, trace_context, max_result_bytes = work
             answer: tuple[str, Any, bool, Any]
             try:
                 handler = _resolve(module, qualname)
             except Exception as exc:  # an import error of the user's module, say
                 answer = ("error", _sendable(exc), False, None)
             else:
-                context = _ChildJobContext(claim, sync_queue, async_queue, completed)
+                context = _ChildJobContext(
+                    claim, sync_queue, async_queue, completed, max_result_bytes
+                )
                 with _tracing.continued(trace_context):
                     answer = _run_one(handler, context, lost)
             try:
@@ -113,9 +115,14 @@ class _ChildJobContext(JobContext):
     committed is told to the worker at once, through a shared flag."""
 
     def __init__(
-        self, claim: Claim, sync_queue: Queue, async_queue: AsyncQueue, completed: Flag
+        self,
+        claim: Claim,
+        sync_queue: Queue,
+        async_queue: AsyncQueue,
+        completed: Flag,
+        max_result_bytes: int,
     ) -> None:
-        super().__init__(claim, sync_queue, async_queue)
+        super().__init__(claim, sync_queue, async_queue, max_result_bytes)
         self._completed_flag = completed
 
     def mark_completed(self) -> None:

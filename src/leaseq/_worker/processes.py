@@ -85,7 +85,13 @@ class ProcessPool:
         """Run ``handler(context)`` in a child; blocks the calling (daemon) thread."""
         # The attempt's span (current in this thread) goes with the work: the
         # handler's own spans in the child nest under it, as in a thread.
-        work = (handler.__module__, handler.__qualname__, context.claim, _tracing.current())
+        work = (
+            handler.__module__,
+            handler.__qualname__,
+            context.claim,
+            _tracing.current(),
+            context.max_result_bytes,
+        )
         child = self._hand_over(work)
         reusable = False
         try:
@@ -117,7 +123,7 @@ class ProcessPool:
                 child.process.join(1.0)
             child.pipe.close()
 
-    def _hand_over(self, work: tuple[str, str, Any, Any]) -> _Child:
+    def _hand_over(self, work: tuple[str, str, Any, Any, int]) -> _Child:
         """A child that took ``work``: an idle one, else a new one.
 
         An idle child may have died since its last call (killed from outside, the
