@@ -325,6 +325,9 @@ async def test_schedules_are_listed_by_the_cli(
         runner.invoke, cli, ["schedules", "--database-url", database_url, "--schema", schema]
     )
     assert "nightly" in table.output
+    # What the README says it lists: the ticks enqueued, skipped and paused.
+    header = next(line for line in table.output.splitlines() if "next tick" in line)
+    assert header.split()[-3:] == ["enqueued", "skipped", "paused"]
 
 
 async def test_a_removed_schedule_is_gone_with_its_bookkeeping_and_ticks_no_more(

@@ -575,6 +575,37 @@ async def test_a_job_released_while_its_sync_handler_runs_on_never_runs_twice_at
     del first_start
 
 
+async def test_a_job_whose_sync_handler_is_deaf_at_the_stop_waits_for_its_lease(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A sync handler that never looks at job.lost still ran a second after the
+    stop, yet its job (and its key's next one) was released claimable at once:
+    the release that knew its thread ran on was replaced by a plain one."""
+    app = leaseq.App(schema=schema)
+    started, may_end, ended = threading.Event(), threading.Event(), threading.Event()
+
+    @app.task("deaf", lease=30.0)
+    def deaf(job: leaseq.JobContext) -> None:
+        started.set()
+        may_end.wait(30)  # deaf to job.lost
+        ended.set()
+
+    job_id = await aqueue.enqueue("deaf", {}, key="k", seq=1)
+    await aqueue.enqueue("deaf", {}, key="k", seq=2)
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, shutdown_grace=0.2)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 30), 35)
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+        assert not ended.is_set()  # its thread runs on
+        assert await aqueue.claim("deaf", limit=10) == []  # neither it nor its key's next
+        job = await aqueue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+    finally:
+        may_end.set()
+
+
 async def test_a_sync_handler_that_stops_when_told_has_its_job_claimable_at_once(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:

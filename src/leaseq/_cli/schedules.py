@@ -50,7 +50,7 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
         )
         return
     table = Table(
-        "name", "queue", "when", "tz", "last tick", "next tick", "enqueued", "skipped",
+        "name", "queue", "when", "tz", "last tick", "next tick", "enqueued", "skipped", "paused",
         title="schedules", box=box.SIMPLE_HEAD,
     )  # fmt: skip
     for s in found:
@@ -63,6 +63,7 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
             s.next_tick.isoformat(timespec="seconds") + (" (overdue)" if s.stalled else ""),
             str(s.enqueued),
             str(s.skipped),
+            str(s.paused_ticks),
         )
     console.print(table)
 

@@ -109,9 +109,10 @@ class AttemptRunner:
                     )
                 started = time.perf_counter()
                 outcome = await self.outcome_of(attempt, task)
-                if attempt.stopping and outcome is not None:
+                if attempt.stopping and outcome is not None and outcome.kind is not Kind.RELEASE:
                     # It returned (or raised) because the worker's stop told it to:
-                    # not its result. Its thread has ended: claimable at once.
+                    # not its result. Its thread has ended: claimable at once. (A
+                    # release already says whether its thread runs on: left as is.)
                     outcome = Outcome(Kind.RELEASE, claim)
                 elapsed = time.perf_counter() - started
                 if instruments is not None:
