@@ -303,6 +303,22 @@ def test_repeatable_read_producers_never_insert_a_duplicate(
     assert _unfinished_with_key(connect, queue.schema, "invoices", "k") == [first]
 
 
+@pytest.mark.parametrize("unique_key", [None, "k"])
+def test_a_lone_repeatable_read_producer_enqueues_into_a_queue_never_used(
+    client: Client, client_connect: ClientConnect, unique_key: str | None
+) -> None:
+    """The queue's settings row was committed on leaseq's own connection, after
+    the caller's snapshot: the enqueue's own insert of it met the row it could
+    not see, a serialization failure for a lone producer, every time."""
+    conn = client_connect()
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    conn.execute("SELECT 1")  # the snapshot is taken now
+    job_id = client.enqueue("never-used", {"n": 1}, unique_key=unique_key, conn=conn)
+    conn.execute("COMMIT")
+    assert client.get(job_id).status is JobStatus.QUEUED
+    assert client.queue_settings("never-used") is not None
+
+
 def test_concurrent_producers_with_rollbacks_never_hold_a_key_twice(
     database_url: str, queue: leaseq.Queue, connect: Connect
 ) -> None:

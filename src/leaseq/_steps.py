@@ -52,10 +52,14 @@ def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps
 def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operation[T]) -> Steps[T]:
     """An enqueue, after making sure the queue's settings row exists, committed on
     leaseq's own connection (detached): created inside the caller's transaction
-    it would make every other producer of the queue wait until that commits."""
+    it would make every other producer of the queue wait until that commits.
+    But a caller's transaction that reads one snapshot would not see that row,
+    and the enqueue's own insert of it would fail (a serialization failure, for
+    a lone producer): there it is made in the caller's transaction."""
     if queue not in known_queues:
+        one_snapshot: bool = yield store.reads_one_snapshot()
         ensure = store.ensure_queue(queue)
-        yield Operation(ensure.statements, ensure.decode, detached=True)
+        yield Operation(ensure.statements, ensure.decode, detached=not one_snapshot)
         known_queues.add(queue)
     result: T = yield operation
     return result

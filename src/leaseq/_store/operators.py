@@ -276,6 +276,14 @@ class OperatorOperations(StoreBase):
         params = {"name": validate.queue_name(name)}
         return Operation((Statement(self.sql("configure_queue_ensure.sql"), params),), ignore)
 
+    def reads_one_snapshot(self) -> Operation[bool]:
+        """Whether the transaction it runs in reads from one snapshot (repeatable
+        read, serializable): rows committed elsewhere after it began are not its
+        to see, and its insert of one is a serialization failure."""
+        return Operation(
+            (Statement(self.sql("reads_one_snapshot.sql")),), lambda r: bool(r[0][0][0])
+        )
+
     def queue_settings(self, name: str) -> Operation[QueueSettings | None]:
         params = {"name": validate.queue_name(name)}
         return Operation(
