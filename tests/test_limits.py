@@ -82,6 +82,42 @@ def test_expired_leases_do_not_count_against_the_limit(client: Client, clock: Cl
     assert not {c.job_id for c in after} & {c.job_id for c in dead}
 
 
+@pytest.mark.parametrize("cut", ["cancel", "release"])
+@pytest.mark.parametrize("limit", ["max_running", "max_running_per_group"])
+def test_a_lease_cut_short_keeps_its_slot_until_it_would_have_ended(
+    client: Client, clock: Clock, cut: str, limit: str
+) -> None:
+    """cancel(running=True), or a release while the handler runs on (a thread
+    that cannot be stopped), ends the claim but not the handler: it may run
+    until its lease would have ended. Its slot was free at once, and the next
+    job started beside it, two at once under a limit of one."""
+    client.configure_queue("reports", **{limit: 1})
+    cut_short, waiting = client.enqueue_many("reports", [{}, {}], group="acme")
+    (claim,) = client.claim("reports", limit=5, lease=30)
+    assert claim.job_id == cut_short
+    if cut == "cancel":
+        assert client.cancel(cut_short, running=True)
+    else:
+        client.release_many([claim], handlers_running=[True])
+    held = client.claim("reports", limit=5)
+    assert (list(held), held.held_back) == ([], True)
+    clock.advance(31)  # the cut lease would have ended
+    (after,) = client.claim("reports", limit=5)  # one slot: one of them
+    assert after.job_id in ({waiting, cut_short} if cut == "release" else {waiting})
+    client.reap()  # maintenance drops the holds that ended
+    assert _sql(client, "SELECT count(*) FROM {schema}.slot_hold") == [(0,)]
+
+
+def test_a_lease_cut_short_after_it_expired_holds_no_slot(client: Client, clock: Clock) -> None:
+    client.configure_queue("reports", max_running=1)
+    cut_short, waiting = client.enqueue_many("reports", [{}, {}], max_attempts=1)
+    client.claim("reports", lease=5)
+    clock.advance(6)  # expired: its worker is gone, and it has no attempt left
+    assert client.cancel(cut_short, running=True)
+    (after,) = client.claim("reports")
+    assert after.job_id == waiting
+
+
 def test_an_expired_lease_is_recovered_within_the_limit(client: Client, clock: Clock) -> None:
     client.enqueue_many("reports", [{}] * 4)
     client.configure_queue("reports", max_running=2)

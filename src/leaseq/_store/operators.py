@@ -56,7 +56,11 @@ class OperatorOperations(StoreBase):
             )
 
         return Operation(
-            (Statement(self.sql("reap.sql"), params), Statement(self.sql("key_hold_expire.sql"))),
+            (
+                Statement(self.sql("reap.sql"), params),
+                Statement(self.sql("key_hold_expire.sql")),
+                Statement(self.sql("slot_hold_expire.sql")),
+            ),
             decode,
         )
 
