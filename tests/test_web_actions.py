@@ -285,6 +285,24 @@ async def test_a_failed_groups_replay_takes_exactly_that_group(
     }
 
 
+async def test_failed_groups_that_differ_only_in_line_breaks_are_replayed_apart(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The page lists "a\r\nb" and "a\nb" as two groups of one job each, but a
+    browser cannot send either text back as it is (its HTML parser reads a CR as
+    LF, and it sends line breaks as CRLF): the replay of either took both."""
+    crlf, lf = _failed(queue, 1, "line1\r\nline2"), _failed(queue, 1, "line1\nline2")
+    page = (await browser.get("/failed")).text
+    sent: list[dict[str, str]] = []
+    for form in re.findall(r'<form method="post" action="/replay".*?</form>', page, re.S):
+        fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', form))
+        as_a_browser_reads = unescape(fields["error"]).replace("\r\n", "\n").replace("\r", "\n")
+        sent.append({**fields, "error": as_a_browser_reads.replace("\n", "\r\n")})
+    assert len(sent) == 2
+    confirmed = [_confirmed_ids((await browser.post("/replay", fields)).text) for fields in sent]
+    assert sorted(confirmed, key=min) == [set(crlf), set(lf)]
+
+
 async def test_a_failed_groups_jobs_link_lists_that_group_only(
     browser: Browser, queue: leaseq.Queue
 ) -> None:

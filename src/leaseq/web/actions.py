@@ -7,6 +7,7 @@ Cancelling it ends its claim through the lease fence (``cancel(running=True)``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -120,7 +121,10 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
         # The group's text as sent (not stripped): an empty one is the group of
         # jobs without an error text, never "any error".
         error = form.get("error", "")
-        member = failed_group(error)
+        digest = form.get("digest", "")
+        if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
+            return refuse(ctx, 400, "digest must be the group's 64 hexadecimal digits")
+        member = failed_group(error, digest)
         arguments["error"] = group_search(error)
     found_jobs, more, window_end = await _failed_jobs(dashboard, arguments, member)
     return ctx.render(

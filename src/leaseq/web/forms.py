@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import leaseq
 
-from .views import SecretMask, retention
+from .views import SecretMask, group_digest, retention
 
 STATES = tuple(state.value for state in leaseq.JobStatus)
 #: ``failed_groups()`` groups failed jobs by the first this many characters of
@@ -207,10 +207,15 @@ def _lines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def failed_group(error: str) -> Callable[[leaseq.Job], bool]:
+def failed_group(error: str, digest: str = "") -> Callable[[leaseq.Job], bool]:
     """Whether a job is in the Failed page's group of ``error``: the first
-    FAILED_GROUP_CHARS characters of its last error are ``error``, exactly (empty:
-    jobs without an error text). ``find_jobs``' error filter is a substring."""
+    FAILED_GROUP_CHARS characters of its last error are the group's text, exactly
+    (empty: jobs without an error text); ``find_jobs``' error filter is a
+    substring. The page sends the text's ``digest`` (``group_digest``), which
+    keeps apart texts that differ only in line breaks; without it, the text as a
+    browser sends it back, line breaks aside."""
+    if digest:
+        return lambda job: group_digest((job.last_error or "")[:FAILED_GROUP_CHARS]) == digest
     wanted = _lines(error)
 
     def member(job: leaseq.Job) -> bool:

@@ -3,6 +3,7 @@ secret payload fields, and the geometry of the small throughput chart."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -211,7 +212,16 @@ def chart(minutes: Sequence[Any], *, width: int = 240, height: int = 44) -> Char
     )
 
 
+def group_digest(error: str | None) -> str:
+    """A Failed page group's identity, exactly its error text: the text itself
+    cannot make the round trip through a form (a browser's HTML parser reads a CR
+    as LF, and it sends line breaks as CRLF), so two groups whose texts differ
+    only in line breaks would be one."""
+    return hashlib.sha256((error or "").encode("utf-8", "surrogatepass")).hexdigest()
+
+
 FILTERS = {
+    "group_digest": group_digest,
     "age": age,
     "duration": duration,
     "size": size,
