@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"_errors", "_types", "_health_types", "_job_ids", "_redact", "_statement", "_waiting"},
     {"_json_text"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
+    {"_validate_payloads"},
     {"_embedded", "_retry", "_gauges", "_validate_settings", "_validate_operators"},
     {"_config", "_store", "_db", "_metrics"},
     {"_migrate", "_steps", "_client_base"},

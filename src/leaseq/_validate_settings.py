@@ -11,12 +11,12 @@ from ._types import JobStatus, OrderingPolicy, RetentionMode
 from ._validate import (
     FINISHED_STATES,
     MAX_LEASE_SECONDS,
-    MAX_PAYLOAD_BYTES_CAP,
     MAX_PRUNE_BATCH,
     MAX_RETENTION_SECONDS,
     seconds,
     within,
 )
+from ._validate_payloads import MAX_PAYLOAD_BYTES_CAP
 
 _UNSET: Any = object()
 

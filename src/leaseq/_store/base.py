@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as validate
+from .. import _validate_payloads as payload_checks
 from .._statement import Rows, notify_channel, sql_text
 
 
@@ -24,9 +25,9 @@ class StoreBase:
         #: Where completions and failures name their queues, for wait_result.
         self.results_channel = notify_channel(self.schema, "results")
         self.max_payload_bytes = (
-            validate.DEFAULT_MAX_PAYLOAD_BYTES
+            payload_checks.DEFAULT_MAX_PAYLOAD_BYTES
             if max_payload_bytes is None
-            else validate.payload_cap(max_payload_bytes)
+            else payload_checks.payload_cap(max_payload_bytes)
         )
         self._quoted = f'"{self.schema}"'
         self._texts: dict[str, str] = {}

@@ -8,6 +8,7 @@ from typing import Any
 from .. import _decoding as decoding
 from .. import _validate as validate
 from .. import _validate_operators as operator_input
+from .. import _validate_payloads as payload_checks
 from .._errors import InvalidArgument
 from .._statement import Operation, Rows, Statement
 from .._types import (
@@ -68,7 +69,7 @@ class InspectionOperations(StoreBase):
             "status": None if status is None else operator_input.job_status(status).value,
             "key": operator_input.search_text(key, "ordering key"),
             "error": operator_input.search_text(error, "error text"),
-            "payload": validate.payload_filter(payload),
+            "payload": payload_checks.payload_filter(payload),
             "before": None if before is None else operator_input.job_id(before),
             "limit": limit,
             "window": operator_input.search_window(window),

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from .. import _decoding as decoding
 from .. import _validate as validate
+from .. import _validate_payloads as payload_checks
 from .._errors import AlreadyCompleted, InvalidArgument, LeaseLost
 from .._statement import Operation, Rows, Statement, T
 from .._types import RENEWAL_BUSY, Claim, Claims, JobStatus, RenewalBusy
@@ -100,7 +101,7 @@ class JobOperations(StoreBase):
     ) -> dict[str, Any]:
         return {
             "strict": strict,
-            "results": validate.results(results, len(claims)),
+            "results": payload_checks.results(results, len(claims)),
             "results_channel": self.results_channel if self._notify_channel else None,
         }
 

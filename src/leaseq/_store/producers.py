@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import _validate as validate
+from .. import _validate_payloads as payload_checks
 from .._errors import InvalidJob
 from .._job_ids import JobId, JobIds
 from .._statement import Operation, Rows, Statement
@@ -36,7 +37,7 @@ class ProducerOperations(StoreBase):
         group: str | None = None,
         trace_context: Mapping[str, str] | None = None,
     ) -> Operation[JobId]:
-        encoded = validate.payload(payload, self.max_payload_bytes)
+        encoded = payload_checks.payload(payload, self.max_payload_bytes)
         ordering_key, ordering_seq = validate.ordering(key, seq)
         unique, held_for = validate.unique(unique_key, unique_for)
         params = {
@@ -82,11 +83,12 @@ class ProducerOperations(StoreBase):
         trace_context: Mapping[str, str] | None = None,
     ) -> Operation[JobIds]:
         encoded = [
-            validate.payload(p, self.max_payload_bytes) for p in validate.payload_batch(payloads)
+            payload_checks.payload(p, self.max_payload_bytes)
+            for p in payload_checks.payload_batch(payloads)
         ]
-        total_bytes = validate.batch_size(e.size for e in encoded)
+        total_bytes = payload_checks.batch_size(e.size for e in encoded)
         if seqs is not None:
-            validate.per_payload(seqs, len(encoded), "seqs")
+            payload_checks.per_payload(seqs, len(encoded), "seqs")
         ordering = [
             validate.ordering(key, None if seqs is None else seqs[i]) for i in range(len(encoded))
         ]
@@ -114,7 +116,7 @@ class ProducerOperations(StoreBase):
                 (Statement(self.sql("enqueue_many.sql"), params),),
                 lambda r: JobIds(sorted(row[0] for row in r[0])),
             )
-        validate.per_payload(unique_keys, len(encoded), "unique_keys")
+        payload_checks.per_payload(unique_keys, len(encoded), "unique_keys")
         keys = [validate.text_key(k, "unique key") for k in unique_keys]
         params |= {"unique_keys": keys, "unique_for": validate.unique_window(unique_for)}
         if not keys:

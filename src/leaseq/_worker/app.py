@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _validate as validate
+from .. import _validate_payloads as payload_checks
 from .._errors import InvalidArgument
 from .._retry import Backoff, ErrorPolicy
 from .._types import Claim
@@ -36,7 +37,7 @@ class Task:
     timeout: float | None
     errors: ErrorPolicy
     #: The cap on the JSON of a handler's return value (the job's result).
-    max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES
+    max_result_bytes: int = payload_checks.DEFAULT_MAX_RESULT_BYTES
     #: Where a plain handler runs: "thread" (the worker's process) or "process"
     #: (a child process of its own: CPU-bound work, .processes).
     executor: str = "thread"
@@ -84,7 +85,7 @@ class App:
         timeout: float | None = None,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
         fail_on: type[BaseException] | tuple[type[BaseException], ...] = (),
-        max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES,
+        max_result_bytes: int = payload_checks.DEFAULT_MAX_RESULT_BYTES,
         executor: str = "thread",
     ) -> Callable[[H], H]:
         """Register the decorated function as the handler of ``queue``.
@@ -108,7 +109,7 @@ class App:
             fail_on=ErrorPolicy.exceptions(fail_on, "fail_on"),
         )
         validate.integer(
-            max_result_bytes, "max_result_bytes", range(1, validate.MAX_PAYLOAD_BYTES_CAP + 1)
+            max_result_bytes, "max_result_bytes", range(1, payload_checks.MAX_PAYLOAD_BYTES_CAP + 1)
         )
         settings = (
             validate.lease(lease),

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import _tracing
-from .. import _validate as validate
+from .. import _validate_payloads as payload_checks
 from .._errors import InvalidResult, LeaseLost
 from .._logs import get_logger, job_fields
 from .._metrics import Metrics
@@ -214,7 +214,7 @@ class AttemptRunner:
             return None
         context.result = returned  # what the on_success hooks see
         try:
-            result = validate.result(returned, task.max_result_bytes)
+            result = payload_checks.result(returned, task.max_result_bytes)
         except InvalidResult as exc:
             return Outcome(Kind.FAIL, claim, error=exc)
         return Outcome(Kind.COMPLETE, claim, result=result)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn
 
-from .. import _validate as validate
+from .. import _validate_payloads as payload_checks
 from .._async_client import AsyncConnection, AsyncQueue
 from .._errors import InvalidArgument, LeaseLost
 from .._retry import Retry
@@ -34,7 +34,7 @@ class JobContext:
         claim: Claim,
         sync_queue: Queue,
         async_queue: AsyncQueue,
-        max_result_bytes: int = validate.DEFAULT_MAX_RESULT_BYTES,
+        max_result_bytes: int = payload_checks.DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         self.claim = claim
         #: The task's cap on ``job.result`` (``max_result_bytes``), for completions
@@ -195,10 +195,10 @@ class JobContext:
         self._check_owned()
         await self._async.complete(self.claim, result=self._stored_result(), conn=conn)
 
-    def _stored_result(self) -> validate.EncodedPayload | None:
+    def _stored_result(self) -> payload_checks.EncodedPayload | None:
         """``job.result`` checked against the task's cap (the client's own
         check knows only the default): InvalidResult fails the job at once."""
-        return validate.result(self.result, self.max_result_bytes)
+        return payload_checks.result(self.result, self.max_result_bytes)
 
     def mark_completed(self) -> None:
         """Say that the transaction of :meth:`complete_in` committed: the worker

@@ -25,7 +25,7 @@ from .._async_client import AsyncQueue
 from .._errors import TransientError
 from .._logs import get_logger
 from .._types import Claim, JobStatus
-from .._validate import EncodedPayload
+from .._validate_payloads import EncodedPayload
 from .._waiting import pause, wait_for_event
 
 log = get_logger("leaseq.worker")

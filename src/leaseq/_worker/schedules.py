@@ -29,6 +29,7 @@ from croniter import CroniterError, croniter
 
 from .. import _validate as validate
 from .. import _validate_operators as operator_input
+from .. import _validate_payloads as payload_checks
 from .._errors import InvalidArgument
 
 #: The hours a cron's skipped ticks are counted in, one croniter call each; past
@@ -220,7 +221,7 @@ def schedule(
     catch_up: float,
     priority: int,
     max_attempts: int | None,
-    max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: int = payload_checks.DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> Schedule:
     """A checked :class:`Schedule` (InvalidArgument for a bad declaration)."""
     name = operator_input.schedule_name(name)
@@ -254,7 +255,7 @@ def schedule(
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
         raise InvalidArgument(f"schedule {name!r}: unknown time zone {tz!r}") from None
-    encoded = validate.payload(payload, max_payload_bytes)
+    encoded = payload_checks.payload(payload, max_payload_bytes)
     try:
         checked = Schedule(
             name=name,
