@@ -361,6 +361,25 @@ def test_a_replay_cancelled_and_replayed_again_still_waits_for_the_cut_lease(
     assert again.job_id == job_id
 
 
+def test_a_released_job_whose_handler_runs_on_cancelled_and_replayed_still_waits(
+    client: Client, clock: Clock
+) -> None:
+    """A release while the handler runs on (a stop, a thread that cannot be
+    stopped) queues the job for when its lease would have ended; a cancel of the
+    queued job and a replay put it back at once, beside the handler still
+    running: the release's entry kept no end for the replay to wait for."""
+    job_id = client.enqueue("mail", {})
+    (claim,) = client.claim("mail", lease=300)
+    client.release_many([claim], handlers_running=[True])
+    assert client.claim("mail") == []
+    assert client.cancel(job_id)  # queued: cancelled at once
+    assert client.replay(job_id)
+    assert client.claim("mail") == []  # its first run may still be going
+    clock.advance(301)
+    (again,) = client.claim("mail")
+    assert again.job_id == job_id
+
+
 def test_a_cancel_that_waited_for_a_claim_to_commit_tells_its_worker(
     queue: leaseq.Queue, connect: Any
 ) -> None:

@@ -37,10 +37,18 @@ async def _run_until(worker: leaseq.Worker, done: asyncio.Event, seconds: float)
 async def test_a_producer_with_the_documented_grants_enqueues_in_every_form(
     database_url: str, schema: str, queue: leaseq.Queue
 ) -> None:
+    queue.configure_queue("bounded", max_queued_jobs=100, max_queued_bytes=10**6)
     with (
         restricted_roles(database_url, schema) as roles,
         leaseq.Queue(roles.producer, schema=schema) as producer,
     ):
+        producer.enqueue("bounded", {"n": 0})  # a queue with admission limits
+        producer.enqueue_many("bounded", [{"n": 0}, {"n": 0}], unique_keys=["a", "b"])
+        for level in ("REPEATABLE READ", "SERIALIZABLE"):
+            producer.enqueue("bounded", {"n": 0}, key=level, seq=1)  # the key's head
+            with psycopg.connect(roles.producer) as own:
+                own.execute(f"BEGIN ISOLATION LEVEL {level}")  # type: ignore[arg-type]
+                producer.enqueue("bounded", {"n": 0}, key=level, seq=2, conn=own)
         plain = producer.enqueue("reports", {"n": 1})
         producer.enqueue("reports", {"n": 2}, delay=60)
         producer.enqueue("reports", {"n": 3}, key="customer-1", seq=2)
@@ -62,7 +70,7 @@ async def test_a_producer_with_the_documented_grants_enqueues_in_every_form(
         assert again == first
         assert again.existing
         assert job.status is JobStatus.QUEUED
-        assert _job_rows(database_url, schema) == 15  # the unique one's twin wrote nothing
+        assert _job_rows(database_url, schema) == 22  # the unique one's twin wrote nothing
 
         # The worker role runs the job; the producer role waits for its result.
         app = leaseq.App(schema=schema)

@@ -190,6 +190,28 @@ def test_a_key_held_by_a_lease_an_older_leaseq_cut_stays_held(
         assert queue.get(third).available_at >= lease_end
 
 
+@pytest.mark.parametrize("cut", ["cancel", "release"])
+def test_a_slot_held_by_a_lease_cut_before_migration_15_stays_held(
+    database_url: str, schema: str, cut: str
+) -> None:
+    """0015 holds a concurrency slot while a lease cut short would still run;
+    a lease cut before it (a cancel, or a release while the handler ran on)
+    held none, and the next job started beside its handler, two at once under
+    max_running=1."""
+    migrate_until(database_url, schema, 14)
+    with leaseq.Queue(database_url, schema=schema) as queue:  # its statements are 14's
+        queue.configure_queue("work", max_running=1)
+        cut_short, _ = queue.enqueue_many("work", [{}, {}])
+        (claim,) = queue.claim("work", lease=300)
+        if cut == "cancel":
+            assert queue.cancel(cut_short, running=True)
+        else:
+            queue.release_many([claim], handlers_running=[True])
+        queue.migrate()
+        held = queue.claim("work", limit=5)
+        assert (list(held), held.held_back) == ([], True)
+
+
 def test_a_schema_migrated_with_the_first_text_of_0007_gets_its_columns(
     database_url: str, schema: str
 ) -> None:

@@ -84,20 +84,28 @@ def payload(value: object, limit: int) -> EncodedPayload:
     return EncodedPayload(text, size)
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
 def _deeper_than(value: object, bound: int) -> bool:
-    """Whether ``value``'s lists and mappings nest more than ``bound`` deep."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        current, depth = stack.pop()
-        if isinstance(current, dict):
-            children: Iterable[object] = current.values()
-        elif isinstance(current, list | tuple):
-            children = current
-        else:
-            continue
-        if depth > bound:
+    """Whether ``value``'s lists and mappings nest more than ``bound`` deep. Only
+    containers are descended into, and never past ``bound``: as fast as encoding
+    the payload, or faster, whatever its shape."""
+    try:
+        return isinstance(value, _CONTAINERS) and _nests_past(value, 1, bound)
+    except RecursionError:  # a caller already deep in its stack: refused as too deep
+        return True
+
+
+def _nests_past(container: object, level: int, bound: int) -> bool:
+    if level > bound:
+        return True
+    children: Iterable[object] = (
+        container.values() if isinstance(container, dict) else container  # type: ignore[assignment]
+    )
+    for child in children:
+        if isinstance(child, _CONTAINERS) and _nests_past(child, level + 1, bound):
             return True
-        stack.extend((child, depth + 1) for child in children)
     return False
 
 

@@ -31,7 +31,12 @@ released AS (
             THEN {schema}.history_append(j.history, jsonb_build_object(
                 'attempt', j.attempts, 'at', {schema}.clock(), 'outcome', 'released',
                 'write', 'release', 'lease_version', j.lease_version,
-                'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds)))
+                'claimed_at', j.claimed_at, 'renewed_at', j.lease_until - make_interval(secs => j.lease_seconds))
+                -- Its handler runs on: the lease's end, which a replay after a
+                -- cancel of the released job waits for too (see replay.sql).
+                || CASE WHEN c.handler_running
+                        THEN jsonb_build_object('cut_lease_until', j.lease_until)
+                        ELSE '{}'::jsonb END)
             ELSE j.history END
     FROM claimed AS c
     WHERE j.job_id = c.job_id

@@ -20,15 +20,45 @@ CREATE TABLE {schema}.slot_hold (
     until timestamptz NOT NULL
 );
 
--- The holds of p_queue (of its group p_group, unless NULL) not ended at p_now.
--- The table holds the cut leases of the last few minutes at most.
-CREATE FUNCTION {schema}.slots_held(p_queue text, p_group text, p_now timestamptz)
+-- A group's holds are counted for each group a claim visits: one probe each.
+CREATE INDEX slot_hold_group_idx ON {schema}.slot_hold (queue, group_key);
+
+-- The holds of p_queue not ended at p_now, and those of its group p_group.
+CREATE FUNCTION {schema}.slots_held(p_queue text, p_now timestamptz)
     RETURNS integer
     LANGUAGE sql STABLE
     AS $$
     SELECT count(*)::integer FROM {schema}.slot_hold AS h
-    WHERE h.queue = p_queue AND (p_group IS NULL OR h.group_key = p_group) AND h.until > p_now
+    WHERE h.queue = p_queue AND h.until > p_now
 $$;
+
+CREATE FUNCTION {schema}.group_slots_held(p_queue text, p_group text, p_now timestamptz)
+    RETURNS integer
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT count(*)::integer FROM {schema}.slot_hold AS h
+    WHERE h.queue = p_queue AND h.group_key = p_group AND h.until > p_now
+$$;
+
+-- The leases cut before this migration and not ended yet hold their slots too
+-- (as 0014 did for keys): a limited job cancelled while running (its history
+-- keeps the cut lease's end, also after a replay), or released while its
+-- handler ran on (its own available_at is that end).
+INSERT INTO {schema}.slot_hold AS h (job_id, queue, group_key, until)
+SELECT held.job_id, held.queue, held.group_key, max(held.until)
+FROM (
+    SELECT j.job_id, j.queue, j.group_key, (e.entry ->> 'cut_lease_until')::timestamptz AS until
+    FROM {schema}.job AS j
+    CROSS JOIN LATERAL jsonb_array_elements(j.history) AS e (entry)
+    WHERE j.limited AND j.status IN ('cancelled', 'queued') AND e.entry ? 'cut_lease_until'
+    UNION ALL
+    SELECT j.job_id, j.queue, j.group_key, j.available_at
+    FROM {schema}.job AS j
+    WHERE j.limited AND j.status = 'queued' AND j.available_at > {schema}.clock()
+      AND j.history -> -1 ->> 'write' = 'release'
+) AS held
+WHERE held.until > {schema}.clock()
+GROUP BY held.job_id, held.queue, held.group_key;
 
 -- Jobs claimed under a concurrency limit (0010): the slot is free when the job
 -- stops running, unless its lease was cut short while live (the same cuts as
@@ -73,7 +103,7 @@ BEGIN
             SELECT count(*) FROM {schema}.job AS j
             WHERE j.queue = p_queue.name AND j.group_key = p_group AND j.status = 'running'
               AND j.lease_until > p_now)
-            - {schema}.slots_held(p_queue.name, p_group, p_now);
+            - {schema}.group_slots_held(p_queue.name, p_group, p_now);
     END IF;
     IF p_queue.rate_limit_per_group IS NOT NULL THEN
         SELECT * INTO window_ FROM {schema}.group_rate AS r
@@ -147,7 +177,7 @@ BEGIN
         room := q.max_running - (
             SELECT count(*) FROM {schema}.job AS j
             WHERE j.queue = p_queue AND j.status = 'running' AND j.lease_until > now_)
-            - {schema}.slots_held(p_queue, NULL, now_);
+            - {schema}.slots_held(p_queue, now_);
         IF room < budget THEN
             budget := greatest(room, 0);
             held_back := true;
