@@ -127,6 +127,9 @@ HOOK_ERRORS: dict[str, type[BaseException]] = {
     "system_exit": SystemExit,
     "keyboard_interrupt": KeyboardInterrupt,
     "own_base_exception": OwnBaseException,
+    # The hook's own (it awaited a task that was cancelled), not the worker's
+    # cancellation: it stopped the handler and became the job's outcome.
+    "cancelled_error": asyncio.CancelledError,
 }
 
 

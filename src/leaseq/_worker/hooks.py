@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from .._logs import get_logger, job_fields
+from .._waiting import cancelling
 from .context import JobContext
 from .handlers import TimedOut
 from .threads import DaemonThreads
@@ -285,6 +286,9 @@ async def _exit_all(entered: Entered, error: BaseException | None, job: JobConte
             else:
                 await manager.__aexit__(*details)  # type: ignore[union-attr]
         except asyncio.CancelledError as cancelled:
+            if not cancelling():  # the exit's own (it awaited a task cancelled)
+                _log_failure(manager, job, cancelled)
+                continue
             cut_short, graced = cancelled, True
         except BaseException as exc:
             _log_failure(manager, job, exc)
@@ -323,8 +327,10 @@ def _name(hook: object) -> str:
 def _log_failure(hook: object, job: JobContext, error: BaseException | None = None) -> None:
     """A hook's failure is logged and the job goes on, whatever it raised: SystemExit
     or KeyboardInterrupt from a hook must not stop the worker (a handler's do not).
-    A cancellation is the worker's (a timeout, a stop), not the hook's: raised on."""
-    if isinstance(error, asyncio.CancelledError):
+    A cancellation of the running task is the worker's (a timeout, a stop), not the
+    hook's: raised on. Any other CancelledError is the hook's own (it awaited a task
+    that was cancelled): a failure like any other."""
+    if isinstance(error, asyncio.CancelledError) and cancelling():
         raise error
     log.exception(
         "hook %s failed on job %d; the job goes on",
