@@ -5,6 +5,7 @@ saw in ``{schema}.seen`` on an autocommit connection, so a killed attempt keeps 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -108,6 +109,8 @@ def unsendable(job: leaseq.JobContext) -> Any:
         return lambda: 1
     if job.payload["what"] == "refuses":
         return Unreducible()
+    if job.payload["what"] == "unreceivable":
+        return Unreceivable(1, 2)
     nested: Any = []
     for _ in range(200_000):
         nested = [nested]
@@ -138,6 +141,12 @@ def traced(job: leaseq.JobContext) -> dict[str, str | None]:
     return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
 
 
+def completes_then_dies(job: leaseq.JobContext) -> None:
+    """The effect and the completion, then killed outright (the OOM killer)."""
+    effect(job)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def completes_then_hangs(job: leaseq.JobContext) -> None:
     """The effect and the completion, then never returns, deaf to job.lost."""
     effect(job)
@@ -157,3 +166,14 @@ class Unreducible:
 
     def __reduce__(self) -> Any:
         raise ValueError("not today")
+
+
+class Unreceivable:
+    """A value that pickles in the child but whose unpickling raises TypeError in
+    the worker: its ``__reduce__`` passes its constructor one argument of two."""
+
+    def __init__(self, x: int, y: int) -> None:
+        self.x, self.y = x, y
+
+    def __reduce__(self) -> Any:
+        return (Unreceivable, (self.x,))

@@ -181,12 +181,35 @@ def test_a_result_the_child_cannot_send_back_fails_the_job_at_once(
     nor a child that died of a RecursionError)."""
     queue = tables
     # (one whose pickling raises ValueError crashed the child: retried as a death)
-    ids = [queue.enqueue("unsendable", {"what": what}) for what in ("lambda", "deep", "refuses")]
+    ids = [
+        queue.enqueue("unsendable", {"what": what})
+        # (one the worker cannot unpickle was retried as the handler's TypeError)
+        for what in ("lambda", "deep", "refuses", "unreceivable")
+    ]
     drain(_app(schema, max_attempts=3, backoff=(0, 0)), dsn=database_url, concurrency=2)
     for job_id in ids:
         job = queue.get(job_id)
         assert (job.status, job.attempts) == (JobStatus.FAILED, 1), job.last_error
         assert "InvalidResult: result cannot be stored" in (job.last_error or "")
+
+
+def test_a_child_that_dies_once_its_transaction_committed_leaves_its_job_done(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """Killed (the OOM killer) right after job.transaction() committed: the job is
+    done, but the worker took the death for a failed attempt, sent a retry that
+    the fence refused, counted a lost lease and ran no on_success hook."""
+    queue = tables
+    app = leaseq.App(schema=schema)
+    app.task("dies", executor="process")(process_app.completes_then_dies)
+    succeeded: list[int] = []
+    app.on_success(lambda job, result: succeeded.append(job.job_id))
+    job_id = queue.enqueue("dies", {"schema": schema})
+    stats = drain(app, dsn=database_url)
+    assert queue.get(job_id).status is JobStatus.DONE
+    assert (stats.completed, stats.lost_leases) == (1, 0)
+    assert succeeded == [job_id]
+    assert _rows(queue, "SELECT count(*) FROM {schema}.effect") == [(1,)]
 
 
 def test_process_handlers_are_checked_when_declared(schema: str) -> None:

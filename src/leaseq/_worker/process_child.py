@@ -78,23 +78,57 @@ def child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) -
                 )
                 with _tracing.continued(trace_context):
                     answer = _run_one(handler, context, lost)
-            try:
-                pipe.send(answer)
-            except OSError:
-                raise  # the pipe: the worker went away
-            except Exception as exc:
-                # What no attempt can send either (a lambda, a structure nested past
-                # the recursion limit, a value whose pickling raises): the result
-                # cannot be stored, fail at once.
-                unsent = InvalidResult(
-                    f"result cannot be stored: it cannot be sent back from the handler's "
-                    f"process ({type(exc).__name__}: {exc})"
-                )
-                pipe.send(("error", unsent, answer[2], None))
+            pipe.send(_packed(answer))
     except EOFError:
         pass  # the worker went away
     finally:
         sync_queue.close()
+
+
+#: What crosses the pipe: the answer's kind ("ok" or "error"), its value pickled,
+#: whether its job.transaction() committed the completion, and its result pickled.
+#: Pickled here, apart, so that the worker knows the kind of an answer whose value
+#: it cannot unpickle (see ``unpacked``).
+Packed = tuple[str, bytes, bool, bytes]
+
+
+def _packed(answer: tuple[str, Any, bool, Any]) -> Packed:
+    kind, value, completed, result = answer
+    try:
+        return (kind, pickle.dumps(value), completed, pickle.dumps(result))
+    except Exception as exc:
+        # What no attempt can send either (a lambda, a structure nested past the
+        # recursion limit, a value whose pickling raises): the result cannot be
+        # stored, fail at once.
+        unsent = InvalidResult(
+            f"result cannot be stored: it cannot be sent back from the handler's "
+            f"process ({type(exc).__name__}: {exc})"
+        )
+        return ("error", pickle.dumps(unsent), completed, pickle.dumps(None))
+
+
+def unpacked(packed: Packed) -> tuple[str, Any, bool, Any]:
+    """The answer, in the worker. A value that pickled in the child may still not
+    unpickle here (its class's constructor refuses what pickle passes it): a
+    result so is one that cannot be stored (InvalidResult, as from a thread);
+    an error so is reported by its text."""
+    kind, value_bytes, completed, result_bytes = packed
+    try:
+        value = pickle.loads(value_bytes)
+    except Exception as exc:
+        why = f"({type(exc).__name__}: {exc})"
+        if kind == "ok":
+            value = InvalidResult(
+                f"result cannot be stored: it cannot be received from the handler's process {why}"
+            )
+        else:
+            value = ProcessHandlerError(f"the handler's error could not be received {why}")
+        kind = "error"
+    try:
+        result = pickle.loads(result_bytes)
+    except Exception:
+        result = None  # (stored by its committed completion all the same)
+    return kind, value, completed, result
 
 
 def _leave_with_the_worker(worker_pid: int, lost: Flag) -> None:

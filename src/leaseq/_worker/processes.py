@@ -44,8 +44,11 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 from .. import _tracing
+from .._logs import get_logger, job_fields
 from .context import JobContext
-from .process_child import KILL_AFTER, POLL, STOP_SIGNALS, Flag, child_main
+from .process_child import KILL_AFTER, POLL, STOP_SIGNALS, Flag, Packed, child_main, unpacked
+
+log = get_logger("leaseq.worker")
 
 #: Why a child whose job.transaction() completed its job is still told, then
 #: killed: its timeout, and the worker's stop (``mark_lost``'s reasons).
@@ -208,12 +211,12 @@ class ProcessPool:
         while True:
             if child.pipe.poll(POLL):
                 try:
-                    answer: tuple[str, Any, bool, Any] = child.pipe.recv()
+                    packed: Packed = child.pipe.recv()
                 except (EOFError, OSError):
-                    raise ProcessHandlerDied(_ended(child)) from None
-                return answer
+                    return _died(child, context)
+                return unpacked(packed)
             if not child.process.is_alive():
-                raise ProcessHandlerDied(_ended(child))
+                return _died(child, context)
             if child.completed.value and not context.completed:
                 # Its job.transaction() committed: the job is done, whatever the
                 # handler does next. The worker stops renewing its lease now (a
@@ -234,6 +237,22 @@ class ProcessPool:
                         f"job {context.job_id}: its process had not stopped {KILL_AFTER:g}s "
                         f"after being told ({context.lost_reason}); killed"
                     )
+
+
+def _died(child: _Child, context: JobContext) -> tuple[str, Any, bool, Any]:
+    """A child that ended without an answer: ProcessHandlerDied, a retryable
+    error; but if its job.transaction() had committed the completion, the job
+    is done (its answer, and job.result, went with it)."""
+    if not child.completed.value:
+        raise ProcessHandlerDied(_ended(child))
+    log.warning(
+        "job %d: its handler's process ended after its job.transaction() committed "
+        "the completion (%s): the job is done",
+        context.job_id,
+        _ended(child),
+        extra=job_fields(context.claim),
+    )
+    return ("ok", None, True, None)
 
 
 def _ended(child: _Child) -> str:
