@@ -426,6 +426,33 @@ async def test_a_commit_inside_the_async_block_is_refused_and_commits_nothing(
     assert counts.reports() == 0
 
 
+async def test_a_commit_of_the_sessions_connection_is_refused_and_commits_nothing(
+    engine: Engine,
+    async_engine: AsyncEngine,
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,
+) -> None:
+    """``session.connection().commit()`` was not refused: the effect committed
+    alone, the attempt then failed on the ended transaction (a retryable error),
+    and every retry committed the effect again."""
+    job = _claimed(queue, aqueue)
+    with (
+        pytest.raises(leaseq.InvalidArgument, match="commit inside the job_session block"),
+        job_session(job, engine) as session,
+    ):
+        _effect(session, job)
+        session.connection().commit()
+    other = _claimed(queue, aqueue)
+    with pytest.raises(leaseq.InvalidArgument, match="commit inside the job_session block"):
+        async with job_async_session(other, async_engine) as asession:
+            _effect(asession, other)
+            await (await asession.connection()).commit()
+    for claimed in (job, other):
+        assert (queue.get(claimed.job_id).status, claimed.completed) == (JobStatus.RUNNING, False)
+    assert counts.reports() == 0
+
+
 async def test_a_rollback_inside_the_block_is_refused_at_the_call(
     engine: Engine,
     async_engine: AsyncEngine,

@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection, Engine, null, select
+from sqlalchemy import Connection, Engine, event, null, select
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
@@ -181,11 +181,13 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
     with _new_session(bind) as session:
         transaction = session.begin()
         _refuse_commits(session)
+        ours = _refuse_connection_commits(session.connection())
         try:
             yield session
             _require_open(transaction)
             session.flush()  # the effect's writes first: a failing one raises before completing
             job.complete_in(psycopg_connection(session))
+            ours.append(True)  # the one commit that is the block's
             transaction.commit()
         except BaseException:
             if transaction.is_active:
@@ -208,11 +210,13 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
         transaction = session.begin()
         await transaction.start()
         _refuse_commits(session)
+        ours = _refuse_connection_commits((await session.connection()).sync_connection)
         try:
             yield session
             _require_open(transaction)
             await session.flush()
             await job.acomplete_in(await apsycopg_connection(session))
+            ours.append(True)  # the one commit that is the block's
             await transaction.commit()
         except BaseException:
             if transaction.is_active:
@@ -271,6 +275,28 @@ def _refuse_commits(session: Session | AsyncSession) -> None:
     # This session only, not its class.
     session.__dict__["commit"] = refuse_commit
     session.__dict__["rollback"] = refuse_rollback
+
+
+def _refuse_connection_commits(connection: Connection | None) -> list[bool]:
+    """The session's connection refuses a commit too (``session.connection()
+    .commit()``): one would commit the effect alone, and each retry again. A
+    Connection takes no attributes of its own, so through its ``commit`` event,
+    which runs before the commit is sent; the block's own commit is let through
+    once the returned list holds True."""
+    allowed: list[bool] = []
+    if connection is None:  # (an async session's, before it has one: cannot be)
+        return allowed
+
+    def refuse(conn: Connection) -> None:
+        if not allowed:
+            raise InvalidArgument(
+                "a commit inside the job_session block would commit the effect without "
+                "the job's completion: leaving the block commits both (begin_nested() "
+                "savepoints are fine)"
+            )
+
+    event.listen(connection, "commit", refuse)
+    return allowed
 
 
 def _require_open(transaction: SessionTransaction | AsyncSessionTransaction) -> None:
