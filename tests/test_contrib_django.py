@@ -461,6 +461,37 @@ def test_a_task_whose_return_value_is_not_json_is_finished_as_failed(
     assert "InvalidResult" in (job.last_error or "")
 
 
+def test_an_attempt_past_its_timeout_is_finished_as_failed(
+    shop: leaseq.Queue, run_worker: Callable[..., InProcessWorker]
+) -> None:
+    """task_finished said SUCCESSFUL for an attempt that outlived its timeout: the
+    task returned, but its job was retried (its return never acknowledged)."""
+    from leaseq.contrib.django._framework import task_finished
+    from tests.django_project.shop import tasks
+
+    timed = {
+        "BACKEND": "leaseq.contrib.django.tasks.LeaseqBackend",
+        "OPTIONS": {"MAX_ATTEMPTS": 1, "TIMEOUT": 0.5},
+    }
+    finished: list[str] = []
+
+    def record(sender: Any, task_result: Any, **_: Any) -> None:
+        finished.append(str(task_result.status))
+
+    task_finished.connect(record)
+    try:
+        with override_settings(TASKS={**settings.TASKS, "timed": timed}):
+            result = tasks.slow.using(backend="timed").enqueue(1.5)
+            run_worker()
+            _until(lambda: _refreshed(result).is_finished)
+            _until(lambda: bool(finished))
+    finally:
+        task_finished.disconnect(record)
+    assert result.status == "FAILED"
+    assert finished == ["FAILED"]
+    assert "timed out" in (shop.get(int(result.id)).last_error or "")
+
+
 def test_a_task_is_retried_up_to_its_attempts_with_one_error_each(
     shop: leaseq.Queue, run_worker: Callable[..., InProcessWorker]
 ) -> None:

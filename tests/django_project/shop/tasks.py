@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 try:
@@ -43,3 +44,9 @@ def fail(message: str) -> None:
 @task
 def returns_a_set() -> set[int]:
     return {1, 2}
+
+
+@task
+def slow(seconds: float) -> str:
+    time.sleep(seconds)  # deaf to its attempt's end
+    return "done"

@@ -147,6 +147,11 @@ def _run(job: JobContext) -> Any:
         # own backends do, which turn the value into JSON before they finish.
         _finished(result, status("FAILED"), backend_class)
         raise InvalidResult(f"result cannot be stored: {exc}") from None
+    if job.lost.is_set():
+        # Returned after its attempt ended (its timeout, a lost lease, the
+        # worker's stop): the worker does not take this return as the job's.
+        _finished(result, status("FAILED"), backend_class)
+        return value
     _finished(result, status("SUCCESSFUL"), backend_class)
     return value
 
