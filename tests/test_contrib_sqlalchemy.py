@@ -453,6 +453,22 @@ async def test_a_commit_of_the_sessions_connection_is_refused_and_commits_nothin
     assert counts.reports() == 0
 
 
+async def test_a_callers_own_connection_commits_again_after_the_block(
+    engine: Engine, queue: leaseq.Queue, aqueue: leaseq.AsyncQueue, counts: Counts
+) -> None:
+    """A sessionmaker bound to the caller's own Connection (SQLAlchemy's "join a
+    session into an external transaction"): the block's refusal of a commit
+    stayed on that Connection, and every later commit of it, outside any block,
+    raised InvalidArgument."""
+    job = _claimed(queue, aqueue)
+    with engine.connect() as conn:
+        with pytest.raises(RuntimeError), job_session(job, sessionmaker(bind=conn)) as session:
+            _effect(session, job)
+            raise RuntimeError("the effect fails: rolled back")
+        Report.__table__.create(conn, checkfirst=True)  # ordinary work afterwards
+        conn.commit()  # refused before
+
+
 async def test_a_rollback_inside_the_block_is_refused_at_the_call(
     engine: Engine,
     async_engine: AsyncEngine,

@@ -481,3 +481,70 @@ def test_a_hung_plain_hook_does_not_hold_up_the_hooks_of_later_jobs(
         assert sorted(started) == list(range(8))  # every hook ran, within the drain
     finally:
         release.set()
+
+
+async def test_a_sync_handler_whose_lease_is_lost_during_an_async_before_hook_never_runs(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """The hook runs on the loop before the handler's thread starts: a lease lost
+    meanwhile (here: an operator's cancel) still let the handler run once the
+    hook returned, after its attempt had ended."""
+    app = leaseq.App(schema=schema)
+    hooked, ran = asyncio.Event(), []
+
+    @app.before_job
+    async def slow(job: leaseq.JobContext) -> None:
+        hooked.set()
+        await asyncio.sleep(2)
+
+    @app.task("jobs")
+    def handler(job: leaseq.JobContext) -> None:
+        ran.append(job.job_id)
+
+    job_id = queue.enqueue("jobs", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False)
+    running = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(hooked.wait(), 30)
+        assert await asyncio.to_thread(queue.cancel, job_id, running=True)
+        deadline = asyncio.get_running_loop().time() + 30
+        while worker.stats.lost_leases == 0:  # told through the cancel's notification
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.5)  # the hook has returned
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 30)
+    assert ran == []
+    assert queue.get(job_id).status is JobStatus.CANCELLED
+
+
+async def test_a_stop_does_not_wait_for_the_after_hooks_of_a_recorded_outcome(
+    queue: leaseq.Queue, database_url: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung on_success hook of a job already done: the stop waited ten seconds
+    more past its grace, and said the job was "not acknowledged ... will run
+    again", though the database had its outcome."""
+    app = leaseq.App(schema=schema)
+    hooked = asyncio.Event()
+
+    @app.on_success
+    async def report(job: leaseq.JobContext, result: Any) -> None:
+        hooked.set()
+        await asyncio.sleep(60)
+
+    @app.task("jobs")
+    async def handler(job: leaseq.JobContext) -> str:
+        return "ok"
+
+    job_id = queue.enqueue("jobs", {})
+    worker = leaseq.Worker(
+        app, dsn=database_url, poll_interval=0.1, maintenance=False, shutdown_grace=0.5
+    )
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(hooked.wait(), 30)
+    worker.request_stop()
+    await asyncio.wait_for(running, 8)  # the grace, and a moment: not ten seconds more
+    assert queue.get(job_id).status is JobStatus.DONE
+    assert not [r for r in caplog.records if "not acknowledged" in r.getMessage()]
+    assert [r for r in caplog.records if "after hooks were still running" in r.getMessage()]

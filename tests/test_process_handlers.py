@@ -202,13 +202,13 @@ def test_a_child_that_dies_once_its_transaction_committed_leaves_its_job_done(
     queue = tables
     app = leaseq.App(schema=schema)
     app.task("dies", executor="process")(process_app.completes_then_dies)
-    succeeded: list[int] = []
-    app.on_success(lambda job, result: succeeded.append(job.job_id))
+    succeeded: list[tuple[int, Any]] = []
+    app.on_success(lambda job, result: succeeded.append((job.job_id, result)))
     job_id = queue.enqueue("dies", {"schema": schema})
     stats = drain(app, dsn=database_url)
     assert queue.get(job_id).status is JobStatus.DONE
     assert (stats.completed, stats.lost_leases) == (1, 0)
-    assert succeeded == [job_id]
+    assert succeeded == [(job_id, {"effect": "done"})]  # the result its completion stored
     assert _rows(queue, "SELECT count(*) FROM {schema}.effect") == [(1,)]
 
 

@@ -190,7 +190,7 @@ def test_a_key_held_by_a_lease_an_older_leaseq_cut_stays_held(
         assert queue.get(third).available_at >= lease_end
 
 
-@pytest.mark.parametrize("cut", ["cancel", "release"])
+@pytest.mark.parametrize("cut", ["cancel", "release", "release, then cancel"])
 def test_a_slot_held_by_a_lease_cut_before_migration_15_stays_held(
     database_url: str, schema: str, cut: str
 ) -> None:
@@ -207,6 +207,14 @@ def test_a_slot_held_by_a_lease_cut_before_migration_15_stays_held(
             assert queue.cancel(cut_short, running=True)
         else:
             queue.release_many([claim], handlers_running=[True])
+        if cut == "release, then cancel":
+            with psycopg.connect(database_url, autocommit=True) as conn:  # as 14 wrote it
+                conn.execute(
+                    f"UPDATE \"{schema}\".job SET history = jsonb_set(history, '{{-1}}', "
+                    "(history -> -1) - 'cut_lease_until') WHERE job_id = %s",
+                    (cut_short,),
+                )
+            assert queue.cancel(cut_short)  # queued: cancelled at once
         queue.migrate()
         held = queue.claim("work", limit=5)
         assert (list(held), held.held_back) == ([], True)

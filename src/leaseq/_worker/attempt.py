@@ -118,6 +118,7 @@ class AttemptRunner:
                 if instruments is not None:
                     instruments.job_duration.observe(elapsed)
                 label = await self._acknowledge(attempt, outcome)
+                attempt.settled = True
                 if self._hooks.after_outcomes:
                     error = None if outcome is None else outcome.error
                     await self._hooks.after(
@@ -238,6 +239,8 @@ class AttemptRunner:
         deadline = None if timeout is None else loop.time() + timeout
 
         def in_thread(function: Callable[[JobContext], Any]) -> Awaitable[Any]:
+            if attempt.lost:  # while the app's async hooks before it ran: never started
+                raise LeaseLost(context.job_id, context.lease_version, "the handler's start")
             left = None if deadline is None else max(deadline - loop.time(), 0.0)
             return run_in_thread(self._threads, function, context, left, timed_out)
 

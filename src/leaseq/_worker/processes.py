@@ -245,6 +245,9 @@ def _died(child: _Child, context: JobContext) -> tuple[str, Any, bool, Any]:
     is done (its answer, and job.result, went with it)."""
     if not child.completed.value:
         raise ProcessHandlerDied(_ended(child))
+    result = None
+    with contextlib.suppress(Exception):  # the result its completion stored, for the hooks
+        result = context._sync.result(context.job_id)
     log.warning(
         "job %d: its handler's process ended after its job.transaction() committed "
         "the completion (%s): the job is done",
@@ -252,7 +255,7 @@ def _died(child: _Child, context: JobContext) -> tuple[str, Any, bool, Any]:
         _ended(child),
         extra=job_fields(context.claim),
     )
-    return ("ok", None, True, None)
+    return ("ok", None, True, result)
 
 
 def _ended(child: _Child) -> str:

@@ -167,7 +167,9 @@ class AttemptRegistry:
                 for attempt in await self._still_in_their_handlers(these, STRAGGLER_WAIT):
                     if attempt.task is not None:
                         attempt.task.cancel()
-            waiting = [a.task for a in these if a.task is not None and a not in deaf]
+            waiting = [
+                a.task for a in these if a.task is not None and a not in deaf and not a.settled
+            ]
             if waiting:
                 await asyncio.wait(waiting, timeout=max(deadline - time.monotonic(), 0.0))
         if deaf:
@@ -176,8 +178,22 @@ class AttemptRegistry:
                 "leases will expire and they will run again)",
                 len(deaf),
             )
+        # Jobs whose outcome the database has, still in their on_success/on_failure
+        # hooks past the grace: those are not waited for (nothing of the job is).
+        in_hooks = [a.task for a in left if a.task is not None and not a.task.done() and a.settled]
+        if in_hooks:
+            log.warning(
+                "%d jobs' after hooks were still running at the stop; cancelled (the jobs' "
+                "outcomes are recorded)",
+                len(in_hooks),
+            )
+            for task in in_hooks:
+                task.cancel()
+            await asyncio.wait(in_hooks, timeout=STRAGGLER_WAIT)
         unsettled = [
-            a.task for a in left if a.task is not None and not a.task.done() and a not in deaf
+            a.task
+            for a in left
+            if a.task is not None and not a.task.done() and a not in deaf and not a.settled
         ]
         if unsettled:
             log.warning(

@@ -50,6 +50,8 @@ class Attempt:
     #: The app's on_success/on_failure hooks run after the outcome: the job's slot
     #: stays taken until they have returned (or the job's timeout has passed).
     hooks_pending: bool = False
+    #: Its outcome is acknowledged by the database: only its after hooks may run on.
+    settled: bool = False
     #: Told to stop by the worker's own stop (past its grace): whatever the
     #: handler does next, its job is released, its attempt not counted.
     stopping: bool = False

@@ -181,18 +181,18 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
     with _new_session(bind) as session:
         transaction = session.begin()
         _refuse_commits(session)
-        ours = _refuse_connection_commits(session.connection())
-        try:
-            yield session
-            _require_open(transaction)
-            session.flush()  # the effect's writes first: a failing one raises before completing
-            job.complete_in(psycopg_connection(session))
-            ours.append(True)  # the one commit that is the block's
-            transaction.commit()
-        except BaseException:
-            if transaction.is_active:
-                transaction.rollback()
-            raise
+        with _connection_commits_refused(session.connection()) as ours:
+            try:
+                yield session
+                _require_open(transaction)
+                session.flush()  # the effect's writes first: a failing one raises first
+                job.complete_in(psycopg_connection(session))
+                ours.append(True)  # the one commit that is the block's
+                transaction.commit()
+            except BaseException:
+                if transaction.is_active:
+                    transaction.rollback()
+                raise
     job.mark_completed()
 
 
@@ -210,18 +210,18 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
         transaction = session.begin()
         await transaction.start()
         _refuse_commits(session)
-        ours = _refuse_connection_commits((await session.connection()).sync_connection)
-        try:
-            yield session
-            _require_open(transaction)
-            await session.flush()
-            await job.acomplete_in(await apsycopg_connection(session))
-            ours.append(True)  # the one commit that is the block's
-            await transaction.commit()
-        except BaseException:
-            if transaction.is_active:
-                await transaction.rollback()
-            raise
+        with _connection_commits_refused((await session.connection()).sync_connection) as ours:
+            try:
+                yield session
+                _require_open(transaction)
+                await session.flush()
+                await job.acomplete_in(await apsycopg_connection(session))
+                ours.append(True)  # the one commit that is the block's
+                await transaction.commit()
+            except BaseException:
+                if transaction.is_active:
+                    await transaction.rollback()
+                raise
     job.mark_completed()
 
 
@@ -277,15 +277,15 @@ def _refuse_commits(session: Session | AsyncSession) -> None:
     session.__dict__["rollback"] = refuse_rollback
 
 
-def _refuse_connection_commits(connection: Connection | None) -> list[bool]:
-    """The session's connection refuses a commit too (``session.connection()
-    .commit()``): one would commit the effect alone, and each retry again. A
-    Connection takes no attributes of its own, so through its ``commit`` event,
-    which runs before the commit is sent; the block's own commit is let through
-    once the returned list holds True."""
+@contextmanager
+def _connection_commits_refused(connection: Connection | None) -> Iterator[list[bool]]:
+    """The session's connection refuses a commit too, for the block
+    (``session.connection().commit()``): one would commit the effect alone, and
+    each retry again. A Connection takes no attributes of its own, so through its
+    ``commit`` event, which runs before the commit is sent; the block's own commit
+    is let through once the yielded list holds True. The listener leaves with the
+    block: the connection may be the caller's own (a sessionmaker bound to it)."""
     allowed: list[bool] = []
-    if connection is None:  # (an async session's, before it has one: cannot be)
-        return allowed
 
     def refuse(conn: Connection) -> None:
         if not allowed:
@@ -295,8 +295,14 @@ def _refuse_connection_commits(connection: Connection | None) -> list[bool]:
                 "savepoints are fine)"
             )
 
+    if connection is None:  # (an async session's, before it has one: cannot be)
+        yield allowed
+        return
     event.listen(connection, "commit", refuse)
-    return allowed
+    try:
+        yield allowed
+    finally:
+        event.remove(connection, "commit", refuse)
 
 
 def _require_open(transaction: SessionTransaction | AsyncSessionTransaction) -> None:

@@ -56,6 +56,14 @@ FROM (
     FROM {schema}.job AS j
     WHERE j.limited AND j.status = 'queued' AND j.available_at > {schema}.clock()
       AND j.history -> -1 ->> 'write' = 'release'
+    UNION ALL
+    -- ... and then cancelled while queued (a release kept no cut_lease_until
+    -- before this migration; a cancel leaves available_at as the release set it).
+    SELECT j.job_id, j.queue, j.group_key, j.available_at
+    FROM {schema}.job AS j
+    WHERE j.limited AND j.status = 'cancelled' AND j.available_at > {schema}.clock()
+      AND j.history -> -2 ->> 'write' = 'release'
+      AND j.history -> -1 ->> 'previous_status' = 'queued'
 ) AS held
 WHERE held.until > {schema}.clock()
 GROUP BY held.job_id, held.queue, held.group_key;
