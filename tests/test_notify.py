@@ -43,3 +43,14 @@ def test_channel_names_fit_and_stay_distinct() -> None:
     assert len(channels) == 4
     assert all(len(c.encode()) <= 63 for c in channels)
     assert notify_channel("leaseq") == "leaseq_leaseq"
+
+
+def test_no_schema_hears_another_schemas_results_on_its_work_channel() -> None:
+    # Schema "results_x"'s workers must not be woken by schema "x"'s finished
+    # jobs (nor a waiter of "x" by enqueues into "results_x").
+    names = ["x", "results_x", "results_results_x", "leaseq", "a" * 63, "results_" + "a" * 55]
+    work = {notify_channel(s) for s in names}
+    results = {notify_channel(s, "results") for s in names}
+    assert len(work) == len(results) == len(names)
+    assert work.isdisjoint(results)
+    assert all(len(c.encode()) <= 63 for c in work | results)

@@ -130,8 +130,10 @@ def migration_files() -> list[tuple[int, str, str]]:
 
 def notify_channel(schema: str, topic: str = "") -> str:
     """A channel name unique per schema (and topic: "" for enqueues, "results" for
-    finished jobs) within PostgreSQL's 63-byte identifier limit."""
-    prefix = f"leaseq_{topic}_" if topic else "leaseq_"
+    finished jobs) within PostgreSQL's 63-byte identifier limit. A topic's names
+    hold a dot, which no schema name (nor so the work channel's) may: schema
+    ``results_x``'s work channel is never schema ``x``'s results channel."""
+    prefix = f"leaseq_{topic}." if topic else "leaseq_"
     name = f"{prefix}{schema}"
     if len(name) <= 63:
         return name
