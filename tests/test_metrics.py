@@ -372,3 +372,141 @@ def test_a_ttl_that_is_no_finite_number_of_seconds_is_refused(ttl: object) -> No
     """NaN was taken: every scrape read the database (NaN compares false)."""
     with pytest.raises(leaseq.InvalidArgument, match="ttl"):
         leaseq.Metrics().watch(None, ttl=ttl)  # type: ignore[arg-type]
+
+
+def _finished(metrics: leaseq.Metrics, queue: str) -> dict[str, float]:
+    samples = _samples(metrics.text())
+    return {
+        outcome: _value(samples, "leaseq_jobs_finished_total", queue=queue, outcome=outcome)
+        for outcome in leaseq._metrics.OUTCOMES
+        if _value(samples, "leaseq_jobs_finished_total", queue=queue, outcome=outcome)
+    }
+
+
+@pytest.mark.asyncio
+async def test_a_completion_committed_under_its_lease_after_the_local_deadline_is_done_only(
+    database_url: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job's row is locked while job.transaction()'s completion waits for it,
+    past the worker's local deadline (lease minus its margin) but not past the
+    database lease: the completion commits. One attempt, done: never also counted
+    (or logged) as a lost lease."""
+    app = leaseq.App(schema=schema)
+    go = threading.Event()
+
+    @app.task("reports", lease=3)
+    def report(job: leaseq.JobContext) -> None:
+        go.wait(10)
+        with job.transaction() as conn:
+            conn.execute("SELECT 1")
+
+    metrics = leaseq.Metrics()
+    async with leaseq.AsyncQueue(database_url, schema=schema, metrics=None) as producer:
+        await producer.migrate()
+        job_id = await producer.enqueue("reports", {})
+        worker = leaseq.Worker(
+            app, dsn=database_url, poll_interval=0.1, maintenance=False, metrics=metrics
+        )
+        task = asyncio.create_task(worker.run())
+        await _until(
+            lambda: _status_is(producer, job_id, JobStatus.RUNNING),
+        )
+        async with producer.connection() as blocker, blocker.transaction():
+            await blocker.execute(
+                f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job_id,)
+            )
+            go.set()
+            await asyncio.sleep(2.7)  # past the local deadline, inside the lease
+        await _until(lambda: _status_is(producer, job_id, JobStatus.DONE))
+        await _until(lambda: worker.stats.completed == 1)
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+        job = await producer.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.DONE, 1)
+    assert _finished(metrics, "reports") == {"done": 1}
+    assert (worker.stats.completed, worker.stats.lost_leases) == (1, 0)
+    assert "lease lost" not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_completion_refused_by_the_fence_is_counted_lease_lost(
+    database_url: str, schema: str
+) -> None:
+    """The job's lease ran out and another claim took it while the handler worked;
+    the handler's job.transaction() is refused (LeaseLost): one lost lease."""
+    app = leaseq.App(schema=schema)
+    go = threading.Event()
+    refused: list[BaseException] = []
+
+    @app.task("reports", lease=60)  # no renewal comes due during the test
+    def report(job: leaseq.JobContext) -> None:
+        go.wait(10)
+        try:
+            with job.transaction() as conn:
+                conn.execute("SELECT 1")
+        except leaseq.LeaseLost as exc:
+            refused.append(exc)
+            raise
+
+    metrics = leaseq.Metrics()
+    async with leaseq.AsyncQueue(database_url, schema=schema, metrics=None) as producer:
+        await producer.migrate()
+        job_id = await producer.enqueue("reports", {})
+        worker = leaseq.Worker(
+            app, dsn=database_url, poll_interval=0.1, maintenance=False, metrics=metrics
+        )
+        task = asyncio.create_task(worker.run())
+        await _until(lambda: _status_is(producer, job_id, JobStatus.RUNNING))
+        await aset_clock_offset(producer, 61)  # the lease is over...
+        (again,) = await producer.claim("reports", lease=60)  # ...and taken again
+        assert again.job_id == job_id
+        go.set()
+        await _until(lambda: worker.stats.lost_leases == 1)
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+    assert len(refused) == 1
+    assert _finished(metrics, "reports") == {"lease_lost": 1}
+    assert (worker.stats.completed, worker.stats.lost_leases) == (0, 1)
+
+
+@pytest.mark.asyncio
+async def test_an_outcome_is_counted_before_its_hooks_even_one_cut_at_the_stop(
+    database_url: str, schema: str
+) -> None:
+    """An on_success hook still running at a stop past the grace is cancelled; the
+    job is done in the database, and counted done."""
+    app = leaseq.App(schema=schema)
+    hook_started = asyncio.Event()
+
+    @app.on_success
+    async def notify(job: leaseq.JobContext, result: object) -> None:
+        hook_started.set()
+        await asyncio.sleep(30)
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> None:
+        return None
+
+    metrics = leaseq.Metrics()
+    async with leaseq.AsyncQueue(database_url, schema=schema, metrics=None) as producer:
+        await producer.migrate()
+        job_id = await producer.enqueue("reports", {})
+        worker = leaseq.Worker(
+            app,
+            dsn=database_url,
+            poll_interval=0.1,
+            maintenance=False,
+            metrics=metrics,
+            shutdown_grace=0.5,
+        )
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(hook_started.wait(), 10)
+        assert _finished(metrics, "reports") == {"done": 1}  # not after the hook
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+        assert (await producer.get(job_id)).status is JobStatus.DONE
+    assert _finished(metrics, "reports") == {"done": 1}
+
+
+async def _status_is(queue: leaseq.AsyncQueue, job_id: int, status: JobStatus) -> bool:
+    return (await queue.get(job_id)).status is status

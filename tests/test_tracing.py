@@ -8,6 +8,7 @@ whole test process and each test reads only the spans of its own trace.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -211,6 +212,36 @@ async def test_the_worker_continues_the_producers_trace(
     assert failed.status.status_code is trace.StatusCode.ERROR
     assert [e.name for e in failed.events] == ["exception"]
     assert spans["process reports"].status.status_code is not trace.StatusCode.ERROR
+
+
+async def test_a_timed_out_attempt_ends_its_span_as_an_error_a_requested_retry_does_not(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+
+    @app.task("slow", timeout=0.3, max_attempts=1)
+    async def slow(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(10)
+
+    @app.task("later", max_attempts=2)
+    async def later(job: leaseq.JobContext) -> None:
+        job.retry(delay=3600, reason="the partner's API said later")
+
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /reports") as request:
+        await aqueue.enqueue("slow", {})
+        await aqueue.enqueue("later", {})
+    await adrain(app)
+
+    spans = {s.name: s for s in _spans_of(request.get_span_context().trace_id)}
+    timed_out, retried = spans["process slow"], spans["process later"]
+    assert timed_out.attributes is not None
+    assert retried.attributes is not None
+    assert timed_out.attributes["leaseq.outcome"] == "failed"
+    assert timed_out.status.status_code is trace.StatusCode.ERROR
+    assert "timed out" in (timed_out.status.description or "")
+    assert retried.attributes["leaseq.outcome"] == "retried"
+    assert retried.status.status_code is not trace.StatusCode.ERROR
 
 
 async def test_an_enqueue_outside_any_span_starts_the_trace_its_job_continues(

@@ -108,10 +108,16 @@ class Process:
     def __init__(self, span: Any) -> None:
         self._span = span
 
-    def ended(self, outcome: str, error: BaseException | None = None) -> None:
+    def ended(
+        self, outcome: str, error: BaseException | None = None, description: str | None = None
+    ) -> None:
+        """Record how the attempt ended: ``error`` the exception its handler raised,
+        ``description`` an error without one (a timeout)."""
         if self._span is None:
             return
         self._span.set_attribute("leaseq.outcome", outcome)
+        if description is not None:
+            self._span.set_status(Status(StatusCode.ERROR, redact(description)))
         if error is not None:
             # Not span.record_exception(): it exports the error's text and traceback
             # as they are, and a handler's error may quote a DSN with its password.

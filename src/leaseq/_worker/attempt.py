@@ -119,8 +119,14 @@ class AttemptRunner:
                     instruments.job_duration.observe(elapsed)
                 label = await self._acknowledge(attempt, outcome)
                 attempt.settled = True
+                # Counted, logged and its span ended as soon as the database has
+                # recorded it: hooks may run long, or be cut at a stop.
+                if instruments is not None and label in FINISHED:
+                    instruments.finished[label].inc()
+                error = None if outcome is None else outcome.error
+                span.ended(label, _exception(error), _description(label, error))
+                _log_finished(claim, label, elapsed, outcome)
                 if self._hooks.after_outcomes:
-                    error = None if outcome is None else outcome.error
                     await self._hooks.after(
                         attempt.context,
                         label,
@@ -129,10 +135,6 @@ class AttemptRunner:
                         threads=self._hook_threads,
                         timeout=task.timeout_of(claim),
                     )
-                span.ended(label, None if outcome is None else _exception(outcome.error))
-                _log_finished(claim, label, elapsed, outcome)
-                if instruments is not None and label in FINISHED:
-                    instruments.finished[label].inc()
         except Exception:
             log.exception(
                 "job %d: could not record its outcome", claim.job_id, extra=job_fields(claim)
@@ -160,7 +162,9 @@ class AttemptRunner:
         if attempt.context.completed:
             self._stats.completed += 1
             return "done"
-        return LOST_HERE  # lost: counted where the attempt was lost
+        if not attempt.lost:  # its own transaction's completion was refused (LeaseLost)
+            self._attempts.lose(attempt, "its completion was refused: lease no longer held")
+        return LOST_HERE  # counted where the attempt was lost
 
     async def outcome_of(self, attempt: Attempt, task: Task) -> Outcome | None:
         """Run the handler; say how to acknowledge it (None: nothing to acknowledge)."""
@@ -173,8 +177,10 @@ class AttemptRunner:
             return Outcome(
                 Kind.FAIL,
                 claim,
-                error=f"no attempts left: attempt {claim.attempts} of {limit} "
-                "(the earlier ones ended with their worker)",
+                error=WorkerError(
+                    f"no attempts left: attempt {claim.attempts} of {limit} "
+                    "(the earlier ones ended with their worker)"
+                ),
             )
         timeout = task.timeout_of(claim)
         try:
@@ -182,7 +188,7 @@ class AttemptRunner:
         except TimedOut:
             if context.completed:  # its transaction committed before the timeout
                 return None
-            return _retry_or_fail(task, claim, None, f"timed out after {timeout:g}s")
+            return _retry_or_fail(task, claim, None, WorkerError(f"timed out after {timeout:g}s"))
         except Retry as request:
             return _retry_or_fail(task, claim, request.delay, request.reason)
         except LeaseLost:
@@ -293,6 +299,22 @@ def _retry_or_fail(task: Task, claim: Claim, delay: float | None, error: object)
 
 def _exception(error: object) -> BaseException | None:
     return error if isinstance(error, BaseException) else None
+
+
+class WorkerError(str):
+    """The worker's own account of a failed attempt that raised nothing (a timeout,
+    no attempts left): a text, as the job's last error and the on_failure hooks
+    take it, but an error, where the reason of a requested retry is not."""
+
+
+def _description(label: str, error: object) -> str | None:
+    """An error without an exception, for the attempt's span: a WorkerError, or
+    the reason of a retry requested with no attempt left (the job failed)."""
+    if error is None or isinstance(error, BaseException):
+        return None
+    if isinstance(error, WorkerError) or label == "failed":
+        return str(error)
+    return None
 
 
 def _log_finished(claim: Claim, label: str, elapsed: float, outcome: Outcome | None) -> None:

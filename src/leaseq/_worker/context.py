@@ -54,6 +54,12 @@ class JobContext:
         self._sync = sync_queue
         self._async = async_queue
         self._transaction_open = False
+        #: True from the fenced completion of :meth:`transaction` (or a
+        #: ``leaseq.contrib`` block) to its commit or rollback. The fence then has
+        #: the last word, not the worker's local deadline: a completion waiting for
+        #: a row lock while the deadline passes commits if the database lease
+        #: still held, and the attempt is done, never lost.
+        self.completing = False
 
     @property
     def lost(self) -> threading.Event:
@@ -158,9 +164,11 @@ class JobContext:
             with self._sync.connection() as conn:
                 with conn.transaction():
                     yield conn
+                    self.completing = True  # until the commit (or rollback) below
                     self.complete_in(conn)
                 self.mark_completed()
         finally:
+            self.completing = False
             self._transaction_open = False
 
     @asynccontextmanager
@@ -172,9 +180,11 @@ class JobContext:
             async with self._async.connection() as conn:
                 async with conn.transaction():
                     yield conn
+                    self.completing = True
                     await self.acomplete_in(conn)
                 self.mark_completed()
         finally:
+            self.completing = False
             self._transaction_open = False
 
     def complete_in(self, conn: Connection) -> None:

@@ -141,6 +141,11 @@ class LeaseKeeper:
             for attempt in self._attempts:
                 if not _kept(attempt) or attempt.acknowledging:
                     continue  # nothing left to tell a handler that has returned
+                if attempt.context.completing:
+                    # Its fenced completion is on its way to commit: the database
+                    # says whether the lease still held (LeaseLost if not), and
+                    # telling the handler now changes nothing it does.
+                    continue
                 if now >= attempt.deadline:
                     self._attempts.lose(
                         attempt, "no renewal was confirmed before its local deadline"

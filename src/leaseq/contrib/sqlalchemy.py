@@ -186,6 +186,7 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
                 yield session
                 _require_open(transaction)
                 session.flush()  # the effect's writes first: a failing one raises first
+                job.completing = True  # the fence decides from here (JobContext)
                 job.complete_in(psycopg_connection(session))
                 ours.append(True)  # the one commit that is the block's
                 transaction.commit()
@@ -193,6 +194,8 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
                 if transaction.is_active:
                     transaction.rollback()
                 raise
+            finally:
+                job.completing = False
     job.mark_completed()
 
 
@@ -215,6 +218,7 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
                 yield session
                 _require_open(transaction)
                 await session.flush()
+                job.completing = True  # the fence decides from here (JobContext)
                 await job.acomplete_in(await apsycopg_connection(session))
                 ours.append(True)  # the one commit that is the block's
                 await transaction.commit()
@@ -222,6 +226,8 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
                 if transaction.is_active:
                     await transaction.rollback()
                 raise
+            finally:
+                job.completing = False
     job.mark_completed()
 
 

@@ -185,9 +185,13 @@ def job_atomic(job: JobContext, using: str | None = None) -> Iterator[None]:
     a completion already reported.
     """
     alias = using or leaseq_settings().database
-    with transaction.atomic(using=alias, durable=True):
-        yield
-        job.complete_in(connection(alias))
+    try:
+        with transaction.atomic(using=alias, durable=True):
+            yield
+            job.completing = True  # the fence decides from here (JobContext)
+            job.complete_in(connection(alias))
+    finally:
+        job.completing = False
     job.mark_completed()
 
 
