@@ -510,3 +510,54 @@ async def test_an_outcome_is_counted_before_its_hooks_even_one_cut_at_the_stop(
 
 async def _status_is(queue: leaseq.AsyncQueue, job_id: int, status: JobStatus) -> bool:
     return (await queue.get(job_id)).status is status
+
+
+@pytest.mark.asyncio
+async def test_an_asgi_scrape_waiting_for_the_database_never_holds_the_event_loop(
+    database_url: str, schema: str
+) -> None:
+    """The job table is locked for 1.5 s (a migration, a VACUUM FULL): the gauges'
+    read waits for it, and the application's event loop goes on meanwhile."""
+    metrics = leaseq.Metrics()
+    app = metrics.asgi_app()
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    locked = threading.Event()
+
+    def lock_the_table() -> None:
+        with psycopg.connect(database_url) as locker:
+            locker.execute(f'LOCK TABLE "{schema}".job IN ACCESS EXCLUSIVE MODE')
+            locked.set()
+            time.sleep(1.5)
+
+    with leaseq.Queue(database_url, schema=schema, metrics=None) as source:
+        source.migrate()
+        source.enqueue("reports", {})
+        metrics.watch(source, ttl=0)
+        locker = threading.Thread(target=lock_the_table)
+        locker.start()
+        assert locked.wait(10)
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+        started = time.monotonic()
+        scrape = asyncio.create_task(app(scope, receive, send))  # type: ignore[arg-type]
+        longest_gap, last = 0.0, time.monotonic()
+        while not scrape.done():  # the loop's own work, ticking while the scrape waits
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            longest_gap, last = max(longest_gap, now - last), now
+        await scrape
+        waited = time.monotonic() - started
+        locker.join()
+    assert waited >= 1.0  # the read did wait for the lock...
+    assert longest_gap < 0.75  # ...and the loop was never held while it did
+    assert sent[0]["status"] == 200
+    body = sent[1]["body"]
+    assert isinstance(body, bytes)
+    samples = _samples(body.decode())
+    assert _value(samples, "leaseq_queue_jobs", queue="reports", state="queued") == 1

@@ -22,10 +22,12 @@ duration is in seconds.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -37,6 +39,7 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 
 from . import _validate as validate
 from ._errors import InvalidArgument
@@ -168,8 +171,9 @@ class Metrics:
         """Serve the database's gauges from ``source.stats()`` (a ``leaseq.Queue``; its
         schema's queues), run on scrape at most once per ``ttl`` seconds; None stops.
 
-        Scrapes are answered in a thread of their own: watch a sync ``Queue`` (with a
-        small pool of its own), not an ``AsyncQueue``."""
+        Scrapes are answered in a thread of their own (:meth:`serve`,
+        :meth:`asgi_app`): watch a sync ``Queue`` (with a small pool of its own),
+        not an ``AsyncQueue``."""
         if source is not None and inspect.iscoroutinefunction(source.stats):
             raise InvalidArgument("watch a leaseq.Queue: scrapes call stats() from a thread")
         # NaN compared false with every age: each scrape read the database.
@@ -187,6 +191,63 @@ class Metrics:
     def text(self) -> str:
         """The registry in Prometheus' text format (what ``/metrics`` answers)."""
         return generate_latest(self.registry).decode()
+
+    def asgi_app(self) -> ASGIApp:
+        """An ASGI app answering ``/metrics`` scrapes, for an application's own
+        server (``app.mount("/metrics", leaseq.metrics.asgi_app())``). The
+        registry is rendered in a thread: the database gauges' read (a stats
+        query, which waits behind a lock on the job table) never holds the
+        event loop, as prometheus-client's ``make_asgi_app`` would."""
+        return _ScrapeApp(self.registry)
+
+
+ASGIApp = Callable[
+    [
+        MutableMapping[str, Any],
+        Callable[[], Awaitable[MutableMapping[str, Any]]],
+        Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ],
+    Awaitable[None],
+]
+
+
+class _ScrapeApp:
+    """The ASGI app of :meth:`Metrics.asgi_app`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] == "lifespan":  # served on its own, not mounted
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            raise InvalidArgument(f"the metrics app serves HTTP, not {scope['type']!r}")
+        accept = ",".join(
+            value.decode("latin-1")
+            for name, value in scope.get("headers", ())
+            if name.decode("latin-1").lower() == "accept"
+        )
+        encoder, content_type = choose_encoder(accept)
+        body = await asyncio.to_thread(encoder, self._registry)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type.encode("latin-1"))],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
 
 class MetricsServer:
