@@ -561,3 +561,30 @@ async def test_an_asgi_scrape_waiting_for_the_database_never_holds_the_event_loo
     assert isinstance(body, bytes)
     samples = _samples(body.decode())
     assert _value(samples, "leaseq_queue_jobs", queue="reports", state="queued") == 1
+
+
+@pytest.mark.asyncio
+async def test_the_jobs_of_periodic_ticks_are_counted_enqueued(
+    database_url: str, schema: str
+) -> None:
+    app = leaseq.App(schema=schema)
+    app.periodic("heartbeat", queue="ticks", every=1)
+
+    @app.task("ticks")
+    async def tick(job: leaseq.JobContext) -> None:
+        return None
+
+    metrics = leaseq.Metrics()
+    async with leaseq.AsyncQueue(database_url, schema=schema, metrics=None) as producer:
+        await producer.migrate()
+        worker = leaseq.Worker(
+            app, dsn=database_url, poll_interval=0.1, maintenance=False, metrics=metrics
+        )
+        task = asyncio.create_task(worker.run())
+        await _until(lambda: worker.stats.completed >= 2)
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+        jobs = await producer.find_jobs(queue="ticks", status=None)
+    samples = _samples(metrics.text())
+    assert len(jobs.jobs) >= 2
+    assert _value(samples, "leaseq_jobs_enqueued_total", queue="ticks") == len(jobs.jobs)

@@ -315,7 +315,7 @@ class Worker:
                 stats=self.stats,
             )
         if self.app.schedules and not self._burst:
-            scheduler = Scheduler(self._clients.handlers_async, self.app.schedules)
+            scheduler = Scheduler(self._clients.handlers_async, self.app.schedules, self.metrics)
             services["schedules"] = scheduler.run()
         if self.maintenance:
             reaper = Maintenance(self._clients.handlers_async, interval=self.maintenance_interval)

@@ -23,6 +23,7 @@ import random
 from .._async_client import AsyncConnection, AsyncQueue
 from .._errors import BacklogFull, LeaseqError, TransientError
 from .._logs import get_logger
+from .._metrics import Metrics
 from .._waiting import pause
 from .schedules import Due, Schedule
 
@@ -34,9 +35,14 @@ PASS_INTERVAL = 0.5
 
 
 class Scheduler:
-    def __init__(self, queue: AsyncQueue, schedules: dict[str, Schedule]) -> None:
+    def __init__(
+        self, queue: AsyncQueue, schedules: dict[str, Schedule], metrics: Metrics | None = None
+    ) -> None:
         self._queue = queue
         self._schedules = schedules
+        #: Where the ticks' jobs are counted (leaseq_jobs_enqueued_total), as a
+        #: producer's enqueues are: the worker's own metrics.
+        self._metrics = metrics
         self._registered = False
         #: The error each failing schedule last met (logged when it changes).
         self._failing: dict[str, str] = {}
@@ -117,6 +123,8 @@ class Scheduler:
                 ),
                 conn,
             )
+        if fired and self._metrics is not None:  # committed
+            self._metrics.queue(schedule.queue).enqueued.inc(len(fired))
         return len(fired)
 
     async def _fire(
