@@ -159,3 +159,36 @@ def test_a_grant_left_out_is_a_typed_error_that_writes_nothing(
     assert refused.value.sqlstate == "42501"
     assert "key_hold" in str(refused.value)
     assert _job_rows(database_url, schema) == 1
+
+
+def test_a_role_blind_to_other_roles_transactions_is_told_and_sees_them_once_granted(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    """Another role's session idles in a transaction, holding back cleanup. The
+    worker role with the documented grants cannot see it (PostgreSQL hides other
+    roles' xmin): health says so instead of reporting nothing. Granted
+    pg_read_all_stats, as the README says, it sees that session."""
+    with (
+        restricted_roles(database_url, schema) as roles,
+        psycopg.connect(roles.producer) as other,
+    ):
+        pid = other.info.backend_pid
+        other.execute("SELECT txid_current()")  # an open transaction with an xid
+        with leaseq.Queue(roles.worker, schema=schema) as operator:
+            blind = operator.health()
+        assert not blind.sees_all_sessions
+        assert [w for w in blind.warnings if "pg_read_all_stats" in w]
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            worker_role = psycopg.conninfo.conninfo_to_dict(roles.worker)["user"]
+            admin.execute(f"GRANT pg_read_all_stats TO {worker_role}")
+        try:
+            with leaseq.Queue(roles.worker, schema=schema) as operator:
+                seeing = operator.health()
+        finally:
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                admin.execute(f"REVOKE pg_read_all_stats FROM {worker_role}")
+        other.rollback()
+    assert seeing.sees_all_sessions
+    assert not [w for w in seeing.warnings if "pg_read_all_stats" in w]
+    assert any(h.name.startswith(f"pid {pid}") for h in seeing.holders)
+    assert queue.health().sees_all_sessions  # the schema's owner (a superuser here)

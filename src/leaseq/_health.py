@@ -78,7 +78,10 @@ def warnings(
     track_counts: bool,
     idle_in_transaction_timeout: str,
     long_transaction: float = LONG_TRANSACTION_SECONDS,
+    blind_role: str | None = None,
 ) -> tuple[str, ...]:
+    """The plain-language warnings; ``blind_role``: the role reading, when it cannot
+    see other roles' transactions."""
     job = next((t for t in tables if t.name == "job"), None)
     if job is None:
         return (f"schema {schema!r} has no job table: run `leaseq migrate`",)
@@ -100,6 +103,13 @@ def warnings(
             f"{VACUUM_THRESHOLD} + {VACUUM_SCALE_FACTOR:.0%} of its rows, and analyzes it "
             f"once {ANALYZE_THRESHOLD} + {ANALYZE_SCALE_FACTOR:.0%} of its rows changed; "
             "turn autovacuum on where you can."
+        )
+    if blind_role is not None:
+        said.append(
+            f"role {blind_role!r} cannot see the transactions of other roles' sessions "
+            "(PostgreSQL shows them only to superusers and members of pg_read_all_stats): "
+            "one that holds back the job table's cleanup is missing from this report and "
+            f"from leaseq_cleanup_held_back_seconds; GRANT pg_read_all_stats TO {blind_role}."
         )
     for holder in holders:
         if holder.kind == "replication slot" or _long(holder, long_transaction):

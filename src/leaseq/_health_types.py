@@ -58,6 +58,9 @@ class Health:
     idle_in_transaction_timeout: str
     leader_vacuums: bool  # autovacuum is off for the job table: the leader vacuums it
     warnings: tuple[str, ...]
+    #: Whether this role sees other roles' transactions (superuser, or a member of
+    #: pg_read_all_stats); if not, ``holders`` may miss what holds back cleanup.
+    sees_all_sessions: bool = True
 
     def table(self, name: str) -> TableHealth | None:
         return next((t for t in self.tables if t.name == name), None)

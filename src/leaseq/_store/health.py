@@ -26,7 +26,7 @@ class HealthOperations(StoreBase):
         schema = self.schema
 
         def decode(rows: list[Rows]) -> Health:
-            ((autovacuum, track_counts, idle_timeout, _version),) = rows[0]
+            ((autovacuum, track_counts, idle_timeout, _version, sees_all, role),) = rows[0]
             tables = tuple(TableHealth(*row) for row in rows[1])
             indexes = tuple(IndexHealth(*row) for row in rows[2])
             holders = tuple(CleanupHolder(*row) for row in rows[3])
@@ -41,6 +41,7 @@ class HealthOperations(StoreBase):
                 server_autovacuum=bool(autovacuum and track_counts),
                 idle_in_transaction_timeout=str(idle_timeout),
                 leader_vacuums=leader_vacuums,
+                sees_all_sessions=bool(sees_all),
                 warnings=health.warnings(
                     tables,
                     holders,
@@ -49,6 +50,7 @@ class HealthOperations(StoreBase):
                     track_counts=bool(track_counts),
                     idle_in_transaction_timeout=str(idle_timeout),
                     long_transaction=long_transaction,
+                    blind_role=None if sees_all else str(role),
                 ),
             )
 
