@@ -72,6 +72,7 @@ def test_public_names_are_pinned() -> None:
         "TransientError",
         "UniqueKeyHeld",
         "Worker",
+        "WorkerStats",
         "__version__",
         "database_url",
         "metrics",
@@ -97,6 +98,30 @@ def test_errors_share_one_base() -> None:
         assert issubclass(error, leaseq.LeaseqError)
     assert issubclass(leaseq.InvalidJob, ValueError)
     assert issubclass(leaseq.PayloadTooLarge, leaseq.InvalidJob)
+
+
+def test_the_generated_files_name_their_async_source() -> None:
+    for generated, source in (
+        ("_sync_client.py", "_async_client.py"),
+        ("_sync_operators.py", "_async_operators.py"),
+    ):
+        header = (ROOT / "src" / "leaseq" / generated).read_text().split('"""', 2)[1]
+        assert f"GENERATED from ``{source}``" in header, generated
+        assert f"See ``{source}``" in header, generated
+
+
+def test_a_worker_s_stats_type_is_public() -> None:
+    app = leaseq.App()
+    app.task("work")(lambda job: None)
+    stats = leaseq.Worker(app, dsn="postgresql://nowhere/x").stats
+    assert isinstance(stats, leaseq.WorkerStats)
+
+
+def test_an_already_completed_error_says_the_claim_completed_the_job() -> None:
+    error = leaseq.AlreadyCompleted(7, 2, "complete")
+    assert "already completed" in str(error)
+    assert "no longer the live claim" not in str(error)
+    assert isinstance(error, leaseq.LeaseLost)
 
 
 def test_the_sync_client_is_generated_from_the_async_one() -> None:

@@ -329,6 +329,8 @@ BAD_CLIENT_OPTIONS: list[dict[str, Any]] = [
     {"listen": None},
     {"dsn": 5},
     {"max_payload_bytes": 2**28},  # more than jsonb holds
+    # Taken, then every enqueue committed its job and raised AttributeError.
+    {"metrics": "registry"},
 ]
 
 

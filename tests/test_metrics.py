@@ -355,6 +355,20 @@ def test_labels_never_carry_a_job_id() -> None:
             assert set(sample.labels) <= allowed | {"le"}, sample
 
 
+def test_metrics_refuse_what_they_cannot_use() -> None:
+    from prometheus_client import CollectorRegistry
+
+    with pytest.raises(leaseq.InvalidArgument, match="registry"):
+        leaseq.Metrics("x")  # type: ignore[arg-type]
+    metrics = leaseq.Metrics(CollectorRegistry())
+    with pytest.raises(leaseq.InvalidArgument, match="watch"):
+        metrics.watch(5)  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidArgument, match="host"):
+        metrics.serve(0, host=5)  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidArgument, match="metrics"):
+        leaseq.Queue("postgresql://nobody@127.0.0.1:1/none", metrics=CollectorRegistry())  # type: ignore[arg-type]
+
+
 async def test_an_async_queue_cannot_be_watched(aqueue: leaseq.AsyncQueue) -> None:
     with pytest.raises(leaseq.InvalidArgument):
         leaseq.Metrics().watch(aqueue)  # type: ignore[arg-type]

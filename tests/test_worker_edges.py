@@ -666,6 +666,8 @@ async def test_a_sync_handler_that_stops_when_told_has_its_job_claimable_at_once
         {"listen": "no"},
         {"maintenance": 0},
         {"durable_acknowledgements": None},
+        # Failed in run() with an AttributeError.
+        {"metrics": "registry"},
     ],
     ids=repr,
 )
@@ -676,6 +678,23 @@ async def test_bad_worker_options_are_refused(schema: str, option: dict[str, Any
     arguments = {"dsn": "postgresql://nobody@127.0.0.1:1/none", **option}
     with pytest.raises(leaseq.InvalidArgument, match=next(iter(option))):
         leaseq.Worker(app, **arguments)
+
+
+def test_a_handler_or_hook_that_cannot_be_called_is_refused_where_declared(schema: str) -> None:
+    """Accepted, it failed every attempt of every job with a TypeError."""
+    app = leaseq.App(schema=schema)
+
+    class Mailer:  # no __call__
+        pass
+
+    with pytest.raises(leaseq.InvalidArgument, match="callable"):
+        app.task("emails")(Mailer())  # type: ignore[type-var]
+    assert "emails" not in app.tasks
+    for declare in (app.before_job, app.around_job, app.on_success, app.on_failure):
+        with pytest.raises(leaseq.InvalidArgument, match="callable"):
+            declare(None)  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidArgument, match="dsn"):
+        leaseq.App(5)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("app", [None, "tests.worker_app:app", leaseq.Queue], ids=repr)

@@ -56,13 +56,14 @@ DOCSTRING = re.compile(r'\A""".*?"""\n', re.S)
 
 
 def convert(source: str, name: str, title: str, target: Path) -> str:
-    header = HEADER.format(title=title, source=name)
-    text = DOCSTRING.sub(lambda _: header, source, count=1)
-    text = ASYNC_ONLY.sub("", text)
+    text = ASYNC_ONLY.sub("", source)
     for async_name, sync_name in NAMES.items():
         text = re.sub(rf"\b{async_name}\b", sync_name, text)
     text = re.sub(r"\basync (def|with|for) ", r"\1 ", text)
     text = re.sub(r"\bawait ", "", text)
+    # The header last: it names the async source, which the renames would change.
+    header = HEADER.format(title=title, source=name)
+    text = DOCSTRING.sub(lambda _: header, text, count=1)
     return format_with_ruff(text, target)
 
 

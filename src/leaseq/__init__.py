@@ -51,7 +51,7 @@ from ._types import (
     RetentionMode,
     ScheduleInfo,
 )
-from ._worker import App, JobContext, Worker
+from ._worker import App, JobContext, Worker, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -111,6 +111,7 @@ __all__ = [
     "TransientError",
     "UniqueKeyHeld",
     "Worker",
+    "WorkerStats",
     "__version__",
     "database_url",
     "metrics",

@@ -61,6 +61,7 @@ class ClientBase:
     ) -> None:
         # Before the DSN is looked up: with none given, that starts a server.
         validate.dsn(dsn, "dsn")
+        _metrics.checked(metrics)
         # A truthy string ("no") would turn notifications on.
         validate.flag(notify, "notify")
         self._store = Store(schema, max_payload_bytes=max_payload_bytes, notify=notify)

@@ -36,6 +36,14 @@ class AlreadyCompleted(LeaseLost):
     completed by this claim: the transaction is a re-run, and its effect must
     roll back (raising this does that when it propagates out of the block)."""
 
+    def __init__(self, job_id: int, lease_version: int, operation: str) -> None:
+        super().__init__(job_id, lease_version, operation)
+        # (LeaseLost's text would say the claim is not live: it completed.)
+        self.args = (
+            f"{operation} of job {job_id} refused: lease version {lease_version} already "
+            "completed it; this transaction is a re-run, and its effect must roll back",
+        )
+
 
 class InvalidArgument(LeaseqError, ValueError):
     """An argument is out of range or malformed; nothing was written."""

@@ -87,6 +87,10 @@ class Metrics:
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise InvalidArgument(
+                f"registry must be a prometheus_client CollectorRegistry or None, got {registry!r}"
+            )
         self.registry = CollectorRegistry() if registry is None else registry
         reg = self.registry
         self._enqueued = Counter(
@@ -174,6 +178,10 @@ class Metrics:
         Scrapes are answered in a thread of their own (:meth:`serve`,
         :meth:`asgi_app`): watch a sync ``Queue`` (with a small pool of its own),
         not an ``AsyncQueue``."""
+        if source is not None and not (
+            callable(getattr(source, "stats", None)) and callable(getattr(source, "health", None))
+        ):
+            raise InvalidArgument(f"watch a leaseq.Queue (or None), got {source!r}")
         if source is not None and inspect.iscoroutinefunction(source.stats):
             raise InvalidArgument("watch a leaseq.Queue: scrapes call stats() from a thread")
         # NaN compared false with every age: each scrape read the database.
@@ -185,6 +193,8 @@ class Metrics:
         """Serve ``/metrics`` over HTTP from a daemon thread (port 0: any free port)."""
         # The socket's own errors for a port out of range were no InvalidArgument
         # (-1: socket.gaierror, 70000: OverflowError).
+        if not isinstance(host, str) or not host:
+            raise InvalidArgument(f"host must be an address or a host name, got {host!r}")
         server, thread = start_http_server(validate.port(port), addr=host, registry=self.registry)
         return MetricsServer(server, thread)
 
@@ -199,6 +209,17 @@ class Metrics:
         query, which waits behind a lock on the job table) never holds the
         event loop, as prometheus-client's ``make_asgi_app`` would."""
         return _ScrapeApp(self.registry)
+
+
+def checked(metrics: object) -> Metrics | None:
+    """A ``metrics=`` option as given, if it is a :class:`Metrics` or None: anything
+    else failed only at its first use, after the enqueue it counts had committed."""
+    if metrics is not None and not isinstance(metrics, Metrics):
+        raise InvalidArgument(
+            "metrics must be a leaseq.Metrics (leaseq.Metrics(registry) for a registry "
+            f"of your own) or None, got {metrics!r}"
+        )
+    return metrics
 
 
 ASGIApp = Callable[

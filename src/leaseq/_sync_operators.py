@@ -1,8 +1,8 @@
 """The operators' calls for synchronous code.
 
-GENERATED from ``_sync_operators.py`` by ``tools/async_to_sync.py``: do not edit
+GENERATED from ``_async_operators.py`` by ``tools/async_to_sync.py``: do not edit
 this file; edit the async source and run the tool (``make lint`` checks it).
-See ``_sync_operators.py`` for what it does.
+See ``_async_operators.py`` for what it does.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class App:
     """The handlers a worker runs, one per queue."""
 
     def __init__(self, dsn: str | None = None, *, schema: str = "leaseq") -> None:
-        self.dsn = dsn
+        self.dsn = validate.dsn(dsn, "dsn")
         self.schema = validate.schema_name(schema)
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
@@ -124,6 +124,7 @@ class App:
             )
 
         def register(handler: H) -> H:
+            _check_callable(handler, f"the handler of queue {queue!r}")
             if executor == "process":
                 _check_process_handler(queue, handler)
             self.tasks[queue] = Task(
@@ -147,6 +148,7 @@ class App:
 
     def before_job(self, hook: B) -> B:
         """Decorator: ``hook(job)`` runs before every handler, where the handler runs."""
+        _check_callable(hook, "a before_job hook")
         self.hooks.before.append(hook)
         return hook
 
@@ -154,11 +156,13 @@ class App:
         """Decorator: ``hook(job)`` returns a context manager (sync or async) that
         wraps every handler call, e.g. a ``@contextmanager`` that opens a span.
         It sees the handler's exception but cannot swallow or replace it."""
+        _check_callable(hook, "a around_job hook")
         self.hooks.around.append(hook)
         return hook
 
     def on_success(self, hook: S) -> S:
         """Decorator: ``hook(job, result)`` runs once a job's completion committed."""
+        _check_callable(hook, "a on_success hook")
         self.hooks.success.append(hook)
         return hook
 
@@ -166,6 +170,7 @@ class App:
         """Decorator: ``hook(job, error, will_retry)`` runs once a failed attempt's
         retry (``will_retry``) or final failure committed; ``error`` is the
         exception the handler raised, or a description (a timeout)."""
+        _check_callable(hook, "a on_failure hook")
         self.hooks.failure.append(hook)
         return hook
 
@@ -242,3 +247,10 @@ def load_app(reference: str) -> App:
     if not isinstance(app, App):
         raise InvalidArgument(f"{reference!r} is not a leaseq App")
     return app
+
+
+def _check_callable(function: object, what: str) -> None:
+    """Refused where it is declared: an object that cannot be called failed every
+    attempt of every job with a TypeError, in the worker."""
+    if not callable(function):
+        raise InvalidArgument(f"{what} must be callable, got {type(function).__name__}")

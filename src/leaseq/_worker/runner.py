@@ -146,6 +146,7 @@ class Worker:
             maintenance_interval, "maintenance_interval", MAX_INTERVAL_SECONDS, allow_zero=False
         )
         validate.lease(lease)
+        _metrics.checked(metrics)
         self.app = app
         self.dsn = database_url(dsn or app.dsn)
         self.queues = list(queues or app.tasks)
@@ -163,7 +164,7 @@ class Worker:
         self.stats = WorkerStats()
         #: Where this worker counts (the Prometheus view of its stats); None: nowhere.
         self.metrics = metrics
-        self._attempts = AttemptRegistry(concurrency, self.stats, metrics)
+        self._attempts = AttemptRegistry(concurrency, self.stats, self.metrics)
         self._hints = WorkHints(self.queues, poll_interval)
         self._stopping = asyncio.Event()
         self._signals = StopSignals()
