@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +32,7 @@ from leaseq._db import AsyncDatabase, listening
 from leaseq._worker import connections
 from leaseq.testing import adrain
 
-from .conftest import SpareDatabase
+from .conftest import ROOT, SpareDatabase
 
 #: How long the pool's open is held up: long enough for every other caller to arrive.
 SLOW_OPEN = 0.2
@@ -581,3 +584,23 @@ async def test_the_urls_server_options_and_name_hold_on_every_connection_leaseq_
     queue.enqueue("work", {})
     await adrain(app, dsn=url, timeout=30)
     assert seen == [expected]
+
+
+def test_a_queue_used_before_a_fork_serves_each_process_its_own_answers(
+    database_url: str, schema: str, queue: leaseq.Queue
+) -> None:
+    """gunicorn --preload: a module-level Queue, used at import, then by four
+    forked children and the parent at once. The children shared the parent's
+    pool: an enqueue returned another process's job, and children hung."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "preload_fork.py"), schema],
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stdout + done.stderr
+    page = queue.find_jobs(queue="preload", status=None, limit=1000)
+    payloads = sorted((j.payload.get("child", -1), j.payload.get("n", -1)) for j in page.jobs)
+    assert payloads == sorted([(-1, -1), (-1, -1)] + [(c, n) for c in range(4) for n in range(25)])

@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .._statement import Operation, Plan, Statement, Steps
 from .._waiting import raise_if_cancelling
+from . import forks
 from .errors import malformed_dsn, parsable, read_only_server, translated_errors, unavailable
 from .execution import AsyncConnection, adrive, aexecute, callers, retryable
 from .listening import anotified, asleeping
@@ -61,6 +62,17 @@ class AsyncDatabase:
         self._lent = 0
         #: Dropped pools being closed in the background (awaited by close()).
         self._closing: set[asyncio.Task[None]] = set()
+        forks.track(self)
+
+    def forget_after_fork(self) -> object:
+        """In a forked child: the parent's pool and its tasks are not ours (see forks)."""
+        kept = (self._pool, self._lock, self._closing)
+        self._pool = None
+        self._lock = asyncio.Lock()
+        self._failures = OpenFailures()
+        self._lent = 0
+        self._closing = set()
+        return kept
 
     async def _open_pool(self, deadline: float) -> AsyncConnectionPool:
         pool = self._pool

@@ -14,6 +14,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from .._statement import Operation, Plan, Statement, Steps
+from . import forks
 from .errors import malformed_dsn, read_only_server, translated_errors
 from .execution import Connection, callers, drive, execute, retryable
 from .listening import notified, sleeping
@@ -66,6 +67,17 @@ class Database:
         #: How many of the pool's connections are lent now (under ``_lent_lock``).
         self._lent = 0
         self._lent_lock = threading.RLock()
+        forks.track(self)
+
+    def forget_after_fork(self) -> object:
+        """In a forked child: the parent's pool and locks are not ours (see forks)."""
+        kept = (self._pool, self._lock, self._lent_lock)
+        self._pool = None
+        self._lock = threading.Lock()
+        self._failures = OpenFailures()
+        self._lent = 0
+        self._lent_lock = threading.RLock()
+        return kept
 
     def _open_pool(self, deadline: float) -> ConnectionPool:
         pool = self._pool
