@@ -702,3 +702,48 @@ async def test_a_worker_wants_an_app(app: Any) -> None:
     """None raised an AttributeError (app.tasks)."""
     with pytest.raises(leaseq.InvalidArgument, match="App"):
         leaseq.Worker(app, dsn="postgresql://nobody@127.0.0.1:1/none")
+
+
+async def test_a_cancelled_run_stops_its_handlers_and_gives_their_jobs_back(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """An application cancels Worker.run() (its lifespan ends, a TaskGroup, Ctrl-C on
+    asyncio.run): nothing renews the running jobs' leases from then on. Their
+    handlers were left running, and another worker started the same jobs at
+    their lease's end, beside them. Now they are stopped and their jobs given back."""
+    app = leaseq.App(schema=schema)
+    started = {"async": asyncio.Event(), "sync": threading.Event()}
+    cancelled: list[str] = []
+    told: list[str] = []
+
+    @app.task("slow_async", lease=60)
+    async def slow_async(job: leaseq.JobContext) -> None:
+        started["async"].set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append("async")
+            raise
+
+    @app.task("slow_sync", lease=60)
+    def slow_sync(job: leaseq.JobContext) -> None:
+        started["sync"].set()
+        if job.lost.wait(60):
+            told.append("sync")
+
+    async_id = await aqueue.enqueue("slow_async", {})
+    sync_id = await aqueue.enqueue("slow_sync", {})
+    worker = leaseq.Worker(app, dsn=database_url, concurrency=2, maintenance=False)
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started["async"].wait(), 30)
+    await asyncio.wait_for(asyncio.to_thread(started["sync"].wait, 30), 35)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(running, 30)
+    assert cancelled == ["async"]
+    assert told == ["sync"]
+    for job_id in (async_id, sync_id):
+        job = await aqueue.get(job_id)
+        assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    claims = await aqueue.claim("slow_async", limit=1)
+    assert [c.job_id for c in claims] == [async_id]  # at once: its handler stopped

@@ -126,6 +126,16 @@ class AttemptRegistry:
         if attempt.cancellable and attempt.task is not None and not attempt.acknowledging:
             attempt.task.cancel()
 
+    def abandon_all(self) -> None:
+        """Exiting now (a second signal): tell every handler still running to stop,
+        and leave its job to its lease's expiry. Nothing is waited for."""
+        for attempt in list(self._by_claim.values()):
+            if not attempt.acknowledging:
+                attempt.stopping = True
+                attempt.context.mark_lost("worker exiting")
+                if attempt.cancellable and attempt.task is not None:
+                    attempt.task.cancel()
+
     async def release_all(self, timeout: float) -> None:
         """Stop every attempt whose handler still runs; each task then releases its job.
 

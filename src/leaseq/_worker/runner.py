@@ -167,6 +167,8 @@ class Worker:
         self._attempts = AttemptRegistry(concurrency, self.stats, self.metrics)
         self._hints = WorkHints(self.queues, poll_interval)
         self._stopping = asyncio.Event()
+        #: A second signal: exit without waiting for anything.
+        self._exiting_now = False
         self._signals = StopSignals()
         self._main: asyncio.Task[None] | None = None
         #: Whether run() is past its main loop, cleaning up.
@@ -193,6 +195,7 @@ class Worker:
             self.request_stop()
         elif self._main is not None:
             log.warning("second signal: exiting now; unfinished leases will expire")
+            self._exiting_now = True
             self._main.cancel()
 
     async def run(self, *, install_signal_handlers: bool = False, burst: bool = False) -> None:
@@ -274,6 +277,19 @@ class Worker:
             # CancelledError for the error the claim loop raised (both saw
             # the same schema behind the code).
             self._finishing = True
+            if self._attempts and not self._attempts.releasing:
+                # Cancelled with jobs running (by our caller, a crashed service, a
+                # second signal): nothing renews their leases from here on.
+                if self._exiting_now:
+                    self._attempts.abandon_all()  # told to stop; their leases expire
+                else:  # stopped and given back, as at a stop past its grace
+                    # In a task of its own: this one is being cancelled, and the
+                    # waits of the releases would take that for theirs (cancelling()).
+                    releasing = asyncio.ensure_future(
+                        self._attempts.release_all(ACKNOWLEDGEMENT_WAIT)
+                    )
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await asyncio.shield(releasing)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
