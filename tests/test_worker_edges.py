@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 import leaseq
@@ -19,6 +20,7 @@ from leaseq._worker import runner
 from leaseq._worker.context import JobContext
 
 from .conftest import AsyncClock, SpareDatabase
+from .roles import restricted_roles
 
 pytestmark = pytest.mark.asyncio
 
@@ -747,3 +749,50 @@ async def test_a_cancelled_run_stops_its_handlers_and_gives_their_jobs_back(
         assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
     claims = await aqueue.claim("slow_async", limit=1)
     assert [c.job_id for c in claims] == [async_id]  # at once: its handler stopped
+
+
+async def test_a_worker_runs_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A second run() (a second drain in a test, a cron loop) claimed a job, then
+    crashed on its first run's loop-bound state, the job left running."""
+    app = leaseq.App(schema=schema)
+    app.task("work")(lambda job: None)
+    worker = leaseq.Worker(app, dsn=database_url, maintenance=False)
+    await worker.run(burst=True)
+    job_id = await aqueue.enqueue("work", {})
+    with pytest.raises(RuntimeError, match="runs once"):
+        await worker.run(burst=True)
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)
+
+
+async def test_a_claim_refused_for_good_stops_the_worker_as_a_signal_does(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """A grant revoked while a job runs: the claims are refused (42501). The worker
+    used to end at once, its running job neither finished nor given back (left
+    running until its lease ran out). It stops as on a signal: the job finishes."""
+    first = queue.enqueue("work", {})
+    app = leaseq.App(schema=schema)
+    started = asyncio.Event()
+
+    @app.task("work")
+    async def work(job: leaseq.JobContext) -> None:
+        started.set()
+        await asyncio.sleep(1.5)
+
+    with restricted_roles(database_url, schema) as roles:
+        worker = leaseq.Worker(
+            app, dsn=roles.worker, poll_interval=0.1, maintenance=False, shutdown_grace=10
+        )
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 30)
+        worker_role = psycopg.conninfo.conninfo_to_dict(roles.worker)["user"]
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(f'REVOKE SELECT ON "{schema}".queue FROM {worker_role}')
+        queue.enqueue("work", {})  # what the next claim is for
+        with pytest.raises(leaseq.DatabaseError) as refused:
+            await asyncio.wait_for(running, 30)
+    assert refused.value.sqlstate == "42501"
+    assert queue.get(first).status is JobStatus.DONE

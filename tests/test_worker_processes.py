@@ -366,3 +366,33 @@ def test_a_handler_deaf_to_cancellation_cannot_keep_a_stopped_worker_alive(
     assert (code != 0) is (signals == 2), output_of(worker)
     # Never acknowledged: its lease will expire and another worker will recover it.
     assert queue.get(job_id).status is JobStatus.RUNNING
+
+
+def test_a_worker_whose_log_reader_is_gone_still_stops_gracefully(
+    database_url: str, schema: str, setup_tables: leaseq.Queue
+) -> None:
+    """`leaseq worker ... 2>&1 | head -1`, or a log collector that went away: the
+    log's pipe is closed. Rich's console exited the process on its next log line
+    (the "stopping" line of a SIGTERM), the running job neither finished nor given
+    back. The worker goes on without its log: the job finishes within the grace."""
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 2})
+    reader, writer = os.pipe()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "leaseq", "worker", "tests.worker_app:app", "--schema", schema],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url, "LEASEQ_SCHEMA": schema},
+        stdout=writer,
+        stderr=writer,
+    )
+    os.close(writer)
+    try:
+        _wait(lambda: _attempts_logged(queue, job_id) == 1, what="the job's start")
+        os.close(reader)  # nobody reads the log any more
+        worker.send_signal(signal.SIGTERM)  # logs "stopping: ..."
+        assert worker.wait(30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+    assert queue.get(job_id).status is JobStatus.DONE

@@ -164,13 +164,23 @@ def log_format_option(command: F) -> F:
     )(command)
 
 
+class _LogConsole(Console):
+    """Rich's console for the log, quiet once its reader is gone: Rich's own exits
+    the process on a broken pipe (SystemExit from a logging call), and a worker
+    whose log pipe closed (``| head``, a collector restarting) ended at its next
+    log line, its running jobs neither finished nor given back."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
 def configure_logging(log_format: str = "rich") -> None:
     handler: logging.Handler
     if log_format == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
     else:
-        handler = RichHandler(console=Console(stderr=True), show_path=False)
+        handler = RichHandler(console=_LogConsole(stderr=True), show_path=False)
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())

@@ -206,6 +206,10 @@ class Worker:
         backoff, a delay, a full rate window's next room excepted) stay queued, and
         no periodic job is enqueued. What ``leaseq.testing.drain`` runs.
         """
+        if self._main is not None:
+            # Its events and registry belong to the first run's loop, and its stop
+            # stays requested: a second run claimed a job, then crashed with it.
+            raise RuntimeError("a Worker runs once: make a new Worker to run again")
         self._burst = burst
         loop = asyncio.get_running_loop()
         self._main = asyncio.current_task()
@@ -266,8 +270,7 @@ class Worker:
             metrics=self.metrics,
         )
         try:
-            await self._claims.run()
-            await self._shutdown()
+            await self._claim_until_stopped(self._claims)
         except asyncio.CancelledError:
             if self._crashed is None:
                 raise  # a second signal, or our caller cancelled us
@@ -277,19 +280,7 @@ class Worker:
             # CancelledError for the error the claim loop raised (both saw
             # the same schema behind the code).
             self._finishing = True
-            if self._attempts and not self._attempts.releasing:
-                # Cancelled with jobs running (by our caller, a crashed service, a
-                # second signal): nothing renews their leases from here on.
-                if self._exiting_now:
-                    self._attempts.abandon_all()  # told to stop; their leases expire
-                else:  # stopped and given back, as at a stop past its grace
-                    # In a task of its own: this one is being cancelled, and the
-                    # waits of the releases would take that for theirs (cancelling()).
-                    releasing = asyncio.ensure_future(
-                        self._attempts.release_all(ACKNOWLEDGEMENT_WAIT)
-                    )
-                    with contextlib.suppress(Exception, asyncio.CancelledError):
-                        await asyncio.shield(releasing)
+            await self._stop_unrenewed()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -308,6 +299,36 @@ class Worker:
             raise self._crashed  # not a crash: what to fix is in its one line (the CLI's)
         if self._crashed is not None:
             raise RuntimeError("a worker service crashed") from self._crashed
+
+    async def _claim_until_stopped(self, claims: ClaimLoop) -> None:
+        try:
+            await claims.run()
+        except LeaseqError as exc:
+            if not _refused_for_good(exc):
+                raise
+            # The database refused a claim for good (a revoked grant): a stop as
+            # on a signal, so that the running jobs finish or are given back.
+            log.error("claims: %s; stopping the worker", exc)
+            self.request_stop()
+            await self._shutdown()
+            raise
+        await self._shutdown()
+
+    async def _stop_unrenewed(self) -> None:
+        """Cancelled with jobs running (by our caller, a crashed service, a second
+        signal): nothing renews their leases from here on. Their handlers are told
+        to stop, and their jobs given back as at a stop past its grace (a second
+        signal: left to their leases, nothing waited for)."""
+        if not self._attempts or self._attempts.releasing:
+            return  # none, or given back by the stop already
+        if self._exiting_now:
+            self._attempts.abandon_all()
+            return
+        # In a task of its own: this one is being cancelled, and the waits of the
+        # releases would take that for theirs (_waiting.cancelling).
+        releasing = asyncio.ensure_future(self._attempts.release_all(ACKNOWLEDGEMENT_WAIT))
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(releasing)
 
     def _process_pool(self) -> ProcessPool | None:
         """Child processes for the handlers with executor="process": up to one per
