@@ -457,3 +457,27 @@ def _execute(prepared_name: str, statement: Any) -> psycopg.sql.Composed:
     arguments = psycopg.sql.SQL(", ").join(psycopg.sql.Literal(statement.params[n]) for n in names)
     name = psycopg.sql.Identifier(prepared_name)
     return psycopg.sql.SQL("EXECUTE {}({})").format(name, arguments)
+
+
+def test_the_reaper_reads_its_index_not_a_mostly_queued_table(queue: leaseq.Queue) -> None:
+    """300,000 queued jobs, each retried once (their rows rewritten), none out of
+    attempts. The planner takes a third of queued rows for exhausted: the reap,
+    run by the maintenance leader every round, read the whole table."""
+    with queue.connection() as conn:
+        queue.enqueue("reports", {"seed": True})
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes,'
+            "  available_at, max_attempts)"
+            " SELECT 'reports', jsonb_build_object('n', i), 10, now() + interval '1 hour', 20"
+            " FROM generate_series(1, 300000) AS i"
+        )
+        conn.execute(
+            f'UPDATE "{queue.schema}".job'
+            " SET attempts = 1, available_at = available_at + interval '1 second'"
+        )
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    reap = queue._store.reap().statements[0]  # (then the holds' expiry)
+    with queue.connection() as conn:
+        plan = _explain_on(conn, leaseq._statement.Operation((reap,), lambda rows: rows))
+    # The empty partial index: a page or two, not the table's ~10,000.
+    assert _scan_buffers(plan, "exhausted_queued") < 50

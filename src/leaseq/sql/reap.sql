@@ -5,6 +5,10 @@ WITH exhausted_queued AS (
     SELECT j.job_id, 'queued' AS was
     FROM {schema}.job AS j
     WHERE j.status = 'queued' AND j.attempts >= j.max_attempts
+    -- In job_exhausted_idx's order: the planner takes a third of the queued rows
+    -- for exhausted and, unordered, read the whole table instead of that (mostly
+    -- empty) index, every round, once the rows had been rewritten.
+    ORDER BY j.job_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
