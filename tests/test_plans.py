@@ -481,3 +481,24 @@ def test_the_reaper_reads_its_index_not_a_mostly_queued_table(queue: leaseq.Queu
         plan = _explain_on(conn, leaseq._statement.Operation((reap,), lambda rows: rows))
     # The empty partial index: a page or two, not the table's ~10,000.
     assert _scan_buffers(plan, "exhausted_queued") < 50
+
+
+def test_a_keyed_jobs_place_is_counted_without_walking_its_key(queue: leaseq.Queue) -> None:
+    """A key of 100,000 jobs enqueued without seq= (all seq 0): get() of its head
+    counts 0 ahead, of a job deep in it its true place; neither walks the key."""
+    ids: list[int] = []
+    for start in range(0, 100_000, 10_000):
+        batch = [{"n": n} for n in range(start, start + 10_000)]
+        ids += queue.enqueue_many("orders", batch, key="k")
+    with queue.connection() as conn:
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    assert queue.get(ids[0]).ahead == 0
+    assert queue.get(ids[500]).ahead == 500
+    (get,) = queue._store.get(ids[0]).statements
+    with queue.connection() as conn, conn.transaction(force_rollback=True):
+        # With the job id as a literal, as the dashboard's job page sends it.
+        text = psycopg.ClientCursor(conn).mogrify(get.sql, get.params)
+        row = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {text}").fetchone()
+    assert row is not None
+    head = row[0][0]["Plan"]
+    assert head["Shared Hit Blocks"] + head.get("Shared Read Blocks", 0) < 100

@@ -6,12 +6,22 @@ SELECT j.job_id, j.queue, j.payload, j.payload_bytes, j.status, j.priority, j.av
        j.finished_at,
        CASE WHEN j.status = 'running'
             THEN extract(epoch FROM j.lease_until - {schema}.clock())::double precision END,
+       -- Two range scans, each bounded by its keys: a row comparison bounds an
+       -- index scan by its first column only, and every job of a key enqueued
+       -- without seq= has seq 0 (the head of a 300,000-job key read them all).
        CASE WHEN j.ordering_key IS NOT NULL AND j.status IN ('queued', 'running') THEN (
            SELECT count(*) FROM (
-               SELECT 1 FROM {schema}.job AS o
-               WHERE o.queue = j.queue AND o.ordering_key = j.ordering_key
-                 AND o.status IN ('queued', 'running')
-                 AND (o.ordering_seq, o.job_id) < (j.ordering_seq, j.job_id)
+               (SELECT 1 FROM {schema}.job AS o
+                WHERE o.queue = j.queue AND o.ordering_key = j.ordering_key
+                  AND o.status IN ('queued', 'running')
+                  AND o.ordering_seq < j.ordering_seq
+                LIMIT 100000)
+               UNION ALL
+               (SELECT 1 FROM {schema}.job AS o
+                WHERE o.queue = j.queue AND o.ordering_key = j.ordering_key
+                  AND o.status IN ('queued', 'running')
+                  AND o.ordering_seq = j.ordering_seq AND o.job_id < j.job_id
+                LIMIT 100000)
                LIMIT 100000) AS before_it)
        END,
        j.unique_key, j.timeout_seconds, j.group_key
