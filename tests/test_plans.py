@@ -502,3 +502,30 @@ def test_a_keyed_jobs_place_is_counted_without_walking_its_key(queue: leaseq.Que
     assert row is not None
     head = row[0][0]["Plan"]
     assert head["Shared Hit Blocks"] + head.get("Shared Read Blocks", 0) < 100
+
+
+@pytest.mark.parametrize("delayed_priority", [0, 5], ids=["same", "higher"])
+def test_a_claim_never_reads_the_jobs_that_wait(
+    queue: leaseq.Queue, delayed_priority: int
+) -> None:
+    """100,000 delayed jobs (a schedule, retries backing off during an outage) and
+    3 ready ones: a claim asking for 10 read every waiting job of the queue (the
+    ready index's time bound held under its first priority only)."""
+    with queue.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, priority,'
+            "  available_at, max_attempts)"
+            " SELECT 'reports', jsonb_build_object('n', i), 10, %s,"
+            "  now() + interval '1 day' + (i || ' seconds')::interval, 20"
+            " FROM generate_series(1, 100000) AS i",
+            (delayed_priority,),
+        )
+    ready = queue.enqueue_many("reports", [{"ready": n} for n in range(3)])
+    with queue.connection() as conn:
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    plan = _explain(queue, queue._store.claim("reports", limit=10), analyze=True)
+    assert plan["Actual Rows"] == 3
+    # The delayed jobs' index entries alone fill ~400 pages.
+    assert _scan_buffers(plan, "ready") < 60
+    assert sorted(c.job_id for c in queue.claim("reports", limit=10)) == sorted(ready)
+    assert queue.claim("reports", limit=10) == []  # nothing ready: as cheap
