@@ -505,9 +505,7 @@ def test_a_keyed_jobs_place_is_counted_without_walking_its_key(queue: leaseq.Que
 
 
 @pytest.mark.parametrize("delayed_priority", [0, 5], ids=["same", "higher"])
-def test_a_claim_never_reads_the_jobs_that_wait(
-    queue: leaseq.Queue, delayed_priority: int
-) -> None:
+def test_a_claim_never_reads_the_jobs_that_wait(queue: leaseq.Queue, delayed_priority: int) -> None:
     """100,000 delayed jobs (a schedule, retries backing off during an outage) and
     3 ready ones: a claim asking for 10 read every waiting job of the queue (the
     ready index's time bound held under its first priority only)."""

@@ -796,3 +796,23 @@ async def test_a_claim_refused_for_good_stops_the_worker_as_a_signal_does(
             await asyncio.wait_for(running, 30)
     assert refused.value.sqlstate == "42501"
     assert queue.get(first).status is JobStatus.DONE
+
+
+async def test_a_stop_during_the_start_waits_no_longer_than_its_grace(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """A deploy's `leaseq migrate` holds the schema's migration table while a
+    worker starts: its schema check waits for the lock. A stop then waited for
+    the check however long it took (and a second SIGTERM was needed); it gets
+    the grace, as a claim in flight does."""
+    app = leaseq.App(schema=schema)
+    app.task("work")(lambda job: None)
+    worker = leaseq.Worker(app, dsn=database_url, maintenance=False, shutdown_grace=1)
+    async with aqueue.connection() as locker, locker.transaction():
+        await locker.execute(f'LOCK TABLE "{schema}".migration IN ACCESS EXCLUSIVE MODE')
+        running = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)  # the check waits for the lock
+        assert not running.done()
+        worker.request_stop()
+        # The lock is held until this block ends: only the grace can end the run.
+        await asyncio.wait_for(running, 15)

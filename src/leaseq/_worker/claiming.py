@@ -15,6 +15,7 @@ import asyncio
 import random
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from .. import _tracing
 from .._async_client import AsyncQueue
@@ -74,7 +75,7 @@ class ClaimLoop:
         self._stats = stats
         self._metrics = metrics
         #: The claim statement in flight, if any (cancelled past the grace of a stop).
-        self._claiming: asyncio.Future[Claims] | None = None
+        self._claiming: asyncio.Future[Any] | None = None
         #: Whether the schema has every migration of this code (checked before a claim).
         self._schema_checked = False
 
@@ -115,7 +116,8 @@ class ClaimLoop:
                 continue
             try:
                 if not self._schema_checked:  # here, where a database away is retried
-                    await self._client._require_migrated()
+                    if not await self._schema_is_current():
+                        return  # abandoned at the stop
                     self._schema_checked = True
                 for name, generation in asking:
                     claims = await self._claim(name, free)
@@ -136,6 +138,22 @@ class ClaimLoop:
                 await self._attempts.sleep_until_woken(
                     self._poll_interval * random.uniform(0.5, 1.5)
                 )
+
+    async def _schema_is_current(self) -> bool:
+        """NotMigrated unless the schema has every migration of this code; False if
+        the check was abandoned at a stop. It may wait on a lock (a deploy's
+        ``leaseq migrate``): a stop gives it the grace, as a claim in flight."""
+        checking = asyncio.ensure_future(self._client._require_migrated())
+        self._claiming = checking
+        try:
+            await checking
+        except asyncio.CancelledError:
+            if cancelling():
+                raise  # the worker's own task: a second signal, or its caller
+            return False
+        finally:
+            self._claiming = None
+        return True
 
     async def _release_unstarted(self, claims: Claims) -> None:
         try:  # bounded as the stop's other releases: the database may be away
@@ -197,7 +215,7 @@ class ClaimLoop:
         return claims
 
 
-def _abandon(claiming: asyncio.Future[Claims], grace: float) -> None:
+def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:
     if not claiming.done():
         log.warning(
             "the claim in flight at the stop has not returned within the grace (%gs); cancelled",
