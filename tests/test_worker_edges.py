@@ -20,6 +20,7 @@ from leaseq._worker import runner
 from leaseq._worker.context import JobContext
 
 from .conftest import AsyncClock, SpareDatabase
+from .frozen_proxy import frozen_proxy
 from .roles import restricted_roles
 
 pytestmark = pytest.mark.asyncio
@@ -816,3 +817,41 @@ async def test_a_stop_during_the_start_waits_no_longer_than_its_grace(
         worker.request_stop()
         # The lock is held until this block ends: only the grace can end the run.
         await asyncio.wait_for(running, 15)
+
+
+async def test_a_stop_with_the_database_gone_ends_within_its_bounds(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The database stops answering as the worker is stopped (grace 1 s), a sync
+    and an async job running. The README's bound: the grace, 10 s for the
+    releases, then 5 s to close. Cancelled queries (5 s, then 5 more) and each
+    pool's close (5 s, one after another) made it 37 s, past the 30 s a
+    container gets between its SIGTERM and its SIGKILL."""
+    app = leaseq.App(schema=schema)
+    started = threading.Event()
+
+    @app.task("sync_work", lease=60)
+    def sync_work(job: leaseq.JobContext) -> None:
+        started.set()
+        time.sleep(30)  # deaf to job.lost
+
+    @app.task("async_work", lease=60)
+    async def async_work(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(30)
+
+    await aqueue.enqueue("sync_work", {})
+    await aqueue.enqueue("async_work", {})
+    with frozen_proxy(database_url) as proxy:
+        worker = leaseq.Worker(
+            app, dsn=proxy.url, concurrency=2, shutdown_grace=1, maintenance=False, metrics=None
+        )
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(asyncio.to_thread(started.wait, 30), 35)
+        while worker.stats.claimed < 2:
+            await asyncio.sleep(0.05)
+        proxy.frozen.set()
+        stopped_at = time.monotonic()
+        worker.request_stop()
+        await asyncio.wait_for(running, 60)
+        took = time.monotonic() - stopped_at
+    assert took < 1 + 10 + 1 + 5 + 4  # grace, releases, stragglers, close; slack

@@ -112,7 +112,7 @@ async def test_only_acknowledgements_may_skip_the_wal_flush_and_only_when_told(
         acknowledgements = await _synchronous_commit(clients.acknowledgements)
         assert acknowledgements == (server_default if durable else "off")
     finally:
-        await clients.close()
+        await clients.close(30)
 
 
 async def test_a_worker_without_durable_acknowledgements_finishes_every_job_once(

@@ -13,6 +13,7 @@ never do.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,9 +79,16 @@ class WorkerClients:
             listener=None if listen_dsn is None else own(listen_dsn),
         )
 
-    async def close(self) -> None:
-        for queue in (self.claims, self.renewals, self.acknowledgements, self.handlers_async):
-            await queue.close()
+    async def close(self, timeout: float) -> None:
+        """Close every pool, all at once, ``timeout`` seconds at most: with the
+        database away, each waits for its connection attempt in flight (5 s), and
+        what is not closed by then is left (its connections end with the process)."""
+        queues = [self.claims, self.renewals, self.acknowledgements, self.handlers_async]
         if self.listener is not None:
-            await self.listener.close()
-        self.handlers.close()
+            queues.append(self.listener)
+        closing = [asyncio.ensure_future(queue.close()) for queue in queues]
+        # The sync pool's close blocks: in a thread, not on the loop.
+        closing.append(asyncio.ensure_future(asyncio.to_thread(self.handlers.close)))
+        _, left = await asyncio.wait(closing, timeout=timeout)
+        for task in left:
+            task.cancel()

@@ -70,6 +70,15 @@ MAX_CONCURRENCY = 10_000
 SETUP_ERRORS = (NotMigrated, InvalidDatabaseURL)
 
 
+#: After a stop's releases (ACKNOWLEDGEMENT_WAIT at most), how long it waits at
+#: most for its services to end, its last outcomes to flush and its pools to close.
+CLOSE_WAIT = 5.0
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 0.0)
+
+
 def _refused_for_good(error: BaseException | None) -> TypeGuard[LeaseqError]:
     """A leaseq error that no retry mends (the database refused: a privilege,
     a constraint), as against one that passes (the database away) or a bug."""
@@ -281,16 +290,23 @@ class Worker:
             # the same schema behind the code).
             self._finishing = True
             await self._stop_unrenewed()
+            # From here on, CLOSE_WAIT at most in all: with the database away, a
+            # cancelled query waits for its cancel (5 s, then 5 more) and each pool
+            # for its connection attempt (5 s): a stop took 37 s, past the usual
+            # 30 s between a container's SIGTERM and its SIGKILL.
+            closing_by = time.monotonic() + CLOSE_WAIT
             for task in background:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            # Bounded: with the database away, pending outcomes are left to lease expiry.
+            if background:
+                await asyncio.wait(background, timeout=CLOSE_WAIT)
+            # Pending outcomes the database does not take by then are left to
+            # their leases' expiry.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(outcomes.drain(), ACKNOWLEDGEMENT_WAIT)
+                await asyncio.wait_for(outcomes.drain(), _left(closing_by))
             self._runner.close()
             if untrack is not None:
                 untrack()
-            await self._clients.close()
+            await self._clients.close(_left(closing_by))
             if install_signal_handlers:
                 for signum in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(signum)
