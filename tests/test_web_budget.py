@@ -212,3 +212,38 @@ async def _get(app: Any, path: str) -> int:
     ):
         response = await client.get(path)
         return response.status_code
+
+
+@pytest.mark.xdist_group("cleanup_horizon")  # reads plans after VACUUM (see test_plans)
+@pytest.mark.parametrize("path", ["/jobs", "/failed", "/blocked", "/running"])
+def test_the_pages_listing_queues_do_not_count_the_backlog(
+    database_url: str, schema: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """These pages list the queues for their filter: they counted every queued job
+    for it (stats()), 1.3 s a page with a million queued. Their cost must not grow
+    with the backlog."""
+
+    def measured(queue: leaseq.Queue) -> int:
+        recorder = Recorder()
+        app = create_app(database_url, schema=schema, cache_seconds=0)
+        with recorder.recording(monkeypatch):
+            assert asyncio.run(_get(app, path)) == 200
+        return _pages(queue, recorder.operations)
+
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        queue.migrate()
+        queue.enqueue_many("reports", [{"n": n} for n in range(10)])
+        with queue.connection() as conn:
+            conn.execute(f'VACUUM ANALYZE "{schema}".job')
+        small = measured(queue)
+        with queue.connection() as conn:
+            conn.execute(
+                f'INSERT INTO "{schema}".job (queue, payload, payload_bytes, available_at,'
+                "  max_attempts)"
+                " SELECT 'reports', jsonb_build_object('n', i), 10, now(), 20"
+                " FROM generate_series(1, 100000) AS i"
+            )
+            conn.execute(f'VACUUM ANALYZE "{schema}".job')
+        big = measured(queue)
+    # 100,000 queued rows fill ~1,000 pages; a page that read them would show it.
+    assert big < small + 100, (small, big)

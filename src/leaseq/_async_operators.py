@@ -267,6 +267,11 @@ class AsyncOperatorCalls:
         ``before`` an ``audit_id`` for the next page."""
         return await self._db.run(self._store.audit_log(queue=queue, before=before, limit=limit))
 
+    async def queue_names(self) -> list[str]:
+        """The schema's queues, sorted (every queue enqueued into or configured):
+        the queues ``stats()`` lists, at a cost that does not grow with any job."""
+        return await self._db.run(self._store.queue_names())
+
     async def stats(self, queue: str | None = None) -> list[QueueStats]:
         """Per queue: jobs by status, queued bytes, oldest ready age, expired leases, in
         one statement that reads no finished job: unfinished counts are exact, finished

@@ -65,7 +65,7 @@ class AsyncDatabase:
         forks.track(self)
 
     def forget_after_fork(self) -> object:
-        """In a forked child: the parent's pool and its tasks are not ours (see forks)."""
+        """In a forked child: the parent's pool, locks and tasks are not ours (see forks)."""
         kept = (self._pool, self._lock, self._closing)
         self._pool = None
         self._lock = asyncio.Lock()

@@ -70,7 +70,7 @@ class Database:
         forks.track(self)
 
     def forget_after_fork(self) -> object:
-        """In a forked child: the parent's pool and locks are not ours (see forks)."""
+        """In a forked child: the parent's pool, locks and tasks are not ours (see forks)."""
         kept = (self._pool, self._lock, self._lent_lock)
         self._pool = None
         self._lock = threading.Lock()

@@ -30,3 +30,10 @@ class MonitoringOperations(StoreBase):
             (Statement(self.sql("stats.sql"), params),),
             lambda r: [decoding.stats_from_row(row) for row in r[0]],
         )
+
+    def queue_names(self) -> Operation[list[str]]:
+        """The schema's queues, sorted: what ``stats()`` lists, reading no job."""
+        return Operation(
+            (Statement(self.sql("queue_names.sql")),),
+            lambda r: [str(row[0]) for row in r[0]],
+        )

@@ -130,7 +130,8 @@ class Aggregates:
         return await self.cache.get(("stats",), self.client.stats)
 
     async def queue_names(self) -> list[str]:
-        return sorted(stats.queue for stats in await self.stats())
+        # Not from stats(): that counts every queued job, 1.3 s a page at 1M queued.
+        return await self.cache.get(("queue_names",), self.client.queue_names)
 
     async def settings(self, queue: str) -> leaseq.QueueSettings | None:
         return await self.cache.get(("settings", queue), lambda: self.client.queue_settings(queue))
