@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +21,7 @@ from leaseq import JobStatus
 from leaseq._worker import runner
 from leaseq._worker.context import JobContext
 
-from .conftest import AsyncClock, SpareDatabase
+from .conftest import ROOT, AsyncClock, SpareDatabase
 from .frozen_proxy import frozen_proxy
 from .roles import restricted_roles
 
@@ -683,7 +685,9 @@ async def test_bad_worker_options_are_refused(schema: str, option: dict[str, Any
         leaseq.Worker(app, **arguments)
 
 
-def test_a_handler_or_hook_that_cannot_be_called_is_refused_where_declared(schema: str) -> None:
+async def test_a_handler_or_hook_that_cannot_be_called_is_refused_where_declared(
+    schema: str,
+) -> None:
     """Accepted, it failed every attempt of every job with a TypeError."""
     app = leaseq.App(schema=schema)
 
@@ -855,3 +859,21 @@ async def test_a_stop_with_the_database_gone_ends_within_its_bounds(
         await asyncio.wait_for(running, 60)
         took = time.monotonic() - stopped_at
     assert took < 1 + 10 + 1 + 5 + 4  # grace, releases, stragglers, close; slack
+
+
+async def test_one_sigterm_stops_every_worker_of_a_process(schema: str, database_url: str) -> None:
+    """Two Workers on one loop, both with install_signal_handlers: the second's
+    handler replaced the first's (one SIGTERM stopped one of them), and the first
+    to end removed the loop's handler (the next SIGTERM killed the process while
+    the other held its jobs)."""
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        queue.migrate()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "two_workers_one_signal.py"), schema],
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stdout + done.stderr

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeGuard
@@ -55,7 +54,7 @@ from .outcomes import ACKNOWLEDGEMENT_WAIT, Outcomes
 from .processes import ProcessPool
 from .registry import AttemptRegistry
 from .scheduler import Scheduler
-from .signals import StopSignals
+from .signals import StopSignals, add_stop_handler, remove_stop_handler
 from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
@@ -208,7 +207,9 @@ class Worker:
             self._main.cancel()
 
     async def run(self, *, install_signal_handlers: bool = False, burst: bool = False) -> None:
-        """Run until :meth:`request_stop` (or a signal, with ``install_signal_handlers``).
+        """Run until :meth:`request_stop` (or a signal, with ``install_signal_handlers``:
+        SIGTERM and SIGINT of the running loop, shared by the Workers that ask for
+        them and replacing the application's own handlers of those signals).
 
         ``burst``: stop by itself once no job is claimable now and none runs (every
         outcome acknowledged), like RQ's burst mode; jobs that wait (a retry's
@@ -223,8 +224,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._main = asyncio.current_task()
         if install_signal_handlers:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, self._on_signal)
+            add_stop_handler(loop, self._on_signal)
         self._clients = WorkerClients.open(
             self.dsn,
             self.app.schema,
@@ -308,8 +308,7 @@ class Worker:
                 untrack()
             await self._clients.close(_left(closing_by))
             if install_signal_handlers:
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(signum)
+                remove_stop_handler(loop, self._on_signal)
             log.info("worker stopped: %s", self.stats)
         if isinstance(self._crashed, SETUP_ERRORS) or _refused_for_good(self._crashed):
             raise self._crashed  # not a crash: what to fix is in its one line (the CLI's)

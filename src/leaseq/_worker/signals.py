@@ -12,7 +12,11 @@ escalates its own second signal to SIGKILL anyway.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
+import weakref
+from collections.abc import Callable
 from typing import ClassVar
 
 #: Long enough for the supervisor's forwarded copy to arrive after the group's, even
@@ -44,3 +48,37 @@ class StopSignals:
             return 0
         self.count += 1
         return self.count
+
+
+#: The stop handlers of the Workers running with ``install_signal_handlers`` on
+#: each loop. asyncio keeps one handler per signal: a second Worker's replaced the
+#: first's (one SIGTERM stopped one Worker), and the first to end removed it (the
+#: next SIGTERM killed the process while the other held its jobs).
+_HANDLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def add_stop_handler(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> None:
+    """Call ``handler`` on SIGTERM and SIGINT, beside the other Workers' on ``loop``."""
+    handlers = _HANDLERS.setdefault(loop, [])
+    if not handlers:
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, _dispatch, handlers)
+    handlers.append(handler)
+
+
+def remove_stop_handler(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> None:
+    """Undo :func:`add_stop_handler`; the loop's handlers go with the last one."""
+    handlers = _HANDLERS.get(loop, [])
+    if handler in handlers:
+        handlers.remove(handler)
+        if not handlers:
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
+
+
+def _dispatch(handlers: list[Callable[[], None]]) -> None:
+    for handler in list(handlers):
+        handler()
