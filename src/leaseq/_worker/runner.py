@@ -323,7 +323,8 @@ class Worker:
                 raise
             # The database refused a claim for good (a revoked grant): a stop as
             # on a signal, so that the running jobs finish or are given back.
-            log.error("claims: %s; stopping the worker", exc)
+            if not isinstance(exc, SETUP_ERRORS):  # (those are the caller's one line)
+                log.error("claims: %s; stopping the worker", exc)
             self.request_stop()
             await self._shutdown()
             raise
