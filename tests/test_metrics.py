@@ -443,8 +443,9 @@ async def test_a_completion_committed_under_its_lease_after_the_local_deadline_i
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_completion_refused_by_the_fence_is_counted_lease_lost(
-    database_url: str, schema: str
+    database_url: str, schema: str, kind: str
 ) -> None:
     """The job's lease ran out and another claim took it while the handler worked;
     the handler's job.transaction() is refused (LeaseLost): one lost lease."""
@@ -452,15 +453,29 @@ async def test_a_completion_refused_by_the_fence_is_counted_lease_lost(
     go = threading.Event()
     refused: list[BaseException] = []
 
-    @app.task("reports", lease=60)  # no renewal comes due during the test
-    def report(job: leaseq.JobContext) -> None:
-        go.wait(10)
-        try:
-            with job.transaction() as conn:
-                conn.execute("SELECT 1")
-        except leaseq.LeaseLost as exc:
-            refused.append(exc)
-            raise
+    if kind == "sync":
+
+        @app.task("reports", lease=60)  # no renewal comes due during the test
+        def report(job: leaseq.JobContext) -> None:
+            go.wait(10)
+            try:
+                with job.transaction() as conn:
+                    conn.execute("SELECT 1")
+            except leaseq.LeaseLost as exc:
+                refused.append(exc)
+                raise
+
+    else:
+
+        @app.task("reports", lease=60)
+        async def areport(job: leaseq.JobContext) -> None:
+            await asyncio.to_thread(go.wait, 10)
+            try:
+                async with job.atransaction() as conn:
+                    await conn.execute("SELECT 1")
+            except leaseq.LeaseLost as exc:
+                refused.append(exc)
+                raise
 
     metrics = leaseq.Metrics()
     async with leaseq.AsyncQueue(database_url, schema=schema, metrics=None) as producer:

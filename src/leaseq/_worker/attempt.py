@@ -163,7 +163,9 @@ class AttemptRunner:
             self._stats.completed += 1
             return "done"
         if not attempt.lost:  # its own transaction's completion was refused (LeaseLost)
-            self._attempts.lose(attempt, "its completion was refused: lease no longer held")
+            self._attempts.lose(
+                attempt, "its completion was refused: lease no longer held", returned=True
+            )
         return LOST_HERE  # counted where the attempt was lost
 
     async def outcome_of(self, attempt: Attempt, task: Task) -> Outcome | None:

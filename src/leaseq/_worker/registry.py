@@ -106,8 +106,9 @@ class AttemptRegistry:
         held_at_most = self._concurrency + acknowledgement_backlog(self._concurrency)
         return min(self._concurrency - working, held_at_most - len(self._by_claim))
 
-    def lose(self, attempt: Attempt, reason: str) -> None:
-        """The lease is gone: tell the handler, and never acknowledge what it returns."""
+    def lose(self, attempt: Attempt, reason: str, *, returned: bool = False) -> None:
+        """The lease is gone: tell the handler, and never acknowledge what it returns
+        (``returned``: its handler has returned already; its task is not cancelled)."""
         if attempt.lost:
             return
         attempt.lost = True
@@ -123,7 +124,12 @@ class AttemptRegistry:
             extra=job_fields(attempt.claim, outcome="lease_lost", error=reason),
         )
         # A sync attempt stays until its thread returns (it holds a slot); job.lost tells it.
-        if attempt.cancellable and attempt.task is not None and not attempt.acknowledging:
+        if (
+            attempt.cancellable
+            and attempt.task is not None
+            and not attempt.acknowledging
+            and not returned
+        ):
             attempt.task.cancel()
 
     def abandon_all(self) -> None:
