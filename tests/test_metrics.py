@@ -482,7 +482,12 @@ async def test_a_completion_refused_by_the_fence_is_counted_lease_lost(
         await producer.migrate()
         job_id = await producer.enqueue("reports", {})
         worker = leaseq.Worker(
-            app, dsn=database_url, poll_interval=0.1, maintenance=False, metrics=metrics
+            app,
+            dsn=database_url,
+            concurrency=1,  # busy with the job: it never reclaims it itself
+            poll_interval=0.1,
+            maintenance=False,
+            metrics=metrics,
         )
         task = asyncio.create_task(worker.run())
         await _until(lambda: _status_is(producer, job_id, JobStatus.RUNNING))
