@@ -527,3 +527,40 @@ def test_a_claim_never_reads_the_jobs_that_wait(queue: leaseq.Queue, delayed_pri
     assert _scan_buffers(plan, "ready") < 60
     assert sorted(c.job_id for c in queue.claim("reports", limit=10)) == sorted(ready)
     assert queue.claim("reports", limit=10) == []  # nothing ready: as cheap
+
+
+@pytest.mark.parametrize("group", [None, "acme"], ids=["limited", "grouped"])
+def test_a_limited_claim_never_reads_the_jobs_that_wait(
+    queue: leaseq.Queue, group: str | None
+) -> None:
+    """As test_a_claim_never_reads_the_jobs_that_wait, for a queue with a limit
+    (claim_limited(), migration 0016): 100,000 delayed jobs at a higher priority
+    than the 3 ready ones, which a claim of 10 walked."""
+    queue.configure_queue("reports", max_running=1000)
+    with queue.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".job (queue, payload, payload_bytes, priority,'
+            "  available_at, max_attempts, group_key)"
+            " SELECT 'reports', jsonb_build_object('n', i), 10, 5,"
+            "  now() + interval '1 day' + (i || ' seconds')::interval, 20, %s"
+            " FROM generate_series(1, 100000) AS i",
+            (group,),
+        )
+    ready = queue.enqueue_many("reports", [{"ready": n} for n in range(3)], group=group)
+    with queue.connection() as conn:
+        conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
+    (claim,) = queue._store.claim("reports", limit=10).statements
+    with queue.connection() as conn, conn.transaction(force_rollback=True):
+        # Twice: the first call of the function in a session plans its queries
+        # (catalog pages); the second reads what its queries read. It finds the
+        # ready jobs claimed by the first: only the delayed ones remain.
+        for _ in range(2):
+            row = conn.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim.sql}", claim.params
+            ).fetchone()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    # Every page the claim read, the function's own queries included; the
+    # delayed jobs' index entries alone fill ~400.
+    assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 150
+    assert sorted(c.job_id for c in queue.claim("reports", limit=10)) == sorted(ready)
