@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +29,8 @@ from leaseq._db import AsyncDatabase, listening
 from leaseq._worker import connections
 from leaseq.testing import adrain
 
-from .conftest import ROOT, SpareDatabase
+from .conftest import SpareDatabase
+from .scripts import run_script
 
 #: How long the pool's open is held up: long enough for every other caller to arrive.
 SLOW_OPEN = 0.2
@@ -592,15 +590,7 @@ def test_a_queue_used_before_a_fork_serves_each_process_its_own_answers(
     """gunicorn --preload: a module-level Queue, used at import, then by four
     forked children and the parent at once. The children shared the parent's
     pool: an enqueue returned another process's job, and children hung."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "preload_fork.py"), schema],
-        env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stdout + done.stderr
+    run_script("preload_fork.py", schema, database_url)
     page = queue.find_jobs(queue="preload", status=None, limit=1000)
     payloads = sorted((j.payload.get("child", -1), j.payload.get("n", -1)) for j in page.jobs)
     assert payloads == sorted([(-1, -1), (-1, -1)] + [(c, n) for c in range(4) for n in range(25)])

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -21,9 +19,10 @@ from leaseq import JobStatus
 from leaseq._worker import runner
 from leaseq._worker.context import JobContext
 
-from .conftest import ROOT, AsyncClock, SpareDatabase
+from .conftest import AsyncClock, SpareDatabase
 from .frozen_proxy import frozen_proxy
 from .roles import restricted_roles
+from .scripts import run_script
 
 pytestmark = pytest.mark.asyncio
 
@@ -868,12 +867,4 @@ async def test_one_sigterm_stops_every_worker_of_a_process(schema: str, database
     the other held its jobs)."""
     with leaseq.Queue(database_url, schema=schema) as queue:
         queue.migrate()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "two_workers_one_signal.py"), schema],
-        env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stdout + done.stderr
+    run_script("two_workers_one_signal.py", schema, database_url)
