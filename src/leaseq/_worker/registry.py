@@ -12,6 +12,7 @@ notification, a stop request all set it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -131,6 +132,23 @@ class AttemptRegistry:
             and not returned
         ):
             attempt.task.cancel()
+
+    async def stop_unrenewed(self, timeout: float, *, now: bool) -> None:
+        """The worker's task was cancelled with attempts running, which nothing
+        renews any more: stop their handlers and give their jobs back as at a stop
+        past its grace (:meth:`release_all`); ``now`` (a second signal): only tell
+        them to stop, and leave their jobs to their leases. Nothing to do after a
+        stop that gave them back already."""
+        if not self._by_claim or self.releasing:
+            return
+        if now:
+            self.abandon_all()
+            return
+        # In a task of its own: the caller's is being cancelled, and the waits of
+        # the releases would take that for theirs (_waiting.cancelling).
+        releasing = asyncio.ensure_future(self.release_all(timeout))
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(releasing)
 
     def abandon_all(self) -> None:
         """Exiting now (a second signal): tell every handler still running to stop,

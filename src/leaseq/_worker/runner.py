@@ -289,7 +289,9 @@ class Worker:
             # CancelledError for the error the claim loop raised (both saw
             # the same schema behind the code).
             self._finishing = True
-            await self._stop_unrenewed()
+            # Cancelled with jobs running (by our caller, a crashed service, a
+            # second signal): nothing renews their leases from here on.
+            await self._attempts.stop_unrenewed(ACKNOWLEDGEMENT_WAIT, now=self._exiting_now)
             # From here on, CLOSE_WAIT at most in all: with the database away, a
             # cancelled query waits for its cancel (5 s, then 5 more) and each pool
             # for its connection attempt (5 s): a stop took 37 s, past the usual
@@ -329,22 +331,6 @@ class Worker:
             await self._shutdown()
             raise
         await self._shutdown()
-
-    async def _stop_unrenewed(self) -> None:
-        """Cancelled with jobs running (by our caller, a crashed service, a second
-        signal): nothing renews their leases from here on. Their handlers are told
-        to stop, and their jobs given back as at a stop past its grace (a second
-        signal: left to their leases, nothing waited for)."""
-        if not self._attempts or self._attempts.releasing:
-            return  # none, or given back by the stop already
-        if self._exiting_now:
-            self._attempts.abandon_all()
-            return
-        # In a task of its own: this one is being cancelled, and the waits of the
-        # releases would take that for theirs (_waiting.cancelling).
-        releasing = asyncio.ensure_future(self._attempts.release_all(ACKNOWLEDGEMENT_WAIT))
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.shield(releasing)
 
     def _process_pool(self) -> ProcessPool | None:
         """Child processes for the handlers with executor="process": up to one per
