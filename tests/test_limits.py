@@ -291,6 +291,81 @@ def test_grouped_jobs_are_counted_and_found(client: Client) -> None:
     assert client.get(unique).group == "u"
 
 
+# -- grouped jobs that wait (migration 0017) ----------------------------------------
+
+
+def test_a_grouped_job_that_waits_starts_once_due_and_not_before(
+    client: Client, clock: Clock
+) -> None:
+    """Delayed, retried with a backoff, keyed: a grouped job queued for later is
+    never claimed early, and one claim() takes it once it is due (the claim that
+    makes it ready cannot take it itself: the client claims again)."""
+    later = client.enqueue("mail", {"n": 1}, group="a", delay=60)
+    latest = client.enqueue("mail", {"n": 2}, group="b", delay=120)
+    now = client.enqueue("mail", {"n": 3}, group="c")
+    head = client.enqueue("mail", {"n": 4}, group="d", key="k", seq=1, delay=60)
+    behind = client.enqueue("mail", {"n": 5}, group="d", key="k", seq=2)
+    assert client.stats("mail")[0].queued == 5
+    (first,) = client.claim("mail", limit=10)
+    assert first.job_id == now
+    client.complete(first)
+    clock.advance(59)
+    assert client.claim("mail", limit=10) == []
+    clock.advance(2)
+    due = client.claim("mail", limit=10)
+    assert sorted(c.job_id for c in due) == sorted([later, head])
+    assert client.claim("mail", limit=10) == []  # the key's next waits for its head
+    for claim in due:
+        client.complete(claim)
+    (next_of_key,) = client.claim("mail", limit=10)
+    assert next_of_key.job_id == behind
+    client.complete(next_of_key)
+    clock.advance(60)
+    (retried,) = client.claim("mail", limit=10)
+    assert retried.job_id == latest
+    client.retry(retried, delay=30)  # a backoff: waits again
+    assert client.claim("mail", limit=10) == []
+    clock.advance(31)
+    assert [c.job_id for c in client.claim("mail", limit=10)] == [latest]
+
+
+def test_jobs_that_came_due_keep_their_groups_limits(client: Client, clock: Clock) -> None:
+    client.configure_queue("mail", max_running_per_group=1)
+    client.enqueue_many("mail", [{"n": n} for n in range(3)], group="a", delay=60)
+    client.enqueue_many("mail", [{"n": n} for n in range(3)], group="b", delay=60)
+    clock.advance(61)
+    claims = client.claim("mail", limit=10)
+    assert sorted(c.group or "" for c in claims) == ["a", "b"]
+    assert client.claim("mail", limit=10) == []
+
+
+def test_a_cancelled_job_that_waited_never_starts(client: Client, clock: Clock) -> None:
+    job_id = client.enqueue("mail", {}, group="a", delay=60)
+    assert client.cancel(job_id)
+    clock.advance(61)
+    assert client.claim("mail", limit=10) == []
+    assert client.get(job_id).status == "cancelled"
+
+
+def test_thousands_of_groups_coming_due_at_once_each_start_once(
+    client: Client, clock: Clock
+) -> None:
+    """A claim makes at most 1,000 jobs that waited ready; the rest follow in
+    later claims, none lost and none twice."""
+    ids = client.enqueue_many("mail", [{"n": n} for n in range(2500)], delay=60)
+    with client.connection() as conn:  # one group each: the worst case for the walk
+        conn.execute(
+            f'UPDATE "{client.schema}".job SET group_key = \'g\' || job_id WHERE queue = \'mail\''
+        )
+    clock.advance(61)
+    first = client.claim("mail", limit=100)
+    assert len(first) == 100
+    started = [c.job_id for c in first]
+    while claims := client.claim("mail", limit=500):
+        started += [c.job_id for c in claims]
+    assert Counter(started) == Counter(ids)
+
+
 # -- rate limits -------------------------------------------------------------------
 
 

@@ -17,6 +17,9 @@ from ._types import Claims
 
 T = TypeVar("T")
 
+#: How many times one claim() claims again for deferred jobs its claims made ready.
+STAGED_CLAIMS_AGAIN = 3
+
 
 def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps[Claims]:
     """Claim; if the claim says repair notes are due, settle those keys (an
@@ -27,11 +30,17 @@ def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps
     (claim.sql) took fewer jobs than it could: those earlier jobs became their
     keys' heads only after its snapshot. Claim again for the room left, as
     long as claims keep putting leases back (each puts back at least one, and
-    there are only so many: it ends).
+    there are only so many: it ends). Likewise a claim that made deferred
+    grouped jobs ready (they came due since the last claim): a few times at
+    most, since jobs may keep coming due into groups without room.
     """
     claimed: Claimed = yield store.claim(queue, limit=limit, lease=lease)
     claims, repairs_due = claimed.claims, claimed.repairs_due
-    while claimed.requeued and len(claims) < limit:
+    staged_again = 0
+    while len(claims) < limit and (
+        claimed.requeued or (claimed.staged and staged_again < STAGED_CLAIMS_AGAIN)
+    ):
+        staged_again += claimed.staged
         claimed = yield store.claim(queue, limit=limit - len(claims), lease=lease)
         # (whether a limit held the claim back: the latest claim knows)
         claims = Claims(

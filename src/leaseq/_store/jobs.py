@@ -24,6 +24,7 @@ UNIQUE_VIOLATION = "23505"
 REPAIRS_DUE_MARKER = 2
 HELD_BACK_MARKER = 3
 REQUEUED_MARKER = 4
+STAGED_MARKER = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,9 @@ class Claimed:
     #: A recovered lease was put back behind an earlier job of its key, which is
     #: claimable only once the statement ended: claim again.
     requeued: bool = False
+    #: Deferred grouped jobs came due and were made ready by the statement, too
+    #: late for its own UPDATE: claim again.
+    staged: bool = False
 
 
 class JobOperations(StoreBase):
@@ -59,7 +63,8 @@ class JobOperations(StoreBase):
                     claims.held_back, claims.retry_in = True, row[18]
             repairs_due = any(r[0] is None and r[17] == REPAIRS_DUE_MARKER for r in rows[0])
             requeued = any(r[0] is None and r[17] == REQUEUED_MARKER for r in rows[0])
-            return Claimed(claims, repairs_due, requeued)  # in claim order (see claim.sql)
+            staged = any(r[0] is None and r[17] == STAGED_MARKER for r in rows[0])
+            return Claimed(claims, repairs_due, requeued, staged)  # in claim order (claim.sql)
 
         return Operation(
             (Statement(self.sql("claim.sql"), params),),

@@ -23,7 +23,8 @@
 -- carries the producer's trace context, which the worker's span continues,
 -- and the job's own timeout (NULL: its task's).
 -- A queue with limits (max_running, rate_limit and their per-group twins) or
--- with grouped ready jobs is picked by claim_limited() (migration 0009), which
+-- with grouped queued jobs (deferred ones too: it makes those due ready,
+-- migration 0017) is picked by claim_limited() (migration 0009), which
 -- enforces the limits and takes the groups in turns; its picks are claimed by
 -- the same UPDATE, and a last row with a NULL job_id says when a limit held
 -- the claim back. The plain branches then never run: their one-time filter is
@@ -164,7 +165,9 @@ claimed AS (
 -- the markers (NULL job_id): 2, repair notes are due; 3, a limit held the
 -- claim back (`wait`: seconds until a rate window has room; NULL: until a
 -- running job of the queue ends); 4, a recovered lease was put back behind an
--- earlier job of its key, the key's head now: claim again.
+-- earlier job of its key, the key's head now: claim again; 5, deferred grouped
+-- jobs came due and were made ready by this statement, too late for its own
+-- UPDATE: claim again.
 SELECT r.job_id, r.queue, r.payload, r.lease_version, r.attempts, r.max_attempts,
        r.ordering_key, r.ordering_seq, r.lease_until, r.lease_seconds, r.idempotency_key,
        r.branch = 0, r.ready_at, r.claimed_at, r.trace_context, r.timeout_seconds,

@@ -70,13 +70,13 @@ archived AS (
         lease_seconds, lease_version, attempts, max_attempts, ordering_key, ordering_seq,
         idempotency_key, last_error, history, counted, created_at, claimed_at, finished_at,
         blocked, trace_context, timeout_seconds, result, result_awaited, unique_key, unique_for,
-        unique_held, group_key, limited, archived_at)
+        unique_held, group_key, limited, deferred, archived_at)
     SELECT r.job_id, r.queue, r.payload, r.payload_bytes, r.status, r.priority, r.available_at,
            r.lease_until, r.lease_seconds, r.lease_version, r.attempts, r.max_attempts,
            r.ordering_key, r.ordering_seq, r.idempotency_key, r.last_error, r.history,
            r.counted, r.created_at, r.claimed_at, r.finished_at, r.blocked, r.trace_context,
            r.timeout_seconds, r.result, r.result_awaited, r.unique_key, r.unique_for,
-           r.unique_held, r.group_key, r.limited,
+           r.unique_held, r.group_key, r.limited, r.deferred,
            {schema}.clock()
     FROM removed AS r
     JOIN settings AS s ON s.name = r.queue
