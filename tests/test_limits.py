@@ -355,7 +355,7 @@ def test_thousands_of_groups_coming_due_at_once_each_start_once(
     ids = client.enqueue_many("mail", [{"n": n} for n in range(2500)], delay=60)
     with client.connection() as conn:  # one group each: the worst case for the walk
         conn.execute(
-            f'UPDATE "{client.schema}".job SET group_key = \'g\' || job_id WHERE queue = \'mail\''
+            f"UPDATE \"{client.schema}\".job SET group_key = 'g' || job_id WHERE queue = 'mail'"
         )
     clock.advance(61)
     first = client.claim("mail", limit=100)
