@@ -329,6 +329,34 @@ def test_a_grouped_job_that_waits_starts_once_due_and_not_before(
     assert [c.job_id for c in client.claim("mail", limit=10)] == [latest]
 
 
+def test_a_job_that_came_due_keeps_its_priority_in_its_group(client: Client, clock: Clock) -> None:
+    """The claim that makes a job which waited ready cannot take it in its own
+    statement: it took the group's lower-priority job instead."""
+    low = client.enqueue("mail", {"p": "low"}, group="a")
+    high = client.enqueue("mail", {"p": "high"}, group="a", priority=10, delay=60)
+    clock.advance(61)
+    (first,) = client.claim("mail", limit=1)
+    assert first.job_id == high
+    client.complete(first)
+    assert [c.job_id for c in client.claim("mail", limit=1)] == [low]
+
+
+def test_a_burst_coming_due_in_a_full_group_holds_up_no_other_group(
+    client: Client, clock: Clock
+) -> None:
+    """5,000 jobs of a group at its limit come due with one job of a group with
+    room: one claim() starts the latter (the claims make the due jobs ready
+    1,000 at a time, in time order)."""
+    client.configure_queue("mail", max_running_per_group=1)
+    client.enqueue("mail", {}, group="busy")
+    (running,) = client.claim("mail", lease=3600)
+    client.enqueue_many("mail", [{"n": n} for n in range(5000)], group="busy", delay=60)
+    waiting = client.enqueue("mail", {}, group="free", delay=61)
+    clock.advance(62)
+    assert [c.job_id for c in client.claim("mail", limit=10)] == [waiting]
+    assert running.group == "busy"
+
+
 def test_jobs_that_came_due_keep_their_groups_limits(client: Client, clock: Clock) -> None:
     client.configure_queue("mail", max_running_per_group=1)
     client.enqueue_many("mail", [{"n": n} for n in range(3)], group="a", delay=60)

@@ -13,8 +13,9 @@
 -- grouped claim first makes the deferred jobs now due ready (`deferred =
 -- false`, at most 1,000 a claim, SKIP LOCKED): what it reads is what came due
 -- since the last claim. Those rows changed inside the claim's own statement,
--- whose UPDATE cannot take them: the claim leaves them to the next one, and a
--- marker row (5) tells the client to claim again at once when it has room.
+-- whose UPDATE cannot take them: a claim that made any ready takes no ready
+-- job (expired leases only), and a marker row (5) tells the client to claim
+-- again at once, which sees every job due in its order.
 -- Ungrouped jobs are never deferred: the plain claim bounds its index range by
 -- time (claim.sql), which a walk over groups cannot.
 
@@ -120,7 +121,8 @@ DECLARE
     visits integer := 0;
     ids bigint[];
     ats timestamptz[];
-    -- The deferred jobs this claim made ready (claimable from the next claim on).
+    -- The deferred jobs this claim made ready (claimable from the next claim on:
+    -- this one then takes no ready job).
     staged bigint[];
     cand record;
 BEGIN
@@ -222,7 +224,10 @@ BEGIN
     -- Not after a put-back: settling its key made an earlier job the head, a
     -- row this query changed, which the claim's own UPDATE must not touch. The
     -- marker (4) has the client claim again.
-    WHILE budget > 0 AND visits < 100000 AND NOT requeued LOOP
+    -- Nor after making deferred jobs ready: this statement cannot take them,
+    -- and a walk without them could start a job of their group they should
+    -- precede (a lower priority). The marker (5) has the client claim again.
+    WHILE budget > 0 AND visits < 100000 AND NOT requeued AND cardinality(staged) = 0 LOOP
         visits := visits + 1;
         -- The next participant: the group after pos, else the ungrouped jobs;
         -- after those, the first group.
@@ -318,7 +323,7 @@ BEGIN
                         AND j.status = 'queued' AND NOT j.blocked AND j.priority = p.priority
                         AND NOT j.deferred
                         AND j.available_at <= now_ AND j.attempts < j.max_attempts
-                        AND j.job_id <> ALL (picked) AND j.job_id <> ALL (staged)
+                        AND j.job_id <> ALL (picked)
                         AND (j.ordering_key IS NULL OR {schema}.key_head_ready(
                             p_queue, j.ordering_key, j.ordering_seq, j.job_id, failed_blocks))
                       ORDER BY j.available_at, j.job_id
