@@ -529,6 +529,24 @@ def test_a_claim_never_reads_the_jobs_that_wait(queue: leaseq.Queue, delayed_pri
     assert queue.claim("reports", limit=10) == []  # nothing ready: as cheap
 
 
+def _pages_of_two_claims(queue: leaseq.Queue) -> list[int]:
+    """The pages each of two claims of 10 of 'reports' read, the claim_limited()
+    function's own queries included, in one transaction rolled back. Twice: the
+    first call of the function in a session plans its queries (catalog pages);
+    the second reads what its queries read, with what the first took gone."""
+    (claim,) = queue._store.claim("reports", limit=10).statements
+    pages = []
+    with queue.connection() as conn, conn.transaction(force_rollback=True):
+        for _ in range(2):
+            row = conn.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim.sql}", claim.params
+            ).fetchone()
+            assert row is not None
+            plan = row[0][0]["Plan"]
+            pages.append(plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0))
+    return pages
+
+
 @pytest.mark.parametrize("group", [None, "acme"], ids=["limited", "grouped"])
 def test_a_limited_claim_never_reads_the_jobs_that_wait(
     queue: leaseq.Queue, group: str | None
@@ -549,20 +567,9 @@ def test_a_limited_claim_never_reads_the_jobs_that_wait(
     ready = queue.enqueue_many("reports", [{"ready": n} for n in range(3)], group=group)
     with queue.connection() as conn:
         conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
-    (claim,) = queue._store.claim("reports", limit=10).statements
-    with queue.connection() as conn, conn.transaction(force_rollback=True):
-        # Twice: the first call of the function in a session plans its queries
-        # (catalog pages); the second reads what its queries read. It finds the
-        # ready jobs claimed by the first: only the delayed ones remain.
-        for _ in range(2):
-            row = conn.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim.sql}", claim.params
-            ).fetchone()
-    assert row is not None
-    plan = row[0][0]["Plan"]
     # Every page the claim read, the function's own queries included; the
     # delayed jobs' index entries alone fill ~400.
-    assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 150
+    assert _pages_of_two_claims(queue)[1] < 150
     assert sorted(c.job_id for c in queue.claim("reports", limit=10)) == sorted(ready)
 
 
@@ -585,18 +592,7 @@ def test_a_grouped_claim_never_visits_the_groups_whose_jobs_wait(queue: leaseq.Q
     ready = queue.enqueue_many("reports", [{"ready": n} for n in range(3)], group="tenant-05000")
     with queue.connection() as conn:
         conn.execute(f'VACUUM ANALYZE "{queue.schema}".job')
-    (claim,) = queue._store.claim("reports", limit=10).statements
-    with queue.connection() as conn, conn.transaction(force_rollback=True):
-        # Twice, as in test_a_limited_claim_never_reads_the_jobs_that_wait: the
-        # second call reads what its queries read, with nothing left to start.
-        pages = []
-        for _ in range(2):
-            row = conn.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim.sql}", claim.params
-            ).fetchone()
-            assert row is not None
-            plan = row[0][0]["Plan"]
-            pages.append(plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0))
+    pages = _pages_of_two_claims(queue)
     assert pages[1] < 150, pages
     assert sorted(c.job_id for c in queue.claim("reports", limit=10)) == sorted(ready)
     assert queue.claim("reports", limit=10) == []
