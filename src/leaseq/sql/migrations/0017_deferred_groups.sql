@@ -24,11 +24,15 @@ ALTER TABLE {schema}.job ADD COLUMN deferred boolean NOT NULL DEFAULT false;
 ALTER TABLE {schema}.job_archive ADD COLUMN deferred boolean NOT NULL DEFAULT false;
 
 -- A grouped job is deferred while it is queued for later; the BEFORE triggers
--- that set its time (job_key_enter_*) run first (triggers fire by name). The
--- conditions leave out the writes that cannot defer (an enqueue for now, a
--- claim, a completion): no function call for those. Either value is safe for
--- any row: a job not deferred is found by the walk, one deferred is made ready
--- once due; `deferred` only spares the walk the groups with nothing due.
+-- that set its time (job_key_enter_*) run first (triggers fire by name). Every
+-- statement that queues a job again sets its available_at (retry, release,
+-- replay, lease_requeue), so the update trigger watches that column (and
+-- `deferred`), not the status: a claim or a completion neither calls it nor
+-- reads its WHEN clause (tests/test_statement_cost.py), and an enqueue for now
+-- calls nothing either. A job cancelled while deferred stays flagged until the
+-- claim that would have made it ready clears it. Either value is safe for any
+-- row: a job not deferred is found by the walk, one deferred is made ready once
+-- due; `deferred` only spares the walk the groups with nothing due.
 CREATE FUNCTION {schema}.job_defer() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -40,9 +44,8 @@ $$;
 CREATE TRIGGER job_wait_insert BEFORE INSERT ON {schema}.job
     FOR EACH ROW WHEN (NEW.group_key IS NOT NULL AND NEW.available_at > NEW.created_at)
     EXECUTE FUNCTION {schema}.job_defer();
-CREATE TRIGGER job_wait_update BEFORE UPDATE OF status, available_at, deferred ON {schema}.job
-    FOR EACH ROW WHEN (NEW.group_key IS NOT NULL AND (NEW.status = 'queued' OR OLD.deferred))
-    EXECUTE FUNCTION {schema}.job_defer();
+CREATE TRIGGER job_wait_update BEFORE UPDATE OF available_at, deferred ON {schema}.job
+    FOR EACH ROW WHEN (NEW.group_key IS NOT NULL) EXECUTE FUNCTION {schema}.job_defer();
 
 UPDATE {schema}.job SET deferred = true
 WHERE group_key IS NOT NULL AND status = 'queued' AND available_at > {schema}.clock();
