@@ -91,6 +91,33 @@ async def test_overview_shows_each_queue(browser: Browser, jobs: Jobs) -> None:
     assert "≈" not in page.split("Counts marked")[0]
 
 
+async def test_the_overview_of_thousands_of_queues_shows_those_with_work(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """5,000 queues: the Overview read each queue's settings by a statement of its
+    own and a minute-by-minute hour for every queue, and rendered them all (seconds,
+    megabytes; a 503 once the statement timeout struck). It shows the queues with the
+    most failed, then queued and running jobs, and says how many it leaves out."""
+    with queue.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".queue (name)'
+            " SELECT 'idle-' || lpad(i::text, 5, '0') FROM generate_series(1, 5000) AS i"
+        )
+    queue.enqueue("zz-busy", {})  # last by name
+    queue.enqueue("zz-failing", {})
+    (claim,) = queue.claim("zz-failing")
+    queue.fail(claim, "boom")
+    response = await browser.get("/")
+    assert response.status_code == 200
+    page = text_of(response.text)
+    assert "zz-busy" in page
+    assert "zz-failing" in page
+    assert "idle-00001" in page  # then by name
+    assert "idle-05000" not in page
+    assert "of 5,002 queues" in page
+    assert len(response.text) < 1_000_000  # all of them: ~50 MB
+
+
 async def test_job_page_masks_secrets_and_shows_the_job(
     browser: Browser, jobs: Jobs, queue: leaseq.Queue
 ) -> None:

@@ -28,6 +28,11 @@ from .views import Chart, chart, percent
 #: Jobs per page of the Jobs list; running jobs shown at most on the Running page.
 PAGE_SIZE = 50
 RUNNING_LIMIT = 200
+#: The most queues the Overview shows: those with the most failed, then queued
+#: and running jobs (by name among equals). Each shown queue costs a settings
+#: read and a card (~10 kB, its hour drawn by minute); the Jobs page's filter
+#: reaches the others.
+OVERVIEW_QUEUES = 50
 AUDIT_PAGE = 50
 
 
@@ -67,22 +72,49 @@ async def _together() -> AsyncIterator[asyncio.TaskGroup]:
         raise failed.exceptions[0] from None
 
 
-async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
+def _needing_attention(stats: list[leaseq.QueueStats]) -> list[leaseq.QueueStats]:
+    """The OVERVIEW_QUEUES queues with the most failed, then queued and running jobs."""
+
+    def rank(queue: leaseq.QueueStats) -> tuple[int, int, str]:
+        counts = queue.counts
+        active = counts.get(leaseq.JobStatus.QUEUED, 0) + counts.get(leaseq.JobStatus.RUNNING, 0)
+        return (-counts.get(leaseq.JobStatus.FAILED, 0), -active, queue.queue)
+
+    return sorted(stats, key=rank)[:OVERVIEW_QUEUES]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueViews:
+    """The Overview's queues: the cards shown, out of how many, and the warnings."""
+
+    shown: list[QueueView]
+    total: int
+    warnings: tuple[str, ...]
+
+
+async def _queue_views(ctx: Context) -> QueueViews:
     aggregates = ctx.dashboard.aggregates
     async with _together() as group:
         loading_stats = group.create_task(aggregates.stats())
-        loading_activity = group.create_task(aggregates.activity())
         loading_health = group.create_task(aggregates.health())
         loading_blocked = group.create_task(aggregates.blocked_keys(None))
         loading_schedules = group.create_task(aggregates.schedules())
-    stats, activity = loading_stats.result(), loading_activity.result()
+    every_queue = loading_stats.result()
     health, blocked = loading_health.result(), loading_blocked.result()
+    stats = _needing_attention(every_queue)
     blocked_by_queue = Counter(key.queue for key in blocked)
     # The summary lists a page of keys: a full page means there may be more.
     blocked_capped = len(blocked) >= BLOCKED_KEYS_READ
     async with _together() as group:
         loading = [group.create_task(aggregates.settings(s.queue)) for s in stats]
+        # Every queue's hour in one statement, unless most would not be shown.
+        loading_activity = group.create_task(
+            aggregates.activity()
+            if len(stats) == len(every_queue)
+            else aggregates.activity_of([s.queue for s in stats])
+        )
     settings = [task.result() for task in loading]
+    activity = loading_activity.result()
     views = []
     for queue_stats, queue_settings in zip(stats, settings, strict=True):
         recent = activity.get(queue_stats.queue)
@@ -103,7 +135,11 @@ async def _queue_views(ctx: Context) -> tuple[list[QueueView], tuple[str, ...]]:
             )
         )
     stalled = [s.name for s in loading_schedules.result() if s.stalled]
-    return sorted(views, key=lambda v: v.name), (*health.warnings, *_stalled_warning(stalled))
+    return QueueViews(
+        shown=sorted(views, key=lambda v: v.name),
+        total=len(every_queue),
+        warnings=(*health.warnings, *_stalled_warning(stalled)),
+    )
 
 
 def _stalled_warning(names: list[str]) -> tuple[str, ...]:
@@ -119,14 +155,26 @@ def _stalled_warning(names: list[str]) -> tuple[str, ...]:
 
 @handler()
 async def overview(request: Request, ctx: Context) -> Response:
-    queues, warnings = await _queue_views(ctx)
-    return ctx.render("overview.html", queues=queues, warnings=warnings, states=STATES)
+    views = await _queue_views(ctx)
+    return ctx.render(
+        "overview.html",
+        queues=views.shown,
+        total=views.total,
+        warnings=views.warnings,
+        states=STATES,
+    )
 
 
 @handler()
 async def overview_live(request: Request, ctx: Context) -> Response:
-    queues, warnings = await _queue_views(ctx)
-    return ctx.render("_overview_live.html", queues=queues, warnings=warnings, states=STATES)
+    views = await _queue_views(ctx)
+    return ctx.render(
+        "_overview_live.html",
+        queues=views.shown,
+        total=views.total,
+        warnings=views.warnings,
+        states=STATES,
+    )
 
 
 @handler()
