@@ -124,9 +124,9 @@ DECLARE
     visits integer := 0;
     ids bigint[];
     ats timestamptz[];
-    -- The deferred jobs this claim made ready (claimable from the next claim on:
-    -- this one then takes no ready job).
-    staged bigint[];
+    -- How many deferred jobs this claim made ready (claimable from the next claim
+    -- on: this one then takes no ready job).
+    staged integer := 0;
     cand record;
 BEGIN
     INSERT INTO {schema}.claim_turn AS t (queue) VALUES (p_queue) ON CONFLICT (queue) DO NOTHING;
@@ -142,7 +142,6 @@ BEGIN
     -- The deferred jobs now due join their groups' turns. Whatever this claim
     -- may take: a held-back claim leaves them ready for the next one. (Probed
     -- first: most claims find none, and the probe costs less than the UPDATE.)
-    staged := '{}';
     IF EXISTS (SELECT 1 FROM {schema}.job AS j
                WHERE j.queue = p_queue AND j.deferred AND j.available_at <= now_) THEN
         WITH due AS (
@@ -150,12 +149,10 @@ BEGIN
             WHERE j.queue = p_queue AND j.deferred AND j.available_at <= now_
             ORDER BY j.available_at, j.job_id
             LIMIT 1000
-            FOR UPDATE OF j SKIP LOCKED),
-        moved AS (
-            UPDATE {schema}.job AS j SET deferred = false
-            FROM due WHERE j.job_id = due.job_id
-            RETURNING j.job_id)
-        SELECT coalesce(array_agg(moved.job_id), '{}') INTO staged FROM moved;
+            FOR UPDATE OF j SKIP LOCKED)
+        UPDATE {schema}.job AS j SET deferred = false
+        FROM due WHERE j.job_id = due.job_id;
+        GET DIAGNOSTICS staged = ROW_COUNT;
     END IF;
 
     IF q.max_running IS NOT NULL THEN
@@ -230,7 +227,7 @@ BEGIN
     -- Nor after making deferred jobs ready: this statement cannot take them,
     -- and a walk without them could start a job of their group they should
     -- precede (a lower priority). The marker (5) has the client claim again.
-    WHILE budget > 0 AND visits < 100000 AND NOT requeued AND cardinality(staged) = 0 LOOP
+    WHILE budget > 0 AND visits < 100000 AND NOT requeued AND staged = 0 LOOP
         visits := visits + 1;
         -- The next participant: the group after pos, else the ungrouped jobs;
         -- after those, the first group.
@@ -390,7 +387,7 @@ BEGIN
         job_id := NULL; branch := 3; ready_at := NULL; limited := true; wait := next_wait;
         RETURN NEXT;
     END IF;
-    IF cardinality(staged) > 0 AND cardinality(picked) < p_limit THEN
+    IF staged > 0 AND cardinality(picked) < p_limit THEN
         job_id := NULL; branch := 5; ready_at := NULL; limited := false; wait := NULL;
         RETURN NEXT;
     END IF;
