@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -60,6 +62,30 @@ def stubborn(job: leaseq.JobContext) -> None:
         time.sleep(60)
         _record(job, "still alive")
     effect(job)
+
+
+def _start_grandchild(job: leaseq.JobContext) -> None:
+    """A process of the handler's own (a tool it runs, say), recorded with its pid."""
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    with job.connection() as conn:
+        conn.execute(
+            f'INSERT INTO "{job.payload["schema"]}".seen VALUES (%s, %s, %s, %s)',
+            (job.job_id, job.attempts, grandchild.pid, "grandchild"),
+        )
+
+
+def stubborn_parent(job: leaseq.JobContext) -> None:
+    """Starts a process of its own, then never looks at job.lost (until killed)."""
+    _record(job, "started")
+    _start_grandchild(job)
+    time.sleep(60)
+
+
+def crashing_parent(job: leaseq.JobContext) -> None:
+    """Starts a process of its own, then dies under the handler."""
+    _record(job, "started")
+    _start_grandchild(job)
+    os._exit(3)
 
 
 def crash(job: leaseq.JobContext) -> None:

@@ -4,6 +4,7 @@ fencing, outcomes, timeouts and lost-lease signals (tests/process_app.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import signal
@@ -366,16 +367,67 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _grandchildren(queue: leaseq.Queue) -> list[int]:
+    """The processes the handlers started (process_app._start_grandchild)."""
+    rows = _rows(queue, "SELECT pid FROM {schema}.seen WHERE what = 'grandchild'")
+    return [pid for (pid,) in rows]
+
+
+def _still_running(pids: list[int], within: float) -> list[int]:
+    """Those of ``pids`` that still run after up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while any(map(_running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if _running(pid)]
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.server_agnostic  # the child processes' lifecycle
+@pytest.mark.parametrize("handler", ["stubborn_parent", "crashing_parent"])
+def test_what_a_killed_or_dead_handler_started_ends_with_it(
+    tables: leaseq.Queue,
+    database_url: str,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    handler: str,
+) -> None:
+    """A process the handler started (a converter it ran, say) belongs to its
+    attempt. Killed at the timeout, or dead under its handler, the child left it
+    running, orphaned, beside the job's next attempt: two renderings of one report
+    at once, and a process per timed-out attempt piling up on the host."""
+    queue = tables
+    monkeypatch.setattr(processes, "KILL_AFTER", 1.0)
+    job_id = queue.enqueue(handler, {"schema": schema}, timeout=3.0, max_attempts=1)
+    app = leaseq.App(schema=schema)
+    app.task(handler, executor="process")(getattr(process_app, handler))
+    grandchildren: list[int] = []
+    try:
+        drain(app, dsn=database_url, concurrency=1, timeout=60)
+        grandchildren = _grandchildren(queue)
+        assert len(grandchildren) == 1
+        assert queue.get(job_id).status is JobStatus.FAILED
+        assert _still_running(grandchildren, within=5.0) == []
+    finally:
+        _kill_all(grandchildren or _grandchildren(queue))
+
+
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+@pytest.mark.parametrize("handler", ["stubborn", "stubborn_parent"])
 def test_a_child_leaves_when_its_worker_is_killed_outright(
-    tables: leaseq.Queue, database_url: str, schema: str
+    tables: leaseq.Queue, database_url: str, schema: str, handler: str
 ) -> None:
     """A worker killed with SIGKILL (or by the OOM killer) cannot stop its
     children: a busy child, reparented, ran on beside the job's next attempt
     elsewhere, for as long as its handler took (for ever, one that never
-    returns). It now notices, is told (job.lost), and leaves."""
+    returns). It now notices, is told (job.lost), and leaves, and takes the
+    processes its handler started along."""
     queue = tables
-    queue.enqueue("stubborn", {"schema": schema})  # its first attempt never returns
+    queue.enqueue(handler, {"schema": schema})  # its first attempt never returns
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -383,16 +435,21 @@ def test_a_child_leaves_when_its_worker_is_killed_outright(
             "import leaseq, leaseq.testing, sys\n"
             "from tests import process_app\n"
             "app = leaseq.App(schema=sys.argv[1])\n"
-            "app.task('stubborn', executor='process')(process_app.stubborn)\n"
+            "app.task(sys.argv[3], executor='process')(getattr(process_app, sys.argv[3]))\n"
             "leaseq.testing.drain(app, dsn=sys.argv[2], timeout=120)\n",
             schema,
             database_url,
+            handler,
         ],
         cwd=ROOT,
     )
     try:
         deadline = time.monotonic() + 60
-        while not (started := _rows(queue, "SELECT pid FROM {schema}.seen WHERE what = 'started'")):
+        while not (
+            started := _rows(queue, "SELECT pid FROM {schema}.seen WHERE what = 'started'")
+        ) or (
+            handler == "stubborn_parent" and not _grandchildren(queue)  # (started next)
+        ):
             assert time.monotonic() < deadline
             assert worker.poll() is None
             time.sleep(0.05)
@@ -400,11 +457,13 @@ def test_a_child_leaves_when_its_worker_is_killed_outright(
     finally:
         worker.kill()
         worker.wait(10)
-    deadline = time.monotonic() + processes.KILL_AFTER + 10
-    while _running(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _running(child)
-    assert _rows(queue, "SELECT what FROM {schema}.seen WHERE what = 'still alive'") == []
+    grandchildren = _grandchildren(queue)
+    try:
+        assert _still_running([child], within=processes.KILL_AFTER + 10) == []
+        assert _rows(queue, "SELECT what FROM {schema}.seen WHERE what = 'still alive'") == []
+        assert _still_running(grandchildren, within=5.0) == []
+    finally:
+        _kill_all(grandchildren)
 
 
 def test_a_childs_exception_that_pickle_cannot_rebuild_keeps_its_meaning(

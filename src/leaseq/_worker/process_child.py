@@ -50,7 +50,9 @@ class ProcessHandlerError(Exception):
     """A handler's exception that could not be sent back from its process as itself."""
 
 
-def child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) -> None:
+def child_main(
+    pipe: Pipe, lost: Flag, completed: Flag, leads_group: Flag, *, dsn: str, schema: str
+) -> None:
     """A child's life: handler calls, one at a time, until told to leave."""
     # Ctrl-C in a terminal (SIGINT) and a service manager's stop (SIGTERM) reach
     # the whole process group. The worker decides how its jobs end (finished
@@ -61,6 +63,13 @@ def child_main(pipe: Pipe, lost: Flag, completed: Flag, dsn: str, schema: str) -
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # (discards one held back since the spawn)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    # A process group of its own, which the processes its handlers start join: a
+    # child killed (its timeout, the worker's stop) or dead under its handler is
+    # ended with them (ProcessPool), rather than leave them orphaned beside the
+    # job's next attempt. (Nothing is lost by leaving the terminal's group: its
+    # Ctrl-C was ignored here, and the worker ends its children itself.)
+    os.setpgrp()
+    leads_group.value = 1
     threading.Thread(target=_leave_with_the_worker, args=(os.getppid(), lost), daemon=True).start()
     sync_queue = Queue(dsn, schema=schema, pool_size=2)
     async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
@@ -136,11 +145,14 @@ def _leave_with_the_worker(worker_pid: int, lost: Flag) -> None:
     nor kill them, and a busy child never reads the pipe that would say so: it ran
     on, orphaned, beside the job's next attempt elsewhere. Once the worker is gone
     (this process was handed to another parent) the handler is told, as the
-    worker would have told it, and the process leaves ``KILL_AFTER`` seconds later."""
+    worker would have told it, and the process leaves ``KILL_AFTER`` seconds later,
+    ending the processes its handler started with it (its process group)."""
     while os.getppid() == worker_pid:
         time.sleep(_ORPHAN_POLL)
     lost.value = 1  # the handler's job.lost (its _watch)
     time.sleep(KILL_AFTER)
+    if os.getpgrp() == os.getpid():  # (never the worker's group: its siblings are in it)
+        os.killpg(os.getpid(), signal.SIGKILL)  # what its handler started, and itself
     os._exit(1)
 
 

@@ -27,12 +27,17 @@ the timeout, the hooks and the acknowledgement are the same as for a thread.
   transaction dies with its connection (rolled back). A child that dies on its
   own (a crash, the OOM killer) fails the attempt with
   :class:`ProcessHandlerDied`, a retryable error; the worker goes on.
+* Each child leads a process group of its own, which the processes its handler
+  starts join: a child killed, or dead under its handler, is ended with them
+  (they would run on beside the job's next attempt). A handler that returns
+  leaves what it started alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -69,6 +74,19 @@ class _Child:
     pipe: Pipe
     lost: Flag  # raised by the worker: the attempt is lost
     completed: Flag  # raised by the child: its job.transaction() committed the completion
+    leads_group: Flag  # raised by the child: it leads a process group of its own
+
+    def kill(self) -> None:
+        """Kill the child, and the processes its handler started (its process
+        group, which they joined), rather than leave them orphaned beside the
+        job's next attempt. A child that died on its own is reaped already: its
+        pid still names its group while a process of the group runs (the kernel
+        gives out no pid that a group still uses), else nothing is found."""
+        pid = self.process.pid
+        if pid and self.leads_group.value:  # (0 would be the worker's own group)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        self.process.kill()
 
 
 class ProcessPool:
@@ -122,7 +140,7 @@ class ProcessPool:
         for child in children:
             child.process.join(max(deadline - time.monotonic(), 0.0))
             if child.process.is_alive():
-                child.process.kill()
+                child.kill()
                 child.process.join(1.0)
             child.pipe.close()
 
@@ -174,7 +192,7 @@ class ProcessPool:
                 return
             if child in self._children:
                 self._children.remove(child)
-        child.process.kill()
+        child.kill()
         child.process.join(1.0)
         child.pipe.close()
 
@@ -182,9 +200,11 @@ class ProcessPool:
         ours, theirs = self._context.Pipe()
         lost = self._context.Value("b", 0, lock=False)
         completed = self._context.Value("b", 0, lock=False)
+        leads_group = self._context.Value("b", 0, lock=False)
         process = self._context.Process(
             target=child_main,
-            args=(theirs, lost, completed, self._dsn, self._schema),
+            args=(theirs, lost, completed, leads_group),
+            kwargs={"dsn": self._dsn, "schema": self._schema},
             name="leaseq-process-handler",
             daemon=True,
         )
@@ -203,7 +223,7 @@ class ProcessPool:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
         theirs.close()
-        return _Child(process, ours, lost, completed)
+        return _Child(process, ours, lost, completed, leads_group)
 
     def _wait(self, child: _Child, context: JobContext) -> tuple[str, Any, bool, Any]:
         """The child's answer; tells it when the attempt is lost, kills it if it stays."""
@@ -232,7 +252,7 @@ class ProcessPool:
                     child.lost.value = 1
                     told_at = time.monotonic()
                 elif time.monotonic() - told_at > KILL_AFTER:
-                    child.process.kill()
+                    child.kill()
                     raise ProcessHandlerKilled(
                         f"job {context.job_id}: its process had not stopped {KILL_AFTER:g}s "
                         f"after being told ({context.lost_reason}); killed"
