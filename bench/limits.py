@@ -1,10 +1,12 @@
 """What a queue's limits and groups cost a drain: one worker draining no-op jobs
 from a plain queue, against the same drain through claim_limited() (a
 concurrency limit it never reaches; jobs spread over groups; both), alternating
-rounds in one run, ratios against the plain queue.
+rounds in one run, ratios against the plain queue. Then what an idle claim costs
+when many groups are at their rate (``rate_limit_per_group``): each has a job
+queued that it may not start yet, and the claim starts nothing.
 
     .venv/bin/python bench/limits.py [--jobs 20000] [--concurrency 50] [--rounds 3]
-        [--database-url URL]
+        [--full-groups 2000] [--only SETUP ...] [--database-url URL]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ SETUPS: dict[str, tuple[dict[str, Any], int]] = {
     "10 groups, no limit (fair share)": ({}, 10),
     "1,000 groups, no limit (fair share)": ({}, 1000),
     "10 groups, max_running_per_group=100": ({"max_running_per_group": 100}, 10),
+    "100 groups, a group rate never reached": ({"rate_limit_per_group": (1_000_000, 60)}, 100),
 }
 
 
@@ -69,6 +72,26 @@ async def drain(
     return worker.stats.completed / elapsed
 
 
+def idle_claims(url: str, groups: int, claims: int = 15) -> list[float]:
+    """Seconds per claim that starts nothing: ``groups`` groups have each
+    started their one job of the hour and have another queued."""
+    with leaseq.Queue(url, schema=SCHEMA) as queue:
+        queue.migrate()
+        queue.configure_queue("bench", rate_limit_per_group=(1, 3600))
+        for g in range(groups):
+            queue.enqueue_many("bench", [{"n": 0}, {"n": 1}], group=f"tenant-{g:06d}")
+        while started := queue.claim("bench", limit=500):
+            queue.complete_many(started)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'VACUUM ANALYZE "{SCHEMA}".job')
+        seconds = []
+        for _ in range(claims):
+            began = time.perf_counter()
+            assert not queue.claim("bench", limit=50)
+            seconds.append(time.perf_counter() - began)
+    return seconds
+
+
 def reset(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
@@ -80,11 +103,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--full-groups", type=int, default=2000)
+    parser.add_argument("--only", nargs="*", choices=list(SETUPS), default=list(SETUPS))
     args = parser.parse_args()
     url = leaseq.database_url(args.database_url)
-    rates: dict[str, list[float]] = {name: [] for name in SETUPS}
+    rates: dict[str, list[float]] = {name: [] for name in ["plain", *args.only]}
     for round_ in range(args.rounds):
-        names = list(SETUPS)
+        names = list(rates)
         names = names[round_ % len(names) :] + names[: round_ % len(names)]  # interleaved
         for name in names:
             reset(url)
@@ -103,6 +128,15 @@ def main() -> None:
         median = statistics.median(values)
         spread = f"{median:,.0f} ({min(values):,.0f}-{max(values):,.0f})"
         print(f"{name:<40} {spread:>28} {median / plain:>8.2f}")
+    if args.full_groups:
+        reset(url)
+        seconds = idle_claims(url, args.full_groups)
+        reset(url)
+        print(
+            f"a claim that starts nothing, {args.full_groups:,} groups at their rate:"
+            f" {statistics.median(seconds) * 1000:.1f} ms"
+            f" (median of {len(seconds)}; {min(seconds) * 1000:.1f}-{max(seconds) * 1000:.1f})"
+        )
 
 
 if __name__ == "__main__":

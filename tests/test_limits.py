@@ -483,6 +483,70 @@ def test_rate_and_concurrency_limits_together(client: Client, clock: Clock) -> N
     assert len(client.claim("api", limit=10)) == 2  # one still runs
 
 
+# -- groups at their rate (migration 0018) ------------------------------------------
+
+
+def _claim_all(client: Client, queue: str) -> list[Any]:
+    """Claim and complete until a claim starts nothing; what was started, in order."""
+    started = []
+    while claims := client.claim(queue, limit=100):
+        started.extend(claims)
+        client.complete_many(claims)
+    return started
+
+
+def test_groups_at_their_rate_never_start_early_and_the_first_to_have_room_is_said(
+    client: Client, clock: Clock
+) -> None:
+    """Many groups whose rate window is full, among groups with room, before and
+    after them in the walk's order: only those with room start, and the claim
+    says when the first full one has room again (not later: its jobs would wait
+    for a poll; not at once: the worker would claim in a busy loop)."""
+    client.configure_queue("api", rate_limit_per_group=(1, 60))
+    early = [f"t{n:03d}" for n in range(0, 60, 2)]
+    late = [f"t{n:03d}" for n in range(1, 60, 2)]
+    for group in early:
+        client.enqueue_many("api", [{"group": group}] * 2, group=group)
+    assert sorted(c.group for c in _claim_all(client, "api")) == early  # one each
+    clock.advance(20)
+    for group in late:
+        client.enqueue_many("api", [{"group": group}] * 2, group=group)
+    assert sorted(c.group for c in _claim_all(client, "api")) == late
+    clock.advance(10)  # the early windows have room 30 s from now, the late ones 50 s
+    for group in ("a", "t031x", "u"):  # before, among and after the full ones
+        client.enqueue("api", {"group": group}, group=group)
+    claims = client.claim("api", limit=100)
+    assert sorted(c.group for c in claims) == ["a", "t031x", "u"]
+    client.complete_many(claims)
+    idle = client.claim("api", limit=100)
+    assert (len(idle), idle.held_back) == (0, True)
+    assert idle.retry_in is not None
+    # (The database's clock runs on between these calls: under load, seconds.)
+    assert 20 < idle.retry_in <= 31
+    clock.advance(idle.retry_in + 0.1)
+    assert sorted(c.group for c in _claim_all(client, "api")) == early
+    # (20 s after the early ones, and a window's starts are stamped up to 0.5 s
+    # late: rate_started()'s slots of a 128th of the period.)
+    clock.advance(21)
+    assert sorted(c.group for c in _claim_all(client, "api")) == late
+    assert client.stats("api")[0].queued == 0
+
+
+def test_a_raised_group_rate_holds_from_the_next_claim(client: Client) -> None:
+    """A group passed over as full must not stay passed over once its limit is
+    raised: the limit is the queue's setting of the claim, not of the window."""
+    client.configure_queue("api", rate_limit_per_group=(1, 3600))
+    groups = [f"g{n:02d}" for n in range(40)]
+    for group in groups:
+        client.enqueue_many("api", [{"group": group}] * 3, group=group)
+    assert sorted(c.group for c in _claim_all(client, "api")) == groups
+    client.configure_queue("api", rate_limit_per_group=(2, 3600))
+    assert sorted(c.group for c in _claim_all(client, "api")) == groups
+    client.configure_queue("api", rate_limit_per_group=None)
+    assert sorted(c.group for c in _claim_all(client, "api")) == groups
+    assert client.stats("api")[0].queued == 0
+
+
 # -- the worker is told ------------------------------------------------------------
 
 

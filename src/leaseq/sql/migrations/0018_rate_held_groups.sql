@@ -1,0 +1,422 @@
+-- leaseq migration 0018: a grouped claim passes over the groups whose rate
+-- window is full in one query.
+--
+-- With rate_limit_per_group, a group whose window is full keeps its jobs
+-- queued, and it took its turn in every claim until its window had room: a
+-- visit (next_group(), group_room(), the window's wait) cost ~35 µs of
+-- plpgsql calls, so 2,000 tenants at their rate made every claim, and every
+-- idle worker's poll, take ~65 ms to start nothing (160-270 ms on a slower
+-- machine); now ~17 ms. next_open_group() now finds the next group that may start a job
+-- in one recursive query over job_group_ready_idx and group_rate (one probe of
+-- each per group passed over), and says when the first of those passed over
+-- has room, which the claim reports as before (marker 3's wait).
+-- Only the windows as stored before the claim are read: a group that this
+-- claim filled is visited and found full as before (it counts what the claim
+-- took). The skip is exact: a window full now stays full until its oldest
+-- start leaves it, and the limit is read from the queue's row of this claim,
+-- so a raised limit holds from the next claim. The group it stops at comes
+-- with its window's room, which the claim no longer reads again: a visit of a
+-- group with room costs what it did (bench/limits.py, an all-ready drain of
+-- 100 groups under a rate they never reach: new ÷ old 0.88, 0.95, 1.01).
+
+-- The first group after p_after (NULL: from the first) with a job that is not
+-- deferred and whose rate window (p_limit per p_period) is not full at p_now,
+-- and how many more jobs its window takes (room); NULL if none. skipped_wait:
+-- seconds until the first of the groups passed over has room (NULL: none was).
+CREATE FUNCTION {schema}.next_open_group(
+    p_queue text, p_after text, p_limit integer, p_period double precision,
+    p_now timestamptz, OUT group_key text, OUT room integer,
+    OUT skipped_wait double precision)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    first_key text := {schema}.next_group(p_queue, p_after);
+    window_ interval := {schema}.rate_window(p_period);
+    used integer;
+BEGIN
+    IF first_key IS NULL THEN
+        RETURN;
+    END IF;
+    -- Most visits find room at once: a plain query for that (the walk's
+    -- recursive query costs more to start than a visit did).
+    SELECT coalesce(sum(s.n), 0)::integer,
+           greatest(extract(epoch FROM min(s.at) + window_ - p_now), 0)
+    INTO used, skipped_wait
+    FROM {schema}.group_rate AS r, unnest(r.started_at, r.started_n) AS s (at, n)
+    WHERE r.queue = p_queue AND r.group_key = first_key AND s.at > p_now - window_;
+    IF used < p_limit THEN
+        group_key := first_key;
+        room := p_limit - used;
+        skipped_wait := NULL;
+        RETURN;
+    END IF;
+    -- Its window is full: on group by group in key order (a skip scan, one
+    -- probe of each index per group) while theirs are too. (The next group is
+    -- read in FROM, not as a scalar subquery, which the planner evaluated
+    -- twice: for its value and again for the window's join.)
+    WITH RECURSIVE walk AS (
+        SELECT first_key AS key, used, skipped_wait AS wait
+        UNION ALL
+        SELECT nxt.key, coalesce(rate.used, 0), rate.wait
+        FROM walk AS w
+        CROSS JOIN LATERAL (
+            SELECT j.group_key AS key FROM {schema}.job AS j
+            WHERE j.queue = p_queue AND j.status = 'queued' AND NOT j.blocked
+              AND j.group_key > w.key AND NOT j.deferred
+            ORDER BY j.group_key
+            LIMIT 1) AS nxt
+        CROSS JOIN LATERAL (
+            SELECT sum(s.n)::integer AS used,
+                   greatest(extract(epoch FROM min(s.at) + window_ - p_now), 0) AS wait
+            FROM {schema}.group_rate AS r, unnest(r.started_at, r.started_n) AS s (at, n)
+            WHERE r.queue = p_queue AND r.group_key = nxt.key
+              AND s.at > p_now - window_) AS rate
+        WHERE w.used >= p_limit
+    )
+    SELECT max(w.key) FILTER (WHERE w.used < p_limit),
+           max(p_limit - w.used) FILTER (WHERE w.used < p_limit),
+           min(w.wait) FILTER (WHERE w.used >= p_limit)
+    INTO group_key, room, skipped_wait
+    FROM walk AS w;
+END
+$$;
+
+-- 0017's, with the groups whose rate window is full skipped (see above).
+CREATE OR REPLACE FUNCTION {schema}.claim_limited(p_queue text, p_limit integer)
+    RETURNS TABLE (job_id bigint, branch integer, ready_at timestamptz, limited boolean,
+                   wait double precision)
+    LANGUAGE plpgsql
+    ROWS 10
+    AS $$
+DECLARE
+    q {schema}.queue;
+    turn {schema}.claim_turn;
+    now_ timestamptz := {schema}.clock();
+    -- The rate windows' time: the schema's clock once this claim holds the lock
+    -- (a claim stamped with the time it began waiting would let the next one
+    -- through early by that wait).
+    rate_now timestamptz;
+    failed_blocks boolean;
+    budget integer := p_limit;
+    held_back boolean := false;
+    next_wait double precision;
+    picked bigint[] := '{}';
+    -- What this claim took per group (parallel arrays).
+    taken_groups text[] := '{}';
+    taken_counts integer[] := '{}';
+    taken integer;
+    i integer;
+    -- The participant visited: a group, or the ungrouped jobs (pos NULL).
+    pos text;
+    pos_ungrouped boolean;
+    first_pos text;
+    first_ungrouped boolean;
+    stall_pos text;
+    stall_ungrouped boolean;
+    stalled boolean := false;
+    -- Seconds until the first of the groups the walk skipped has room (NULL: none).
+    skipped_wait double precision;
+    -- The room of the group visited in its rate window (next_open_group()), and
+    -- the queue's settings without that limit, for the rest of its room.
+    window_room integer;
+    unrated {schema}.queue;
+    -- An expired lease put back behind an earlier job of its key (0012).
+    requeued boolean := false;
+    share integer := 1;
+    productive integer := 0;
+    room integer;
+    visits integer := 0;
+    ids bigint[];
+    ats timestamptz[];
+    -- How many deferred jobs this claim made ready (claimable from the next claim
+    -- on: this one then takes no ready job).
+    staged integer := 0;
+    cand record;
+BEGIN
+    INSERT INTO {schema}.claim_turn AS t (queue) VALUES (p_queue) ON CONFLICT (queue) DO NOTHING;
+    SELECT * INTO turn FROM {schema}.claim_turn AS t WHERE t.queue = p_queue FOR UPDATE;
+    -- From here on every query sees each claim of this queue committed before ours.
+    rate_now := now_ + (clock_timestamp() - statement_timestamp());
+    SELECT * INTO q FROM {schema}.queue AS x WHERE x.name = p_queue;
+    IF NOT FOUND OR q.paused THEN
+        RETURN;
+    END IF;
+    failed_blocks := q.ordering_policy = 'block';
+    unrated := q;
+    unrated.rate_limit_per_group := NULL;
+
+    -- The deferred jobs now due join their groups' turns. Whatever this claim
+    -- may take: a held-back claim leaves them ready for the next one. (Probed
+    -- first: most claims find none, and the probe costs less than the UPDATE.)
+    IF EXISTS (SELECT 1 FROM {schema}.job AS j
+               WHERE j.queue = p_queue AND j.deferred AND j.available_at <= now_) THEN
+        WITH due AS (
+            SELECT j.job_id FROM {schema}.job AS j
+            WHERE j.queue = p_queue AND j.deferred AND j.available_at <= now_
+            ORDER BY j.available_at, j.job_id
+            LIMIT 1000
+            FOR UPDATE OF j SKIP LOCKED)
+        UPDATE {schema}.job AS j SET deferred = false
+        FROM due WHERE j.job_id = due.job_id;
+        GET DIAGNOSTICS staged = ROW_COUNT;
+    END IF;
+
+    IF q.max_running IS NOT NULL THEN
+        room := q.max_running - (
+            SELECT count(*) FROM {schema}.job AS j
+            WHERE j.queue = p_queue AND j.status = 'running' AND j.lease_until > now_)
+            - {schema}.slots_held(p_queue, now_);
+        IF room < budget THEN
+            budget := greatest(room, 0);
+            held_back := true;
+        END IF;
+    END IF;
+    IF q.rate_limit IS NOT NULL THEN
+        room := {schema}.rate_room(
+            turn.started_at, turn.started_n, q.rate_limit, q.rate_period, rate_now);
+        IF room < budget THEN
+            budget := room;
+            held_back := true;
+            -- Its window is full once this claim's starts are in it.
+            next_wait := {schema}.rate_wait(
+                turn.started_at || rate_now, turn.started_n || room, q.rate_period, rate_now);
+        END IF;
+    END IF;
+
+    -- Expired leases first: their jobs run again, each within its group's room.
+    IF budget > 0 THEN
+        FOR cand IN
+            SELECT j.job_id, j.group_key, j.lease_until, j.ordering_key
+            FROM {schema}.job AS j
+            WHERE j.queue = p_queue AND j.status = 'running' AND j.lease_until <= now_
+              AND j.attempts < j.max_attempts
+            ORDER BY j.lease_until, j.job_id
+            LIMIT p_limit + 100
+            FOR UPDATE OF j SKIP LOCKED
+        LOOP
+            EXIT WHEN budget <= 0;
+            -- Put back before it counts against any room or rate window: it
+            -- does not start.
+            IF cand.ordering_key IS NOT NULL AND {schema}.lease_requeue(cand.job_id) THEN
+                requeued := true;
+                CONTINUE;
+            END IF;
+            IF cand.group_key IS NOT NULL THEN
+                i := array_position(taken_groups, cand.group_key);
+                taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
+                IF {schema}.group_room(q, cand.group_key, taken, now_, rate_now) <= 0 THEN
+                    held_back := true;
+                    CONTINUE;
+                END IF;
+                IF i IS NULL THEN
+                    taken_groups := taken_groups || cand.group_key;
+                    taken_counts := taken_counts || 1;
+                ELSE
+                    taken_counts[i] := taken_counts[i] + 1;
+                END IF;
+            END IF;
+            job_id := cand.job_id; branch := 0; ready_at := cand.lease_until; wait := NULL;
+            limited := q.max_running IS NOT NULL
+                OR (cand.group_key IS NOT NULL AND q.max_running_per_group IS NOT NULL);
+            RETURN NEXT;
+            picked := picked || cand.job_id;
+            budget := budget - 1;
+        END LOOP;
+    END IF;
+
+    -- Then the participants in turn, from the one after the last served.
+    pos := turn.turn_after;
+    pos_ungrouped := turn.turn_after IS NULL;
+    -- Not after a put-back: settling its key made an earlier job the head, a
+    -- row this query changed, which the claim's own UPDATE must not touch. The
+    -- marker (4) has the client claim again.
+    -- Nor after making deferred jobs ready: this statement cannot take them,
+    -- and a walk without them could start a job of their group they should
+    -- precede (a lower priority). The marker (5) has the client claim again.
+    WHILE budget > 0 AND visits < 100000 AND NOT requeued AND staged = 0 LOOP
+        visits := visits + 1;
+        -- The next participant: the group after pos, else the ungrouped jobs;
+        -- after those, the first group.
+        IF q.rate_limit_per_group IS NULL THEN
+            pos := {schema}.next_group(p_queue, CASE WHEN pos_ungrouped THEN NULL ELSE pos END);
+        ELSE
+            -- Passing over the groups whose rate window was full before this
+            -- claim, in one query (a visit each cost ~35 µs of plpgsql calls).
+            -- Within a claim the same groups are passed over each round: the
+            -- participants it stops at, and so its rounds, are the same.
+            SELECT o.group_key, o.room, o.skipped_wait INTO pos, window_room, skipped_wait
+            FROM {schema}.next_open_group(
+                p_queue, CASE WHEN pos_ungrouped THEN NULL ELSE pos END,
+                q.rate_limit_per_group, q.rate_period_per_group, rate_now) AS o;
+            IF skipped_wait IS NOT NULL THEN
+                held_back := true;
+                next_wait := least(next_wait, skipped_wait);
+            END IF;
+        END IF;
+        pos_ungrouped := pos IS NULL;
+        IF visits = 1 THEN
+            first_pos := pos;
+            first_ungrouped := pos_ungrouped;
+        ELSIF first_pos IS NOT DISTINCT FROM pos AND first_ungrouped = pos_ungrouped THEN
+            -- A round is over: share what is left among those that had work.
+            share := greatest(ceil(budget::numeric / greatest(productive, 1))::integer, 1);
+            productive := 0;
+        END IF;
+        IF stalled AND stall_pos IS NOT DISTINCT FROM pos AND stall_ungrouped = pos_ungrouped THEN
+            EXIT;  -- a whole round without a job: nothing more to take now
+        END IF;
+
+        room := least(share, budget);
+        taken := 0;
+        IF NOT pos_ungrouped THEN
+            i := array_position(taken_groups, pos);
+            taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
+            IF q.rate_limit_per_group IS NULL THEN
+                room := least(room, {schema}.group_room(q, pos, taken, now_, rate_now));
+            ELSE
+                -- Its window was read by next_open_group(): not again.
+                room := least(room, window_room - taken,
+                              {schema}.group_room(unrated, pos, taken, now_, rate_now));
+            END IF;
+            IF room <= 0 THEN
+                held_back := true;
+                IF q.rate_limit_per_group IS NOT NULL THEN
+                    -- When its window (with what this claim took) has room again.
+                    next_wait := least(next_wait, (
+                        SELECT {schema}.rate_wait(
+                            r.started_at || rate_now, r.started_n || taken,
+                            q.rate_period_per_group, rate_now)
+                        FROM (SELECT coalesce(g.started_at, '{}') AS started_at,
+                                     coalesce(g.started_n, '{}') AS started_n
+                              FROM (SELECT 1) AS one
+                              LEFT JOIN {schema}.group_rate AS g
+                                  ON g.queue = p_queue AND g.group_key = pos) AS r));
+                END IF;
+            END IF;
+        END IF;
+        ids := '{}';
+        -- One query per ready index (job_ready_idx, job_group_ready_idx): a
+        -- single one with `group_key IS NOT DISTINCT FROM pos` could use neither.
+        IF room > 0 AND pos_ungrouped THEN
+            SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.available_at), '{}')
+            INTO ids, ats
+            FROM (WITH RECURSIVE priorities AS (
+                      (SELECT j.priority FROM {schema}.job AS j
+                       WHERE j.queue = p_queue AND j.status = 'queued' AND NOT j.blocked
+                         AND j.group_key IS NULL
+                       ORDER BY j.priority DESC LIMIT 1)
+                      UNION ALL
+                      SELECT (SELECT j.priority FROM {schema}.job AS j
+                              WHERE j.queue = p_queue AND j.status = 'queued' AND NOT j.blocked
+                                AND j.group_key IS NULL AND j.priority < p.priority
+                              ORDER BY j.priority DESC LIMIT 1)
+                      FROM priorities AS p WHERE p.priority IS NOT NULL)
+                  SELECT r.job_id, r.available_at
+                  FROM priorities AS p
+                  CROSS JOIN LATERAL (
+                      SELECT j.job_id, j.available_at
+                      FROM {schema}.job AS j
+                      WHERE j.queue = p_queue AND j.status = 'queued' AND NOT j.blocked
+                        AND j.group_key IS NULL AND j.priority = p.priority
+                        AND j.available_at <= now_ AND j.attempts < j.max_attempts
+                        AND j.job_id <> ALL (picked)
+                        AND (j.ordering_key IS NULL OR {schema}.key_head_ready(
+                            p_queue, j.ordering_key, j.ordering_seq, j.job_id, failed_blocks))
+                      ORDER BY j.available_at, j.job_id
+                      LIMIT room
+                      FOR UPDATE OF j SKIP LOCKED) AS r
+                  LIMIT room) AS c;
+        ELSIF room > 0 THEN
+            SELECT coalesce(array_agg(c.job_id), '{}'), coalesce(array_agg(c.available_at), '{}')
+            INTO ids, ats
+            FROM (WITH RECURSIVE priorities AS (
+                      (SELECT j.priority FROM {schema}.job AS j
+                       WHERE j.queue = p_queue AND j.group_key = pos
+                         AND j.status = 'queued' AND NOT j.blocked AND NOT j.deferred
+                       ORDER BY j.priority DESC LIMIT 1)
+                      UNION ALL
+                      SELECT (SELECT j.priority FROM {schema}.job AS j
+                              WHERE j.queue = p_queue AND j.group_key = pos
+                                AND j.status = 'queued' AND NOT j.blocked AND NOT j.deferred
+                                AND j.priority < p.priority
+                              ORDER BY j.priority DESC LIMIT 1)
+                      FROM priorities AS p WHERE p.priority IS NOT NULL)
+                  SELECT r.job_id, r.available_at
+                  FROM priorities AS p
+                  CROSS JOIN LATERAL (
+                      SELECT j.job_id, j.available_at
+                      FROM {schema}.job AS j
+                      WHERE j.queue = p_queue AND j.group_key = pos
+                        AND j.status = 'queued' AND NOT j.blocked AND j.priority = p.priority
+                        AND NOT j.deferred
+                        AND j.available_at <= now_ AND j.attempts < j.max_attempts
+                        AND j.job_id <> ALL (picked)
+                        AND (j.ordering_key IS NULL OR {schema}.key_head_ready(
+                            p_queue, j.ordering_key, j.ordering_seq, j.job_id, failed_blocks))
+                      ORDER BY j.available_at, j.job_id
+                      LIMIT room
+                      FOR UPDATE OF j SKIP LOCKED) AS r
+                  LIMIT room) AS c;
+        END IF;
+        IF cardinality(ids) = 0 THEN
+            IF NOT stalled THEN
+                stalled := true;
+                stall_pos := pos;
+                stall_ungrouped := pos_ungrouped;
+            END IF;
+            CONTINUE;
+        END IF;
+        FOR i IN 1 .. cardinality(ids) LOOP
+            job_id := ids[i]; branch := 1; ready_at := ats[i]; wait := NULL;
+            limited := q.max_running IS NOT NULL
+                OR (NOT pos_ungrouped AND q.max_running_per_group IS NOT NULL);
+            RETURN NEXT;
+        END LOOP;
+        picked := picked || ids;
+        budget := budget - cardinality(ids);
+        productive := productive + 1;
+        stalled := false;
+        turn.turn_after := pos;
+        IF NOT pos_ungrouped THEN
+            i := array_position(taken_groups, pos);
+            IF i IS NULL THEN
+                taken_groups := taken_groups || pos;
+                taken_counts := taken_counts || cardinality(ids);
+            ELSE
+                taken_counts[i] := taken_counts[i] + cardinality(ids);
+            END IF;
+        END IF;
+    END LOOP;
+
+    -- What was taken: the starts in the rate windows, and whose turn is next.
+    IF cardinality(picked) > 0 THEN
+        UPDATE {schema}.claim_turn AS t
+        SET turn_after = turn.turn_after, started_at = s.started_at, started_n = s.started_n
+        FROM {schema}.rate_started(turn.started_at, turn.started_n, q.rate_period,
+                                   cardinality(picked), rate_now) AS s
+        WHERE t.queue = p_queue;
+    END IF;
+    IF q.rate_limit_per_group IS NOT NULL THEN
+        FOR i IN 1 .. cardinality(taken_groups) LOOP
+            INSERT INTO {schema}.group_rate AS r (queue, group_key, started_at, started_n)
+            VALUES (p_queue, taken_groups[i], ARRAY[rate_now], ARRAY[taken_counts[i]])
+            ON CONFLICT (queue, group_key) DO UPDATE
+            SET (started_at, started_n) = (
+                SELECT s.started_at, s.started_n
+                FROM {schema}.rate_started(r.started_at, r.started_n, q.rate_period_per_group,
+                                           taken_counts[i], rate_now) AS s);
+        END LOOP;
+    END IF;
+    IF requeued THEN
+        job_id := NULL; branch := 4; ready_at := NULL; limited := false; wait := NULL;
+        RETURN NEXT;
+    ELSIF held_back AND cardinality(picked) < p_limit THEN
+        job_id := NULL; branch := 3; ready_at := NULL; limited := true; wait := next_wait;
+        RETURN NEXT;
+    END IF;
+    IF staged > 0 AND cardinality(picked) < p_limit THEN
+        job_id := NULL; branch := 5; ready_at := NULL; limited := false; wait := NULL;
+        RETURN NEXT;
+    END IF;
+END
+$$;
