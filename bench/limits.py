@@ -2,8 +2,9 @@
 from a plain queue, against the same drain through claim_limited() (a
 concurrency limit it never reaches; jobs spread over groups; both), alternating
 rounds in one run, ratios against the plain queue. Then what an idle claim costs
-when many groups are at their rate (``rate_limit_per_group``): each has a job
-queued that it may not start yet, and the claim starts nothing.
+when many groups are full (at their ``rate_limit_per_group``, or running their
+``max_running_per_group``): each has a job queued that it may not start yet, and
+the claim starts nothing.
 
     .venv/bin/python bench/limits.py [--jobs 20000] [--concurrency 50] [--rounds 3]
         [--full-groups 2000] [--only SETUP ...] [--database-url URL]
@@ -31,6 +32,7 @@ SETUPS: dict[str, tuple[dict[str, Any], int]] = {
     "1,000 groups, no limit (fair share)": ({}, 1000),
     "10 groups, max_running_per_group=100": ({"max_running_per_group": 100}, 10),
     "100 groups, a group rate never reached": ({"rate_limit_per_group": (1_000_000, 60)}, 100),
+    "100 groups, max_running_per_group=1000": ({"max_running_per_group": 1000}, 100),
 }
 
 
@@ -72,16 +74,25 @@ async def drain(
     return worker.stats.completed / elapsed
 
 
-def idle_claims(url: str, groups: int, claims: int = 15) -> list[float]:
-    """Seconds per claim that starts nothing: ``groups`` groups have each
-    started their one job of the hour and have another queued."""
+#: name -> the queue's settings under which each group started its one job and
+#: has another queued that may not start yet
+FULL_GROUPS: dict[str, dict[str, Any]] = {
+    "at their rate": {"rate_limit_per_group": (1, 3600)},
+    "each running its one job": {"max_running_per_group": 1},
+}
+
+
+def idle_claims(url: str, groups: int, settings: dict[str, Any], claims: int = 15) -> list[float]:
+    """Seconds per claim that starts nothing: ``groups`` groups are full under
+    ``settings``, and each has a job queued."""
     with leaseq.Queue(url, schema=SCHEMA) as queue:
         queue.migrate()
-        queue.configure_queue("bench", rate_limit_per_group=(1, 3600))
+        queue.configure_queue("bench", **settings)
         for g in range(groups):
             queue.enqueue_many("bench", [{"n": 0}, {"n": 1}], group=f"tenant-{g:06d}")
-        while started := queue.claim("bench", limit=500):
-            queue.complete_many(started)
+        while started := queue.claim("bench", limit=500, lease=3600):
+            if "rate_limit_per_group" in settings:
+                queue.complete_many(started)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f'VACUUM ANALYZE "{SCHEMA}".job')
         seconds = []
@@ -128,12 +139,12 @@ def main() -> None:
         median = statistics.median(values)
         spread = f"{median:,.0f} ({min(values):,.0f}-{max(values):,.0f})"
         print(f"{name:<40} {spread:>28} {median / plain:>8.2f}")
-    if args.full_groups:
+    for what, settings in FULL_GROUPS.items() if args.full_groups else ():
         reset(url)
-        seconds = idle_claims(url, args.full_groups)
+        seconds = idle_claims(url, args.full_groups, settings)
         reset(url)
         print(
-            f"a claim that starts nothing, {args.full_groups:,} groups at their rate:"
+            f"a claim that starts nothing, {args.full_groups:,} groups {what}:"
             f" {statistics.median(seconds) * 1000:.1f} ms"
             f" (median of {len(seconds)}; {min(seconds) * 1000:.1f}-{max(seconds) * 1000:.1f})"
         )

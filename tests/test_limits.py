@@ -483,7 +483,7 @@ def test_rate_and_concurrency_limits_together(client: Client, clock: Clock) -> N
     assert len(client.claim("api", limit=10)) == 2  # one still runs
 
 
-# -- groups at their rate (migration 0018) ------------------------------------------
+# -- groups at their limits, passed over (migration 0018) ---------------------------
 
 
 def _claim_all(client: Client, queue: str) -> list[Any]:
@@ -530,6 +530,62 @@ def test_groups_at_their_rate_never_start_early_and_the_first_to_have_room_is_sa
     clock.advance(21)
     assert sorted(c.group for c in _claim_all(client, "api")) == late
     assert client.stats("api")[0].queued == 0
+
+
+def test_groups_at_their_running_limit_are_passed_over_until_a_job_of_theirs_ends(
+    client: Client,
+) -> None:
+    """Tenants each running their one job, among groups with room: only those
+    with room start, the claim says it was held back with no time to come back
+    (a job's end announces its slot), and a job that ends frees its own group
+    only: never two running jobs of one group."""
+    client.configure_queue("api", max_running_per_group=1)
+    full = [f"t{n:03d}" for n in range(40)]
+    for group in full:
+        client.enqueue_many("api", [{"group": group}] * 2, group=group)
+    running = {c.group: c for c in client.claim("api", limit=100, lease=600)}
+    assert sorted(running) == full
+    for group in ("a", "t017x", "u"):  # before, among and after the full ones
+        client.enqueue("api", {"group": group}, group=group)
+    fresh = client.claim("api", limit=100, lease=600)
+    assert sorted(c.group for c in fresh) == ["a", "t017x", "u"]
+    idle = client.claim("api", limit=100)
+    assert (len(idle), idle.held_back, idle.retry_in) == (0, True, None)
+    client.complete(running["t017"])
+    client.complete(running["t033"])
+    after = client.claim("api", limit=100, lease=600)
+    assert sorted(c.group for c in after) == ["t017", "t033"]
+    live = _sql(
+        client,
+        "SELECT group_key, count(*) FROM {schema}.job WHERE queue = 'api'"
+        " AND status = 'running' GROUP BY group_key HAVING count(*) > 1",
+    )
+    assert live == []
+
+
+def test_groups_at_either_limit_are_passed_over(client: Client, clock: Clock) -> None:
+    """A queue with both per-group limits: a group full for its rate and one
+    full for its running jobs are both passed over; the claim's wait is the
+    rate window's, and a group with room under both starts."""
+    client.configure_queue("api", max_running_per_group=2, rate_limit_per_group=(3, 60))
+    client.enqueue_many("api", [{}] * 5, group="rated")
+    client.enqueue_many("api", [{}] * 5, group="running")
+    first = client.claim("api", limit=100, lease=600)
+    assert Counter(c.group for c in first) == {"rated": 2, "running": 2}
+    client.complete_many([c for c in first if c.group == "rated"])
+    (third,) = client.claim("api", limit=100, lease=600)  # its window's third start
+    assert third.group == "rated"
+    client.complete(third)
+    client.enqueue("api", {}, group="open")
+    (opened,) = client.claim("api", limit=100, lease=600)
+    assert opened.group == "open"
+    idle = client.claim("api", limit=100, lease=600)
+    assert (len(idle), idle.held_back) == (0, True)
+    assert idle.retry_in is not None
+    assert 50 < idle.retry_in <= 61
+    clock.advance(idle.retry_in + 0.1)
+    # (The running group's leases are 600 s: still live, still full.)
+    assert Counter(c.group for c in client.claim("api", limit=100, lease=600)) == {"rated": 2}
 
 
 def test_a_raised_group_rate_holds_from_the_next_claim(client: Client) -> None:

@@ -1,63 +1,100 @@
--- leaseq migration 0018: a grouped claim passes over the groups whose rate
--- window is full in one query.
+-- leaseq migration 0018: a grouped claim passes over the groups without room
+-- in one query.
 --
--- With rate_limit_per_group, a group whose window is full keeps its jobs
--- queued, and it took its turn in every claim until its window had room: a
--- visit (next_group(), group_room(), the window's wait) cost ~35 µs of
--- plpgsql calls, so 2,000 tenants at their rate made every claim, and every
--- idle worker's poll, take ~65 ms to start nothing (160-270 ms on a slower
--- machine); now ~17 ms. next_open_group() now finds the next group that may start a job
--- in one recursive query over job_group_ready_idx and group_rate (one probe of
--- each per group passed over), and says when the first of those passed over
--- has room, which the claim reports as before (marker 3's wait).
--- Only the windows as stored before the claim are read: a group that this
--- claim filled is visited and found full as before (it counts what the claim
--- took). The skip is exact: a window full now stays full until its oldest
--- start leaves it, and the limit is read from the queue's row of this claim,
--- so a raised limit holds from the next claim. The group it stops at comes
--- with its window's room, which the claim no longer reads again: a visit of a
--- group with room costs what it did (bench/limits.py, an all-ready drain of
--- 100 groups under a rate they never reach: new ÷ old 0.88, 0.95, 1.01).
+-- With max_running_per_group or rate_limit_per_group, a group at its limit
+-- keeps its jobs queued, and it took its turn in every claim until it had room
+-- again: a visit (next_group(), group_room(), the window's wait) cost ~35-45
+-- µs of plpgsql calls. So 2,000 tenants each running their one job made every
+-- claim, one per job that ended, take ~90 ms of database time; 2,000 at their
+-- rate made every claim, and every idle worker's poll, take ~65 ms to start
+-- nothing. next_open_group() now finds the next group with room in one
+-- recursive query (a skip scan of job_group_ready_idx, each group's running
+-- jobs and rate window read once), and says whether it passed any over and
+-- when the first of those full for their rate has room, which the claim
+-- reports as before (marker 3 and its wait).
+-- It reads what is stored, not what the claim took so far: a group that this
+-- claim filled is visited and found full as before (its room counts what the
+-- claim took). No group it passes over gains room within the claim but by a
+-- job of it ending (other claims of the queue wait for this one's lock; the
+-- rate windows are written at its end), so each round stops at the same
+-- participants or more, and the rounds end as they did. A raised limit holds
+-- from the next claim (the limits are the queue row's of the claim). A visit
+-- of a group with room answers in plain queries and the claim does not read
+-- its room again, so a drain whose groups have room costs what it did.
 
 -- The first group after p_after (NULL: from the first) with a job that is not
--- deferred and whose rate window (p_limit per p_period) is not full at p_now,
--- and how many more jobs its window takes (room); NULL if none. skipped_wait:
--- seconds until the first of the groups passed over has room (NULL: none was).
+-- deferred and room under its limits: fewer live running jobs and held slots
+-- than p_max_running (none if NULL), fewer starts in its rate window than
+-- p_rate_limit per p_period (none if NULL) at p_rate_now; NULL if none. room:
+-- how many more it may start now (NULL: no limit). skipped: whether a group
+-- was passed over; skipped_wait: seconds until the first of those passed over
+-- for its rate has room (NULL: none was; one full by max_running has room
+-- when a job of it ends, which announces it).
 CREATE FUNCTION {schema}.next_open_group(
-    p_queue text, p_after text, p_limit integer, p_period double precision,
-    p_now timestamptz, OUT group_key text, OUT room integer,
+    p_queue text, p_after text, p_max_running integer, p_rate_limit integer,
+    p_period double precision, p_now timestamptz, p_rate_now timestamptz,
+    OUT group_key text, OUT room integer, OUT skipped boolean,
     OUT skipped_wait double precision)
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
-    first_key text := {schema}.next_group(p_queue, p_after);
+    first_key text;
     window_ interval := {schema}.rate_window(p_period);
-    used integer;
+    first_room integer;
+    first_rate_room integer;
+    first_wait double precision;
 BEGIN
+    skipped := false;
+    -- Most visits find room at once: plain queries for that, each limit's
+    -- only if it is set (the walk's recursive query costs more to start than
+    -- a visit did). (next_group()'s queries, not a call of it: a plpgsql call
+    -- costs a few µs of its own.)
+    IF p_after IS NULL THEN
+        first_key := (SELECT j.group_key FROM {schema}.job AS j
+                      WHERE j.queue = p_queue AND j.status = 'queued' AND NOT j.blocked
+                        AND j.group_key IS NOT NULL AND NOT j.deferred
+                      ORDER BY j.group_key
+                      LIMIT 1);
+    ELSE
+        first_key := (SELECT j.group_key FROM {schema}.job AS j
+                      WHERE j.queue = p_queue AND j.status = 'queued' AND NOT j.blocked
+                        AND j.group_key > p_after AND NOT j.deferred
+                      ORDER BY j.group_key
+                      LIMIT 1);
+    END IF;
     IF first_key IS NULL THEN
         RETURN;
     END IF;
-    -- Most visits find room at once: a plain query for that (the walk's
-    -- recursive query costs more to start than a visit did).
-    SELECT coalesce(sum(s.n), 0)::integer,
-           greatest(extract(epoch FROM min(s.at) + window_ - p_now), 0)
-    INTO used, skipped_wait
-    FROM {schema}.group_rate AS r, unnest(r.started_at, r.started_n) AS s (at, n)
-    WHERE r.queue = p_queue AND r.group_key = first_key AND s.at > p_now - window_;
-    IF used < p_limit THEN
+    IF p_max_running IS NOT NULL THEN
+        first_room := p_max_running - (
+            SELECT count(*)::integer FROM {schema}.job AS j
+            WHERE j.queue = p_queue AND j.group_key = first_key AND j.status = 'running'
+              AND j.lease_until > p_now)
+            - (SELECT count(*)::integer FROM {schema}.slot_hold AS h
+               WHERE h.queue = p_queue AND h.group_key = first_key AND h.until > p_now);
+    END IF;
+    IF p_rate_limit IS NOT NULL THEN
+        SELECT p_rate_limit - coalesce(sum(s.n), 0)::integer,
+               greatest(extract(epoch FROM min(s.at) + window_ - p_rate_now), 0)
+        INTO first_rate_room, first_wait
+        FROM {schema}.group_rate AS r, unnest(r.started_at, r.started_n) AS s (at, n)
+        WHERE r.queue = p_queue AND r.group_key = first_key AND s.at > p_rate_now - window_;
+        first_room := least(first_room, first_rate_room);
+    END IF;
+    IF first_room IS NULL OR first_room > 0 THEN
         group_key := first_key;
-        room := p_limit - used;
-        skipped_wait := NULL;
+        room := first_room;
         RETURN;
     END IF;
-    -- Its window is full: on group by group in key order (a skip scan, one
-    -- probe of each index per group) while theirs are too. (The next group is
-    -- read in FROM, not as a scalar subquery, which the planner evaluated
-    -- twice: for its value and again for the window's join.)
+    -- It is full: on group by group in key order (a skip scan, one probe of
+    -- each index per group) while they are too. (The next group is read in
+    -- FROM, not as a scalar subquery, which the planner evaluated twice: for
+    -- its value and again for the limits' joins.)
     WITH RECURSIVE walk AS (
-        SELECT first_key AS key, used, skipped_wait AS wait
+        SELECT first_key AS key, first_room AS room, first_rate_room AS rate_room,
+               first_wait AS wait
         UNION ALL
-        SELECT nxt.key, coalesce(rate.used, 0), rate.wait
+        SELECT nxt.key, least(running.room, rate.room), rate.room, rate.wait
         FROM walk AS w
         CROSS JOIN LATERAL (
             SELECT j.group_key AS key FROM {schema}.job AS j
@@ -65,23 +102,35 @@ BEGIN
               AND j.group_key > w.key AND NOT j.deferred
             ORDER BY j.group_key
             LIMIT 1) AS nxt
+        -- (Each limit's read only if it is set: a CASE runs its subqueries only
+        -- for the branch taken, a WHERE on a parameter alone is tested once.)
         CROSS JOIN LATERAL (
-            SELECT sum(s.n)::integer AS used,
-                   greatest(extract(epoch FROM min(s.at) + window_ - p_now), 0) AS wait
+            SELECT CASE WHEN p_max_running IS NOT NULL THEN
+                p_max_running - (
+                    SELECT count(*)::integer FROM {schema}.job AS j
+                    WHERE j.queue = p_queue AND j.group_key = nxt.key AND j.status = 'running'
+                      AND j.lease_until > p_now)
+                - (SELECT count(*)::integer FROM {schema}.slot_hold AS h
+                   WHERE h.queue = p_queue AND h.group_key = nxt.key AND h.until > p_now)
+                END AS room) AS running
+        CROSS JOIN LATERAL (
+            SELECT p_rate_limit - coalesce(sum(s.n), 0)::integer AS room,
+                   greatest(extract(epoch FROM min(s.at) + window_ - p_rate_now), 0) AS wait
             FROM {schema}.group_rate AS r, unnest(r.started_at, r.started_n) AS s (at, n)
-            WHERE r.queue = p_queue AND r.group_key = nxt.key
-              AND s.at > p_now - window_) AS rate
-        WHERE w.used >= p_limit
+            WHERE p_rate_limit IS NOT NULL
+              AND r.queue = p_queue AND r.group_key = nxt.key
+              AND s.at > p_rate_now - window_) AS rate
+        WHERE w.room <= 0
     )
-    SELECT max(w.key) FILTER (WHERE w.used < p_limit),
-           max(p_limit - w.used) FILTER (WHERE w.used < p_limit),
-           min(w.wait) FILTER (WHERE w.used >= p_limit)
+    SELECT max(w.key) FILTER (WHERE w.room > 0), max(w.room) FILTER (WHERE w.room > 0),
+           min(w.wait) FILTER (WHERE w.rate_room <= 0)
     INTO group_key, room, skipped_wait
     FROM walk AS w;
+    skipped := true;
 END
 $$;
 
--- 0017's, with the groups whose rate window is full skipped (see above).
+-- 0017's, with the groups without room passed over (see above).
 CREATE OR REPLACE FUNCTION {schema}.claim_limited(p_queue text, p_limit integer)
     RETURNS TABLE (job_id bigint, branch integer, ready_at timestamptz, limited boolean,
                    wait double precision)
@@ -114,12 +163,12 @@ DECLARE
     stall_pos text;
     stall_ungrouped boolean;
     stalled boolean := false;
-    -- Seconds until the first of the groups the walk skipped has room (NULL: none).
+    -- Whether the walk passed over groups without room, and the seconds until
+    -- the first of those full for their rate has room (NULL: none was).
+    skipped boolean;
     skipped_wait double precision;
-    -- The room of the group visited in its rate window (next_open_group()), and
-    -- the queue's settings without that limit, for the rest of its room.
-    window_room integer;
-    unrated {schema}.queue;
+    -- The room of the group visited under its limits (next_open_group()).
+    group_room_left integer;
     -- An expired lease put back behind an earlier job of its key (0012).
     requeued boolean := false;
     share integer := 1;
@@ -142,8 +191,6 @@ BEGIN
         RETURN;
     END IF;
     failed_blocks := q.ordering_policy = 'block';
-    unrated := q;
-    unrated.rate_limit_per_group := NULL;
 
     -- The deferred jobs now due join their groups' turns. Whatever this claim
     -- may take: a held-back claim leaves them ready for the next one. (Probed
@@ -237,18 +284,22 @@ BEGIN
         visits := visits + 1;
         -- The next participant: the group after pos, else the ungrouped jobs;
         -- after those, the first group.
-        IF q.rate_limit_per_group IS NULL THEN
+        IF q.rate_limit_per_group IS NULL AND q.max_running_per_group IS NULL THEN
             pos := {schema}.next_group(p_queue, CASE WHEN pos_ungrouped THEN NULL ELSE pos END);
         ELSE
-            -- Passing over the groups whose rate window was full before this
-            -- claim, in one query (a visit each cost ~35 µs of plpgsql calls).
-            -- Within a claim the same groups are passed over each round: the
-            -- participants it stops at, and so its rounds, are the same.
-            SELECT o.group_key, o.room, o.skipped_wait INTO pos, window_room, skipped_wait
+            -- Passing over the groups without room under their limits in one
+            -- query (a visit each cost ~40 µs of plpgsql calls). Within a
+            -- claim no group it passed over gains room but by a job ending
+            -- (other claims of the queue wait for this one's lock, and the
+            -- windows are written at its end): each round stops at the same
+            -- participants, or more.
+            SELECT o.group_key, o.room, o.skipped, o.skipped_wait
+            INTO pos, group_room_left, skipped, skipped_wait
             FROM {schema}.next_open_group(
                 p_queue, CASE WHEN pos_ungrouped THEN NULL ELSE pos END,
-                q.rate_limit_per_group, q.rate_period_per_group, rate_now) AS o;
-            IF skipped_wait IS NOT NULL THEN
+                q.max_running_per_group, q.rate_limit_per_group, q.rate_period_per_group,
+                now_, rate_now) AS o;
+            IF skipped THEN
                 held_back := true;
                 next_wait := least(next_wait, skipped_wait);
             END IF;
@@ -271,12 +322,11 @@ BEGIN
         IF NOT pos_ungrouped THEN
             i := array_position(taken_groups, pos);
             taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
-            IF q.rate_limit_per_group IS NULL THEN
+            IF q.rate_limit_per_group IS NULL AND q.max_running_per_group IS NULL THEN
                 room := least(room, {schema}.group_room(q, pos, taken, now_, rate_now));
             ELSE
-                -- Its window was read by next_open_group(): not again.
-                room := least(room, window_room - taken,
-                              {schema}.group_room(unrated, pos, taken, now_, rate_now));
+                -- Its room was read by next_open_group(): not again.
+                room := least(room, group_room_left - taken);
             END IF;
             IF room <= 0 THEN
                 held_back := true;
