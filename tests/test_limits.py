@@ -84,17 +84,24 @@ def test_expired_leases_do_not_count_against_the_limit(client: Client, clock: Cl
 
 @pytest.mark.parametrize("cut", ["cancel", "release"])
 @pytest.mark.parametrize("limit", ["max_running", "max_running_per_group"])
+@pytest.mark.parametrize("limit_set", ["before the claim", "while it runs"])
 def test_a_lease_cut_short_keeps_its_slot_until_it_would_have_ended(
-    client: Client, clock: Clock, cut: str, limit: str
+    client: Client, clock: Clock, cut: str, limit: str, limit_set: str
 ) -> None:
     """cancel(running=True), or a release while the handler runs on (a thread
     that cannot be stopped), ends the claim but not the handler: it may run
     until its lease would have ended. Its slot was free at once, and the next
-    job started beside it, two at once under a limit of one."""
-    client.configure_queue("reports", **{limit: 1})
+    job started beside it, two at once under a limit of one. Also for a job
+    that was running when the limit was set: it counts against the limit while
+    it runs, and held no slot once cut short."""
+    if limit_set == "before the claim":
+        client.configure_queue("reports", **{limit: 1})
     cut_short, waiting = client.enqueue_many("reports", [{}, {}], group="acme")
-    (claim,) = client.claim("reports", limit=5, lease=30)
+    (claim,) = client.claim("reports", limit=1, lease=30)
     assert claim.job_id == cut_short
+    if limit_set == "while it runs":
+        client.configure_queue("reports", **{limit: 1})
+        assert client.claim("reports", limit=5) == []
     if cut == "cancel":
         assert client.cancel(cut_short, running=True)
     else:
@@ -586,6 +593,25 @@ def test_groups_at_either_limit_are_passed_over(client: Client, clock: Clock) ->
     clock.advance(idle.retry_in + 0.1)
     # (The running group's leases are 600 s: still live, still full.)
     assert Counter(c.group for c in client.claim("api", limit=100, lease=600)) == {"rated": 2}
+
+
+def test_an_expired_lease_held_back_by_its_group_rate_says_when(
+    client: Client, clock: Clock
+) -> None:
+    """The group's only job is a crashed attempt whose lease expired while its
+    window is full: the claim must say when it may recover it, or the job
+    waits for a poll."""
+    client.configure_queue("api", rate_limit_per_group=(1, 60))
+    client.enqueue("api", {}, group="a")
+    (crashed,) = client.claim("api", limit=1, lease=5)
+    clock.advance(10)  # its lease ended; its group's window still holds its start
+    held = client.claim("api", limit=10)
+    assert (len(held), held.held_back) == (0, True)
+    assert held.retry_in is not None
+    assert 40 < held.retry_in <= 51
+    clock.advance(held.retry_in + 0.1)
+    (recovered,) = client.claim("api", limit=10)
+    assert (recovered.job_id, recovered.recovered) == (crashed.job_id, True)
 
 
 def test_a_raised_group_rate_holds_from_the_next_claim(client: Client) -> None:

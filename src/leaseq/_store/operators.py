@@ -264,6 +264,7 @@ class OperatorOperations(StoreBase):
             (
                 Statement(self.sql("configure_queue_ensure.sql"), named),
                 Statement(self.sql("configure_queue_update.sql"), params),
+                Statement(self.sql("mark_running_limited.sql"), named),
                 Statement(self.sql("count_backlog.sql"), named),
                 Statement(
                     self.sql("settle_failed_keys.sql"),

@@ -21,6 +21,11 @@
 -- from the next claim (the limits are the queue row's of the claim). A visit
 -- of a group with room answers in plain queries and the claim does not read
 -- its room again, so a drain whose groups have room costs what it did.
+--
+-- Also: an expired lease whose group's rate window is full is held back, and
+-- the claim now says when that window has room (its group may have no queued
+-- job, which the walk would have reported); before, it said no wait, and the
+-- job waited for a poll.
 
 -- The first group after p_after (NULL: from the first) with a job that is not
 -- deferred and room under its limits: fewer live running jobs and held slots
@@ -130,7 +135,27 @@ BEGIN
 END
 $$;
 
--- 0017's, with the groups without room passed over (see above).
+-- Seconds from p_rate_now until group p_group's rate window has room, with
+-- p_taken more starts of this claim in it (claim_limited's wait for a group
+-- it found without room).
+CREATE FUNCTION {schema}.group_rate_wait(
+    p_queue text, p_group text, p_taken integer, p_period double precision,
+    p_rate_now timestamptz) RETURNS double precision
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN (SELECT {schema}.rate_wait(
+                r.started_at || p_rate_now, r.started_n || p_taken, p_period, p_rate_now)
+            FROM (SELECT coalesce(g.started_at, '{}') AS started_at,
+                         coalesce(g.started_n, '{}') AS started_n
+                  FROM (SELECT 1) AS one
+                  LEFT JOIN {schema}.group_rate AS g
+                      ON g.queue = p_queue AND g.group_key = p_group) AS r);
+END
+$$;
+
+-- 0017's, with the groups without room passed over (see above), and a wait said for
+-- a group whose expired lease its rate holds back.
 CREATE OR REPLACE FUNCTION {schema}.claim_limited(p_queue text, p_limit integer)
     RETURNS TABLE (job_id bigint, branch integer, ready_at timestamptz, limited boolean,
                    wait double precision)
@@ -253,6 +278,12 @@ BEGIN
                 taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
                 IF {schema}.group_room(q, cand.group_key, taken, now_, rate_now) <= 0 THEN
                     held_back := true;
+                    IF q.rate_limit_per_group IS NOT NULL THEN
+                        -- (Its group may have no queued job, which the walk
+                        -- would see: without this, no wait was said at all.)
+                        next_wait := least(next_wait, {schema}.group_rate_wait(
+                            p_queue, cand.group_key, taken, q.rate_period_per_group, rate_now));
+                    END IF;
                     CONTINUE;
                 END IF;
                 IF i IS NULL THEN
@@ -332,15 +363,8 @@ BEGIN
                 held_back := true;
                 IF q.rate_limit_per_group IS NOT NULL THEN
                     -- When its window (with what this claim took) has room again.
-                    next_wait := least(next_wait, (
-                        SELECT {schema}.rate_wait(
-                            r.started_at || rate_now, r.started_n || taken,
-                            q.rate_period_per_group, rate_now)
-                        FROM (SELECT coalesce(g.started_at, '{}') AS started_at,
-                                     coalesce(g.started_n, '{}') AS started_n
-                              FROM (SELECT 1) AS one
-                              LEFT JOIN {schema}.group_rate AS g
-                                  ON g.queue = p_queue AND g.group_key = pos) AS r));
+                    next_wait := least(next_wait, {schema}.group_rate_wait(
+                        p_queue, pos, taken, q.rate_period_per_group, rate_now));
                 END IF;
             END IF;
         END IF;
