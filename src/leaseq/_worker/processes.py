@@ -192,7 +192,10 @@ class ProcessPool:
                 return
             if child in self._children:
                 self._children.remove(child)
-        child.kill()
+        if reusable:  # its handler returned (the pool closed since): what it started stays
+            child.process.kill()
+        else:
+            child.kill()
         child.process.join(1.0)
         child.pipe.close()
 
