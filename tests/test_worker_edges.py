@@ -860,6 +860,17 @@ async def test_a_stop_with_the_database_gone_ends_within_its_bounds(
     assert took < 1 + 10 + 1 + 5 + 4  # grace, releases, stragglers, close; slack
 
 
+async def test_an_embedding_applications_signal_handlers_come_back_after_the_worker(
+    schema: str, database_url: str
+) -> None:
+    """A Worker run with install_signal_handlers replaces the application's own
+    SIGTERM and SIGINT handlers while it runs: they were gone once it ended, and
+    the application's next SIGTERM killed it instead of its own graceful stop."""
+    with leaseq.Queue(database_url, schema=schema) as queue:
+        queue.migrate()
+    run_script("app_signal_handlers_back.py", schema, database_url)
+
+
 async def test_one_sigterm_stops_every_worker_of_a_process(schema: str, database_url: str) -> None:
     """Two Workers on one loop, both with install_signal_handlers: the second's
     handler replaced the first's (one SIGTERM stopped one of them), and the first

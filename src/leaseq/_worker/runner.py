@@ -209,7 +209,8 @@ class Worker:
     async def run(self, *, install_signal_handlers: bool = False, burst: bool = False) -> None:
         """Run until :meth:`request_stop` (or a signal, with ``install_signal_handlers``:
         SIGTERM and SIGINT of the running loop, shared by the Workers that ask for
-        them and replacing the application's own handlers of those signals).
+        them; they replace the application's own handlers of those signals while a
+        Worker runs, which are put back when the last one ends).
 
         ``burst``: stop by itself once no job is claimable now and none runs (every
         outcome acknowledged), like RQ's burst mode; jobs that wait (a retry's

@@ -17,7 +17,7 @@ import signal
 import time
 import weakref
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 #: Long enough for the supervisor's forwarded copy to arrive after the group's, even
 #: on a loaded machine; short next to how soon anyone presses Ctrl-C a second time.
@@ -59,24 +59,57 @@ _HANDLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Callable[[]
 )
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+#: What handled each stop signal before the Workers' handlers on a loop: a
+#: callback and its arguments the loop ran, else the process's own handler.
+_Previous = tuple[Callable[..., object], tuple[object, ...]] | Any
+#: Put back once the loop's last Worker ends: an application that embeds a
+#: Worker kept, after it, the handlers that the Worker replaced while it ran
+#: (its own graceful stop, say); they were gone, SIGTERM then killed it.
+_PREVIOUS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, _Previous]] = (
+    weakref.WeakKeyDictionary()
+)
+
 
 def add_stop_handler(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> None:
-    """Call ``handler`` on SIGTERM and SIGINT, beside the other Workers' on ``loop``."""
+    """Call ``handler`` on SIGTERM and SIGINT, beside the other Workers' on ``loop``
+    (in place of the application's own handlers of those signals, until the last
+    Worker's is removed)."""
     handlers = _HANDLERS.setdefault(loop, [])
     if not handlers:
+        _PREVIOUS[loop] = {signum: _current(loop, signum) for signum in STOP_SIGNALS}
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, _dispatch, handlers)
     handlers.append(handler)
 
 
 def remove_stop_handler(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> None:
-    """Undo :func:`add_stop_handler`; the loop's handlers go with the last one."""
+    """Undo :func:`add_stop_handler`; the loop's handlers go with the last one, and
+    what handled the signals before the first comes back."""
     handlers = _HANDLERS.get(loop, [])
     if handler in handlers:
         handlers.remove(handler)
         if not handlers:
+            previous = _PREVIOUS.pop(loop, {})
             for signum in STOP_SIGNALS:
                 loop.remove_signal_handler(signum)
+                _restore(loop, signum, previous.get(signum))
+
+
+def _current(loop: asyncio.AbstractEventLoop, signum: int) -> _Previous:
+    # asyncio keeps a loop's signal callbacks in a private dict (a Handle each):
+    # the only way to see one. Without it, the process's own handler.
+    handle = getattr(loop, "_signal_handlers", {}).get(signum)
+    if handle is not None and not handle.cancelled():
+        return (handle._callback, handle._args)
+    return signal.getsignal(signum)
+
+
+def _restore(loop: asyncio.AbstractEventLoop, signum: int, previous: _Previous) -> None:
+    if isinstance(previous, tuple):
+        callback, args = previous
+        loop.add_signal_handler(signum, callback, *args)
+    elif previous is not None:  # (None: not set from Python; the loop left the default)
+        signal.signal(signum, previous)
 
 
 def _dispatch(handlers: list[Callable[[], None]]) -> None:
