@@ -155,25 +155,19 @@ def _stalled_warning(names: list[str]) -> tuple[str, ...]:
 
 @handler()
 async def overview(request: Request, ctx: Context) -> Response:
-    views = await _queue_views(ctx)
-    return ctx.render(
-        "overview.html",
-        queues=views.shown,
-        total=views.total,
-        warnings=views.warnings,
-        states=STATES,
-    )
+    return await _render_overview(ctx, "overview.html")
 
 
 @handler()
 async def overview_live(request: Request, ctx: Context) -> Response:
+    return await _render_overview(ctx, "_overview_live.html")
+
+
+async def _render_overview(ctx: Context, template: str) -> Response:
+    """The Overview page, or its live part (the same views, refreshed)."""
     views = await _queue_views(ctx)
     return ctx.render(
-        "_overview_live.html",
-        queues=views.shown,
-        total=views.total,
-        warnings=views.warnings,
-        states=STATES,
+        template, queues=views.shown, total=views.total, warnings=views.warnings, states=STATES
     )
 
 
