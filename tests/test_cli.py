@@ -451,6 +451,33 @@ def test_the_maintenance_metrics_port_help_names_no_processes_option() -> None:
 @pytest.mark.parametrize(
     "option",
     [
+        ("--concurrency", "0"),
+        ("--concurrency", "-3"),
+        ("--processes", "0"),
+        ("--processes", "-1"),
+        ("--processes", "1025"),
+    ],
+    ids=" ".join,
+)
+def test_the_workers_sizes_are_checked_before_anything_runs(
+    option: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--concurrency 0 was refused only by the Worker, after the app's import: exit 1,
+    and under --processes once per child (exit 78); --processes 100000 forked away.
+    A usage error naming the option instead, before the app is even loaded."""
+    from leaseq._cli import running
+
+    loaded: list[str] = []
+    monkeypatch.setattr(running, "load_app", loaded.append)
+    result = CliRunner().invoke(cli, ["worker", "tests.worker_app:app", *option])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option[0]}'" in result.output
+    assert loaded == []
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
         ("--requests", "0"),
         ("--requests", "-5"),
         ("--processes", "0"),

@@ -215,7 +215,6 @@ def test_a_worker_given_a_malformed_database_url_says_so_in_one_line_and_stops(
 @pytest.mark.parametrize(
     "refused",
     [
-        ("--concurrency", "0", "concurrency"),
         ("--queues", "nope", "nope"),
         ("--schema", "Bad-Name", "schema"),
     ],

@@ -44,6 +44,9 @@ from .serving import (
     serving_metrics,
 )
 
+#: --processes' ceiling: past it, a typo (an extra digit) forks the machine to a halt.
+MAX_PROCESSES = 1024
+
 
 @cli.command()
 @database_options
@@ -57,8 +60,25 @@ def migrate(database_url: str | None, schema: str) -> None:
 @cli.command()
 @click.argument("app_reference", metavar="MODULE:APP")
 @click.option("--queues", "-q", multiple=True, help="Queues to work (default: all the app's).")
-@click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs per process.")
-@click.option("--processes", "-p", default=1, show_default=True, help="Worker processes.")
+# Ranges checked before anything starts, as usage errors (exit 2): a worker
+# refused --concurrency 0 only once it had loaded its app and, under
+# --processes, in each child (exit 78), and --processes -1 after the app's import.
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(min=1),  # (its ceiling is the Worker's)
+    default=10,
+    show_default=True,
+    help="Jobs per process.",
+)
+@click.option(
+    "--processes",
+    "-p",
+    type=click.IntRange(1, MAX_PROCESSES),
+    default=1,
+    show_default=True,
+    help="Worker processes.",
+)
 @click.option(
     "--lease",
     type=float,
@@ -109,8 +129,6 @@ def migrate(database_url: str | None, schema: str) -> None:
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
     load_app(app_reference)  # fail early, in the parent, on a bad reference
-    if processes < 1:
-        raise InvalidArgument("--processes must be at least 1")
     _check_metrics_ports(options["metrics_port"], options["metrics_host"], processes)
     if processes == 1:
         _run_worker(app_reference, options)
