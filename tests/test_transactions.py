@@ -15,9 +15,11 @@ from psycopg.rows import dict_row, namedtuple_row
 
 import leaseq
 from leaseq import DatabaseError, InvalidArgument, JobStatus, LeaseLost
+from leaseq.testing import adrain
 
 from .clients import Client, ClientConnect, ClientConnection
 from .conftest import Clock
+from .test_worker import Running
 
 
 @pytest.fixture
@@ -254,3 +256,71 @@ def test_a_callers_connection_with_its_own_row_factory_works_as_any_other(
     assert client.result(first) == {"pages": 3}
     assert client.get(more[0]).status is JobStatus.QUEUED
     assert client.get(more[1]).status is JobStatus.FAILED
+
+
+# -- a handler that completed its job through job.transaction(), then went on --
+
+
+async def test_a_retry_asked_after_the_jobs_transaction_committed_is_no_lost_lease(
+    aqueue: leaseq.AsyncQueue, schema: str
+) -> None:
+    """A handler completes its job through ``job.atransaction()`` (committed), then
+    asks for a retry. The job is done and stays done; the worker must say so, as
+    it does for any other exception raised after the completion ("raised after
+    completing": counted done, on_success called). It counted a lost lease
+    instead (leaseq_jobs_finished_total{outcome="lease_lost"}, which the README
+    says to alert on), logged "lease lost" and never called on_success for a
+    completion that committed."""
+    app = leaseq.App(schema=schema)
+    succeeded: list[int] = []
+
+    @app.on_success
+    def done(job: leaseq.JobContext, result: Any) -> None:
+        succeeded.append(job.job_id)
+
+    @app.task("reports", max_attempts=3)
+    async def report(job: leaseq.JobContext) -> None:
+        async with job.atransaction():
+            pass
+        job.retry(delay=600)
+
+    job_id = await aqueue.enqueue("reports", {"n": 1})
+    stats = await adrain(app)
+    assert (await aqueue.get(job_id)).status is JobStatus.DONE
+    assert (stats.completed, stats.lost_leases, stats.retried) == (1, 0, 0)
+    assert succeeded == [job_id]
+
+
+async def test_a_job_its_transaction_completed_is_done_when_the_stop_cuts_its_handler(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The same at a stop: the handler completed its job through
+    ``job.atransaction()`` (committed), then goes on with other work past the
+    stop's grace and is cancelled. Its job is done; the worker released it
+    instead (refused by the fence: the job is no longer running), counted a lost
+    lease and called no on_success hook for the committed completion."""
+    app = leaseq.App(schema=schema)
+    succeeded: list[int] = []
+    committed = asyncio.Event()
+
+    @app.on_success
+    def done(job: leaseq.JobContext, result: Any) -> None:
+        succeeded.append(job.job_id)
+
+    @app.task("reports")
+    async def report(job: leaseq.JobContext) -> None:
+        async with job.atransaction():
+            pass
+        committed.set()
+        await asyncio.sleep(30)  # e.g. cleaning up after the effect
+
+    job_id = await aqueue.enqueue("reports", {"n": 1})
+    worker = leaseq.Worker(
+        app, dsn=database_url, poll_interval=0.1, maintenance=False, shutdown_grace=0.3
+    )
+    running = Running(worker)
+    await asyncio.wait_for(committed.wait(), 20)
+    await running.stop()
+    assert (await aqueue.get(job_id)).status is JobStatus.DONE
+    assert (worker.stats.completed, worker.stats.lost_leases) == (1, 0)
+    assert succeeded == [job_id]

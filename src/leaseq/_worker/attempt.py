@@ -192,6 +192,8 @@ class AttemptRunner:
                 return None
             return _retry_or_fail(task, claim, None, WorkerError(f"timed out after {timeout:g}s"))
         except Retry as request:
+            if context.completed:  # its transaction completed the job: done, as said
+                return _raised(task, context, request)
             return _retry_or_fail(task, claim, request.delay, request.reason)
         except LeaseLost:
             return None
@@ -199,6 +201,8 @@ class AttemptRunner:
             if attempt.lost:
                 return None
             if self._attempts.releasing:
+                if context.completed:  # its transaction completed the job: done, nothing to give
+                    return None
                 # A sync handler's thread runs on until it sees job.lost: its job
                 # must not start elsewhere before its lease would have ended.
                 return Outcome(Kind.RELEASE, claim, handler_running=not attempt.cancellable)

@@ -111,9 +111,15 @@ class Schedule:
             return start, 0
         assert self.cron is not None
         zone = ZoneInfo(self.tz)
-        last_before: datetime = (
-            croniter(self.cron, window.astimezone(zone)).get_prev(datetime).astimezone(UTC)
-        )
+        earlier = croniter(self.cron, window.astimezone(zone))
+        while True:
+            local: datetime = earlier.get_prev(datetime)
+            # Not the second pass of a repeated wall-clock time: no tick of
+            # _ticks, and a jump to it skipped the latest tick before it (the
+            # one a downtime across the autumn's repeated hour must enqueue).
+            if not _repeated(local):
+                break
+        last_before = local.astimezone(UTC)
         if last_before <= first:
             return start, 0
         return last_before - timedelta(microseconds=1), self._count(first, last_before)
@@ -176,9 +182,15 @@ class Schedule:
         ticks = croniter(self.cron, after.astimezone(zone))
         while True:
             tick: datetime = ticks.get_next(datetime)
-            if tick.fold == 1 and tick.replace(fold=0).utcoffset() != tick.utcoffset():
+            if _repeated(tick):
                 continue  # the second pass of a repeated wall-clock time
             yield tick.astimezone(UTC)
+
+
+def _repeated(local: datetime) -> bool:
+    """Whether ``local`` (croniter's, in the schedule's zone) is the second pass
+    of a wall-clock time that happens twice (fall back): no tick is there."""
+    return local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
 
 
 @functools.lru_cache(maxsize=256)
