@@ -20,7 +20,7 @@ from . import security
 from .context import Context, Dashboard, handler, refuse
 from .forms import JobFilter, digits, edited, failed_group, group_search, settings_changes
 from .pages import settings_page
-from .views import retention
+from .views import queue_name, queue_path, retention
 
 #: Ids per find_jobs call while collecting a bulk replay's jobs.
 COLLECT_PAGE = 100
@@ -46,15 +46,27 @@ async def replay(request: Request, ctx: Context) -> Response:
     job_id: int = request.path_params["job_id"]
     form = await _form(request)
     client = ctx.dashboard.client
+    # A page that showed the job failed (its page, a blocked key's head) says so:
+    # one skipped (cancelled) since then is left alone, checked on the locked row. A
+    # replay would undo that skip, and put the job back in front of its key.
+    only_failed = form.get("only_failed") == "1"
     try:
-        replayed = await client.replay(job_id, actor=ctx.actor)
+        if only_failed:
+            replayed = bool(await client.replay_many([job_id], actor=ctx.actor, only_failed=True))
+        else:
+            replayed = await client.replay(job_id, actor=ctx.actor)
     except (leaseq.BacklogFull, leaseq.UniqueKeyHeld) as exc:
         # Refusals of this job, not outages: said on the job's page, like any outcome.
-        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {exc}")
+        why = "its queue is full (admission limits)" if only_failed else str(exc)
+        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {why}")
     if replayed:
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} replayed: it is queued again.")
     job = await client.get(job_id)
-    if job.status is leaseq.JobStatus.RUNNING:
+    if only_failed and job.status is leaseq.JobStatus.CANCELLED:
+        message = f"Job {job_id} was cancelled (skipped) meanwhile: not replayed."
+    elif only_failed and job.status is leaseq.JobStatus.FAILED:
+        message = f"Job {job_id} not replayed: another job of its queue holds its unique key."
+    elif job.status is leaseq.JobStatus.RUNNING:
         message = (
             f"Job {job_id} is running: retrying it now would start a second run beside "
             "the first. Cancel it (its claim ends through the lease fence), then replay it."
@@ -70,6 +82,18 @@ async def cancel(request: Request, ctx: Context) -> Response:
     form = await _form(request)
     running = form.get("running") == "1"
     client = ctx.dashboard.client
+    # The library's cancel also cancels a failed job (a skip: its ordering key moves
+    # on). The pages offer Cancel for queued and running jobs only: one that failed
+    # since the page was shown is kept, failed, for replay or an explicit Skip.
+    # (Checked just before the cancel; the library has no guard for it on the row.)
+    if (await client.get(job_id)).status is leaseq.JobStatus.FAILED:
+        return _done(
+            ctx,
+            form,
+            f"/jobs/{job_id}",
+            f"Job {job_id} failed meanwhile: not cancelled. Replay it, or skip it "
+            "(Skip cancels a failed job and moves its ordering key on).",
+        )
     if await client.cancel(job_id, running=running, actor=ctx.actor):
         told = " Its worker is told to stop; whatever it reports now is refused." if running else ""
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} cancelled.{told}")
@@ -222,13 +246,13 @@ def _shown_jobs(ids: str, versions: str | None) -> tuple[list[int], list[int] | 
 
 
 async def _pause(request: Request, ctx: Context, paused: bool) -> Response:
-    name: str = request.path_params["name"]
+    name = queue_name(request.path_params["name"])
     form = await _form(request)
     if await ctx.dashboard.client.queue_settings(name) is None:
         return refuse(ctx, 404, f"No queue named {name!r}.")
     await ctx.dashboard.client.configure_queue(name, paused=paused, actor=ctx.actor)
     what = "paused: workers claim none of its jobs" if paused else "resumed"
-    return _done(ctx, form, f"/queues/{name}", f"Queue {name} {what}.")
+    return _done(ctx, form, queue_path(name), f"Queue {name} {what}.")
 
 
 @handler(security.PAUSE, post=True)
@@ -247,7 +271,19 @@ async def remove_schedule(request: Request, ctx: Context) -> Response:
     no running worker handles): its row and bookkeeping; its jobs stay."""
     form = await _form(request)
     name = form.get("name", "")
-    if not await ctx.dashboard.client.remove_schedule(name, actor=ctx.actor):
+    client = ctx.dashboard.client
+    # Only a stalled one, as the page offers: a page loaded while the workers were
+    # down, clicked once they are back, must not take a live schedule away from the
+    # worker that ticks it.
+    shown = [s for s in await client.schedules() if s.name == name]
+    if shown and not shown[0].stalled:
+        return refuse(
+            ctx,
+            409,
+            f"Schedule {name} is not overdue: a running worker declares it. "
+            "Only a schedule overdue by more than a minute is removed here.",
+        )
+    if not await client.remove_schedule(name, actor=ctx.actor):
         return refuse(ctx, 404, f"No schedule named {name!r}.")
     return _done(
         ctx,
@@ -270,7 +306,7 @@ def _shown(name: str, value: Any) -> str:
 async def configure(request: Request, ctx: Context) -> Response:
     """Save the settings form: only what changed; bad input is shown with the
     form as typed and nothing is written."""
-    name: str = request.path_params["name"]
+    name = queue_name(request.path_params["name"])
     form = await _form(request)
     client = ctx.dashboard.client
     current = await client.queue_settings(name)
@@ -284,12 +320,12 @@ async def configure(request: Request, ctx: Context) -> Response:
     except leaseq.InvalidArgument as exc:
         return await settings_page(ctx, name, form=typed, error=str(exc))
     if not changes:
-        return _done(ctx, form, f"/queues/{name}", "Nothing changed.")
+        return _done(ctx, form, queue_path(name), "Nothing changed.")
     said = ", ".join(
         f"{key} {_shown(key, getattr(current, key))} → {_shown(key, value)}"
         for key, value in changes.items()
     )
-    return _done(ctx, form, f"/queues/{name}", f"Saved {name}: {said}.")
+    return _done(ctx, form, queue_path(name), f"Saved {name}: {said}.")
 
 
 @handler(login=True, post=True)

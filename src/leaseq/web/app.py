@@ -27,6 +27,10 @@ HERE = Path(__file__).resolve().parent
 #: Connections of the dashboard's own pool: pages run a few statements each, and
 #: the shared cache keeps many tabs from multiplying them.
 POOL_SIZE = 3
+#: The most ids ``replay_many`` takes in one call (a bulk replay is one call), and
+#: the largest window ``find_jobs`` searches: beyond them every use would fail.
+MAX_BULK_LIMIT = 10_000
+MAX_SEARCH_WINDOW = 10_000_000
 
 
 class JobIdConvertor(Convertor[int]):
@@ -120,6 +124,10 @@ def create_app(
             "bulk_limit and search_window must be positive, cache_seconds >= 0, "
             "statement_timeout > 0"
         )
+    if bulk_limit > MAX_BULK_LIMIT:
+        raise leaseq.InvalidArgument(f"bulk_limit must be at most {MAX_BULK_LIMIT:,}")
+    if search_window > MAX_SEARCH_WINDOW:
+        raise leaseq.InvalidArgument(f"search_window must be at most {MAX_SEARCH_WINDOW:,}")
     if isinstance(allowed_hosts, str):
         raise leaseq.InvalidArgument("allowed_hosts must be a list of host names, not one string")
     client = _client(queue, schema, statement_timeout)

@@ -137,7 +137,13 @@ def _unauthenticated(ctx: Context) -> Response:
 
 
 def refuse(ctx: Context, status: int, message: str) -> Response:
-    headings = {400: "Not done", 403: "Not allowed", 404: "Not found", 500: "Error"}
+    headings = {
+        400: "Not done",
+        409: "Not done",
+        403: "Not allowed",
+        404: "Not found",
+        500: "Error",
+    }
     heading = headings.get(status, "Unavailable")
     return ctx.render("error.html", status=status, heading=heading, message=message)
 

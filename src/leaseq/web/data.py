@@ -19,8 +19,12 @@ import leaseq
 
 T = TypeVar("T")
 
-#: Blocked keys the shared summary lists (the Blocked keys page, the Overview's count).
+#: Blocked keys the shared summary lists (the Blocked keys page, the Overview's count);
+#: one more is read, to tell that there are more.
 BLOCKED_KEYS_READ = 100
+#: Groups the Failed page lists (the largest); one more is read, to tell that there
+#: are more.
+FAILED_GROUPS_SHOWN = 50
 #: Values a cache keeps at most. Keys hold what a request asked for (``?queue=``
 #: of any text): without a bound, anyone could grow the process's memory.
 CACHE_ENTRIES = 256
@@ -58,6 +62,8 @@ class SharedCache:
         # In the order stored; with one ttl for all, also the order they expire in.
         self._values: dict[Hashable, tuple[float, Any]] = {}
         self._loading: dict[Hashable, _Load] = {}
+        #: Moves on at each clear(): a load started before it does not keep its value.
+        self._generation = 0
 
     def __len__(self) -> int:
         return len(self._values)
@@ -77,7 +83,7 @@ class SharedCache:
             return value
         flight = self._loading.get(key)
         if flight is None:
-            flight = _Load(asyncio.ensure_future(self._load(key, load)))
+            flight = _Load(asyncio.ensure_future(self._load(key, load, self._generation)))
             self._loading[key] = flight
         flight.readers += 1
         try:
@@ -90,10 +96,11 @@ class SharedCache:
                 self._forget(key, flight)
                 flight.task.cancel()
 
-    async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+    async def _load(self, key: Hashable, load: Callable[[], Awaitable[T]], generation: int) -> T:
         try:
             value = await load()
-            self._store(key, value)
+            if generation == self._generation:  # (else it may show what a clear undid)
+                self._store(key, value)
             return value
         finally:
             flight = self._loading.get(key)
@@ -115,8 +122,12 @@ class SharedCache:
             del self._loading[key]
 
     def clear(self) -> None:
-        """Forget every value (after an action, so its effect shows at once)."""
+        """Forget every value (after an action, so its effect shows at once), and the
+        loads in flight: they may have read the state from before the action, and a
+        page asked for after it must not join them (their readers still get them)."""
         self._values.clear()
+        self._loading.clear()
+        self._generation += 1
 
 
 class Aggregates:
@@ -172,11 +183,12 @@ class Aggregates:
 
     async def failed_groups(self, queue: str | None) -> leaseq.FailedSummary:
         return await self.cache.get(
-            ("failed_groups", queue), lambda: self.client.failed_groups(queue)
+            ("failed_groups", queue),
+            lambda: self.client.failed_groups(queue, limit=FAILED_GROUPS_SHOWN + 1),
         )
 
     async def blocked_keys(self, queue: str | None) -> list[leaseq.BlockedKey]:
         return await self.cache.get(
             ("blocked_keys", queue),
-            lambda: self.client.blocked_keys(queue, limit=BLOCKED_KEYS_READ),
+            lambda: self.client.blocked_keys(queue, limit=BLOCKED_KEYS_READ + 1),
         )

@@ -42,6 +42,9 @@ class JobFilter:
     error: str = ""
     payload: str = ""  # ``customer:acme region:"eu west"``
     before: int | None = None
+    #: A Failed page group's ``group_digest``: its jobs only (exactly its error text;
+    #: ``error`` is a substring, and a case-insensitive one).
+    digest: str = ""
 
     @classmethod
     def read(cls, values: Mapping[str, str]) -> JobFilter:
@@ -51,6 +54,9 @@ class JobFilter:
         before = values.get("before", "").strip()
         if before and not digits(before):
             raise leaseq.InvalidArgument("before must be a job id")
+        digest = values.get("digest", "").strip()
+        if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise leaseq.InvalidArgument("digest must be a failed group's 64 hexadecimal digits")
         return cls(
             queue=values.get("queue", "").strip(),
             state=state,
@@ -58,6 +64,7 @@ class JobFilter:
             error=values.get("error", "").strip(),
             payload=values.get("payload", "").strip(),
             before=int(before) if before else None,
+            digest=digest,
         )
 
     def arguments(self, mask: SecretMask) -> dict[str, Any]:
@@ -81,12 +88,15 @@ class JobFilter:
             "error": values.error,
             "payload": values.payload,
             "before": "" if values.before is None else str(values.before),
+            "digest": values.digest,
         }
         return urlencode({name: value for name, value in fields.items() if value})
 
     @property
     def empty(self) -> bool:
-        return not (self.queue or self.state or self.key or self.error or self.payload)
+        return not (
+            self.queue or self.state or self.key or self.error or self.payload or self.digest
+        )
 
 
 def payload_filter(text: str, mask: SecretMask) -> dict[str, Any] | None:

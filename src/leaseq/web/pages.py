@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +20,16 @@ from starlette.responses import Response
 import leaseq
 
 from .context import Context, handler
-from .data import BLOCKED_KEYS_READ
-from .forms import STATES, JobFilter, digits, settings_text
+from .data import BLOCKED_KEYS_READ, FAILED_GROUPS_SHOWN
+from .forms import STATES, JobFilter, digits, failed_group, settings_text
 from .timeline import timeline
-from .views import Chart, chart, percent
+from .views import Chart, chart, percent, queue_name
 
 #: Jobs per page of the Jobs list; running jobs shown at most on the Running page.
 PAGE_SIZE = 50
+#: find_jobs' largest page, for a search whose pages hold candidates only (a Failed
+#: group's jobs: the error text's substring, then its exact text).
+GROUP_SEARCH_PAGE = 1000
 RUNNING_LIMIT = 200
 #: The most queues the Overview shows: those with the most failed, then queued
 #: and running jobs (by name among equals). Each shown queue costs a settings
@@ -102,11 +105,18 @@ async def _queue_views(ctx: Context) -> QueueViews:
     every_queue = loading_stats.result()
     health, blocked = loading_health.result(), loading_blocked.result()
     stats = _needing_attention(every_queue)
-    blocked_by_queue = Counter(key.queue for key in blocked)
-    # The summary lists a page of keys: a full page means there may be more.
-    blocked_capped = len(blocked) >= BLOCKED_KEYS_READ
+    blocked_by_queue = Counter(key.queue for key in blocked[:BLOCKED_KEYS_READ])
+    # The summary reads one key more than it lists: there are more. It holds the
+    # newest failures of all queues: then each shown queue's own summary counts its
+    # keys (else a queue whose failures are older would show none).
+    blocked_capped = len(blocked) > BLOCKED_KEYS_READ
     async with _together() as group:
         loading = [group.create_task(aggregates.settings(s.queue)) for s in stats]
+        loading_keys = (
+            [group.create_task(aggregates.blocked_keys(s.queue)) for s in stats]
+            if blocked_capped
+            else []
+        )
         # Every queue's hour in one statement, unless most would not be shown.
         loading_activity = group.create_task(
             aggregates.activity()
@@ -115,6 +125,11 @@ async def _queue_views(ctx: Context) -> QueueViews:
         )
     settings = [task.result() for task in loading]
     activity = loading_activity.result()
+    capped_queues: set[str] = set()
+    if blocked_capped:
+        own = {s.queue: task.result() for s, task in zip(stats, loading_keys, strict=True)}
+        blocked_by_queue = Counter({q: min(len(k), BLOCKED_KEYS_READ) for q, k in own.items()})
+        capped_queues = {q for q, k in own.items() if len(k) > BLOCKED_KEYS_READ}
     views = []
     for queue_stats, queue_settings in zip(stats, settings, strict=True):
         recent = activity.get(queue_stats.queue)
@@ -131,7 +146,7 @@ async def _queue_views(ctx: Context) -> QueueViews:
                 if queue_settings
                 else None,
                 blocked_keys=blocked_by_queue[queue_stats.queue],
-                blocked_keys_capped=blocked_capped and blocked_by_queue[queue_stats.queue] > 0,
+                blocked_keys_capped=queue_stats.queue in capped_queues,
             )
         )
     stalled = [s.name for s in loading_schedules.result() if s.stalled]
@@ -183,10 +198,38 @@ async def jobs(request: Request, ctx: Context) -> Response:
         return ctx.render(
             "jobs.html", status=400, filter=empty, page=None, queues=queues, error=str(exc)
         )
-    page = await dashboard.client.find_jobs(
-        **arguments, limit=PAGE_SIZE, window=dashboard.search_window
-    )
+    if found.digest:
+        page = await _group_page(ctx, arguments, failed_group("", found.digest))
+    else:
+        page = await dashboard.client.find_jobs(
+            **arguments, limit=PAGE_SIZE, window=dashboard.search_window
+        )
     return ctx.render("jobs.html", filter=found, page=page, queues=queues, error=None)
+
+
+async def _group_page(
+    ctx: Context, arguments: dict[str, Any], member: Callable[[leaseq.Job], bool]
+) -> leaseq.JobPage:
+    """A page of the jobs ``find_jobs(**arguments)`` finds that are ``member``s: a
+    Failed page group's, whose error text ``find_jobs`` matches as a substring only
+    (its own search narrows, this keeps the group's)."""
+    found: list[leaseq.Job] = []
+    before = arguments["before"]
+    window_end = False
+    while True:
+        page = await ctx.dashboard.client.find_jobs(
+            **{**arguments, "before": before},
+            limit=GROUP_SEARCH_PAGE,
+            window=ctx.dashboard.search_window,
+        )
+        window_end = window_end or page.window_end
+        found += [job for job in page.jobs if member(job)]
+        if len(found) > PAGE_SIZE:
+            shown = tuple(found[:PAGE_SIZE])
+            return leaseq.JobPage(jobs=shown, next_before=shown[-1].job_id)
+        if page.next_before is None:
+            return leaseq.JobPage(jobs=tuple(found), next_before=None, window_end=window_end)
+        before = page.next_before
 
 
 async def _job(ctx: Context, job_id: int) -> dict[str, Any]:
@@ -213,7 +256,15 @@ async def failed(request: Request, ctx: Context) -> Response:
     queue = request.query_params.get("queue") or None
     summary = await ctx.dashboard.aggregates.failed_groups(queue)
     queues = await ctx.dashboard.aggregates.queue_names()
-    return ctx.render("failed.html", summary=summary, queue=queue or "", queues=queues)
+    return ctx.render(
+        "failed.html",
+        summary=summary,
+        # The largest groups; one more was read, to say when others are left out.
+        groups=summary.groups[:FAILED_GROUPS_SHOWN],
+        more_groups=len(summary.groups) > FAILED_GROUPS_SHOWN,
+        queue=queue or "",
+        queues=queues,
+    )
 
 
 @handler()
@@ -221,7 +272,14 @@ async def blocked(request: Request, ctx: Context) -> Response:
     queue = request.query_params.get("queue") or None
     keys = await ctx.dashboard.aggregates.blocked_keys(queue)
     queues = await ctx.dashboard.aggregates.queue_names()
-    return ctx.render("blocked.html", keys=keys, queue=queue or "", queues=queues)
+    return ctx.render(
+        "blocked.html",
+        # One more was read than is listed, to say when others are left out.
+        keys=keys[:BLOCKED_KEYS_READ],
+        more=len(keys) > BLOCKED_KEYS_READ,
+        queue=queue or "",
+        queues=queues,
+    )
 
 
 async def _running(ctx: Context, queue: str | None) -> dict[str, Any]:
@@ -302,7 +360,7 @@ async def settings_page(
 
 @handler()
 async def queue_settings(request: Request, ctx: Context) -> Response:
-    return await settings_page(ctx, request.path_params["name"])
+    return await settings_page(ctx, queue_name(request.path_params["name"]))
 
 
 @handler(login=True)

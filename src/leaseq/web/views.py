@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from urllib.parse import quote
 
 from .._redact import redact
 
@@ -212,6 +213,24 @@ def chart(minutes: Sequence[Any], *, width: int = 240, height: int = 44) -> Char
     )
 
 
+#: Path segments a browser resolves away (the queue names "." and ".." are valid).
+DOT_SEGMENTS = (".", "..")
+
+
+def queue_path(name: str) -> str:
+    """The path of queue ``name``'s page, as a browser asks for it: "." and ".." (queue
+    names too) are dot segments, which a browser resolves away before asking (and
+    percent-encoded ones as well); those go with a "~" before them, a character no
+    queue name holds (``queue_name`` reads it back)."""
+    segment = f"~{name}" if name in DOT_SEGMENTS else name
+    return "/queues/" + quote(segment, safe="")
+
+
+def queue_name(segment: str) -> str:
+    """The queue a ``queue_path`` segment names."""
+    return segment[1:] if segment.startswith("~") and segment[1:] in DOT_SEGMENTS else segment
+
+
 def group_digest(error: str | None) -> str:
     """A Failed page group's identity, exactly its error text: the text itself
     cannot make the round trip through a form (a browser's HTML parser reads a CR
@@ -222,6 +241,7 @@ def group_digest(error: str | None) -> str:
 
 FILTERS = {
     "group_digest": group_digest,
+    "queue_path": queue_path,
     "age": age,
     "duration": duration,
     "size": size,
