@@ -485,3 +485,99 @@ def test_a_childs_exception_that_pickle_cannot_rebuild_keeps_its_meaning(
         job = queue.get(job_id)
         assert (job.status, job.attempts) == (JobStatus.FAILED, 1), job.last_error
         assert text in (job.last_error or "")
+
+
+# -- process handlers: stopping the children must not hold the event loop -----------
+
+
+async def test_stopping_the_children_of_process_handlers_does_not_block_the_event_loop(
+    tables: leaseq.Queue,
+    database_url: str,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At a worker's stop its handlers' child processes are stopped: each is asked
+    to leave and joined (2 s for one still busy, then killed). That ran on the
+    event loop, which stood still meanwhile: an application that runs a Worker on
+    its own loop (or a test's adrain) froze for seconds. (The worker closes its
+    sync pool in a thread for the same reason.)"""
+    from leaseq._worker import processes
+
+    queue = tables
+    queue.enqueue("stubborn", {"schema": schema})  # never looks at job.lost
+    app = leaseq.App(schema=schema)
+    app.task("stubborn", executor="process")(process_app.stubborn)
+    worker = leaseq.Worker(
+        app,
+        dsn=database_url,
+        concurrency=1,
+        poll_interval=0.1,
+        shutdown_grace=0,
+        listen=False,
+        maintenance=False,
+        metrics=None,
+    )
+    ticks = [0]
+    during_close: list[tuple[int, int]] = []
+    close = processes.ProcessPool.close
+
+    def counted_close(pool: processes.ProcessPool) -> None:
+        before = ticks[0]
+        close(pool)
+        during_close.append((before, ticks[0]))
+
+    monkeypatch.setattr(processes.ProcessPool, "close", counted_close)
+
+    async def tick() -> None:
+        while True:
+            ticks[0] += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    running = asyncio.create_task(worker.run())
+    try:
+        with queue.connection() as conn:
+            while not conn.execute(
+                f"SELECT 1 FROM \"{schema}\".seen WHERE what = 'started'"
+            ).fetchone():
+                await asyncio.sleep(0.05)
+        worker.request_stop()
+        await asyncio.wait_for(running, 60)
+    finally:
+        ticker.cancel()
+    ((before, after),) = during_close
+    assert after > before, "the event loop did not run while the children were stopped"
+
+
+# -- process handlers: the child's connections are the worker's -------------------
+
+
+def session_settings(job: leaseq.JobContext) -> None:
+    """What the handler's sessions are set up with (module-level: a child imports it)."""
+    with job.connection() as conn:
+        row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+        plain = row[0] if row else None
+    with job.transaction() as conn:
+        row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+        job.result = {"connection": plain, "transaction": row[0] if row else None}
+
+
+def test_a_process_handlers_sessions_are_set_up_as_a_thread_handlers(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """README: "Worker connections use TCP keepalives, a TCP user timeout and
+    idle_in_transaction_session_timeout", and a process handler's child has
+    ``job.transaction()`` and ``job.connection()`` "on the child's own
+    connections". Those had none of the worker's session settings: a child's
+    transaction left open (its worker's host cut off from the database) kept its
+    locks, the job's row among them, until the server's TCP keepalive gave up
+    (hours by default), where a thread handler's is ended after a minute."""
+    app = leaseq.App(schema=schema)
+    app.task("threaded")(session_settings)
+    app.task("in_process", executor="process")(session_settings)
+    threaded = queue.enqueue("threaded", {})
+    in_process = queue.enqueue("in_process", {})
+    stats = drain(app, dsn=database_url, concurrency=2)
+    assert stats.completed == 2
+    assert queue.result(threaded) == {"connection": "1min", "transaction": "1min"}
+    assert queue.result(in_process) == queue.result(threaded)

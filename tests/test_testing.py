@@ -180,3 +180,31 @@ def test_a_clock_offset_may_be_negative_or_whole(client: Client) -> None:
     assert client.claim("reports") == []  # the offset is absolute, not cumulative
     clients.set_clock_offset(client, 3.5)
     assert [c.job_id for c in client.claim("reports")] == [job_id]
+
+
+# -- leaseq.testing: a client of the other kind ---------------------------------------
+
+
+async def test_the_testing_helpers_refuse_a_client_of_the_other_kind(
+    queue: leaseq.Queue, aqueue: leaseq.AsyncQueue
+) -> None:
+    """set_clock_offset(an AsyncQueue) did nothing at all (the coroutine of the
+    async client was never awaited: the test's clock silently stayed where it
+    was); aset_clock_offset(a Queue) moved the clock, blocking the loop, then
+    raised a TypeError; enqueued(an AsyncQueue) raised an AttributeError about a
+    coroutine. leaseq refuses a connection of the other kind with InvalidArgument
+    (conn=): so do its testing helpers, before anything is done."""
+    from leaseq.testing import aenqueued, aset_clock_offset, enqueued, set_clock_offset
+
+    job_id = await aqueue.enqueue("emails", {"n": 1}, delay=60)
+    with pytest.raises(leaseq.InvalidArgument, match="aset_clock_offset"):
+        set_clock_offset(aqueue, 120)  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidArgument, match="set_clock_offset"):
+        await aset_clock_offset(queue, 120)  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidArgument, match="aenqueued"):
+        enqueued(aqueue, "emails")  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidArgument, match="enqueued"):
+        await aenqueued(queue, "emails")  # type: ignore[arg-type]
+    # The clock did not move: the delayed job is still not claimable.
+    assert await aqueue.claim("emails") == []
+    assert [job.job_id for job in await aenqueued(aqueue, "emails")] == [job_id]

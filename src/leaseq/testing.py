@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Sequence
 
 from ._async_client import AsyncQueue
+from ._errors import InvalidArgument
 from ._sync_client import Queue
 from ._types import Job, JobStatus
 from ._validate import seconds
@@ -103,6 +104,7 @@ def enqueued(
 ) -> list[Job]:
     """The jobs of queue ``name`` (None: every queue) in ``status`` (None: any),
     oldest first: what the code under test enqueued (up to 1,000)."""
+    _require(queue, Queue, "aenqueued")
     page = queue.find_jobs(queue=name, status=status, limit=_PAGE, window=_WINDOW)
     return sorted(page.jobs, key=lambda job: job.job_id)
 
@@ -111,6 +113,7 @@ async def aenqueued(
     queue: AsyncQueue, name: str | None = None, *, status: JobStatus | str | None = "queued"
 ) -> list[Job]:
     """The async twin of :func:`enqueued`."""
+    _require(queue, AsyncQueue, "enqueued")
     page = await queue.find_jobs(queue=name, status=status, limit=_PAGE, window=_WINDOW)
     return sorted(page.jobs, key=lambda job: job.job_id)
 
@@ -122,9 +125,23 @@ def set_clock_offset(queue: Queue, offset_seconds: float) -> None:
     expire a lease or reach a delayed job without sleeping. The offset is
     absolute (not cumulative) and applies to every connection at once.
     """
+    _require(queue, Queue, "aset_clock_offset")
     queue._db.run(queue._store.set_clock_offset(offset_seconds))
 
 
 async def aset_clock_offset(queue: AsyncQueue, offset_seconds: float) -> None:
     """The async twin of :func:`set_clock_offset`."""
+    _require(queue, AsyncQueue, "set_clock_offset")
     await queue._db.run(queue._store.set_clock_offset(offset_seconds))
+
+
+def _require(queue: object, kind: type[Queue | AsyncQueue], twin: str) -> None:
+    """A client of the helper's kind, else InvalidArgument naming the helper for
+    the other kind: an AsyncQueue given to ``set_clock_offset`` did nothing at
+    all (its coroutine never awaited), a Queue given to ``aset_clock_offset``
+    failed with a TypeError after it had moved the clock."""
+    if not isinstance(queue, kind):
+        raise InvalidArgument(
+            f"expected a leaseq.{kind.__name__}, got {type(queue).__name__}"
+            + (f": use {twin}()" if isinstance(queue, Queue | AsyncQueue) else "")
+        )

@@ -138,9 +138,25 @@ class JobContext:
         self._check_owned()
         if self._transaction_open:
             raise InvalidArgument(
-                f"job {self.claim.job_id}: its job.transaction() is already open; write "
-                "on that block's connection (a nested one would complete the job on its own)"
+                f"job {self.claim.job_id}: its job.transaction() (or a leaseq.contrib block "
+                "that completes it) is already open; write on that block's connection (a "
+                "nested one would complete the job on its own)"
             )
+
+    @contextmanager
+    def _completing_block(self) -> Iterator[None]:
+        """Held by each block whose commit completes the job: :meth:`transaction`,
+        :meth:`atransaction`, and leaseq.contrib's (``job_session``,
+        ``job_atomic``...). A second one inside it raises InvalidArgument before
+        anything is written (it would complete the job on its own connection, and
+        the outer block's effect then roll back with AlreadyCompleted: a job done
+        without it); so does one for an attempt already lost (LeaseLost)."""
+        self._check_may_open_transaction()
+        self._transaction_open = True
+        try:
+            yield
+        finally:
+            self._transaction_open = False
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
@@ -158,34 +174,30 @@ class JobContext:
         effect rolls back with it: effects in this database happen once. Set
         ``job.result`` inside the block to store a result with that completion.
         """
-        self._check_may_open_transaction()
-        self._transaction_open = True
-        try:
-            with self._sync.connection() as conn:
-                with conn.transaction():
-                    yield conn
-                    self.completing = True  # until the commit (or rollback) below
-                    self.complete_in(conn)
-                self.mark_completed()
-        finally:
-            self.completing = False
-            self._transaction_open = False
+        with self._completing_block():
+            try:
+                with self._sync.connection() as conn:
+                    with conn.transaction():
+                        yield conn
+                        self.completing = True  # until the commit (or rollback) below
+                        self.complete_in(conn)
+                    self.mark_completed()
+            finally:
+                self.completing = False
 
     @asynccontextmanager
     async def atransaction(self) -> AsyncIterator[AsyncConnection]:
         """The async twin of :meth:`transaction`, for ``async def`` handlers."""
-        self._check_may_open_transaction()
-        self._transaction_open = True
-        try:
-            async with self._async.connection() as conn:
-                async with conn.transaction():
-                    yield conn
-                    self.completing = True
-                    await self.acomplete_in(conn)
-                self.mark_completed()
-        finally:
-            self.completing = False
-            self._transaction_open = False
+        with self._completing_block():
+            try:
+                async with self._async.connection() as conn:
+                    async with conn.transaction():
+                        yield conn
+                        self.completing = True
+                        await self.acomplete_in(conn)
+                    self.mark_completed()
+            finally:
+                self.completing = False
 
     def complete_in(self, conn: Connection) -> None:
         """Complete the job inside the transaction open on ``conn``, with ``job.result``.

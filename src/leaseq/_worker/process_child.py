@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection as Pipe
 from typing import Any
 
 from .. import _tracing
-from .._async_client import AsyncQueue
+from .._async_client import WORKER_CONNECTIONS, AsyncQueue
 from .._errors import InvalidResult
 from .._sync_client import Queue
 from .._types import Claim
@@ -71,8 +71,12 @@ def child_main(
     os.setpgrp()
     leads_group.value = 1
     threading.Thread(target=_leave_with_the_worker, args=(os.getppid(), lost), daemon=True).start()
-    sync_queue = Queue(dsn, schema=schema, pool_size=2)
-    async_queue = AsyncQueue(dsn, schema=schema, pool_size=1)
+    # The worker's session settings (keepalives, a TCP user timeout, an
+    # idle_in_transaction_session_timeout), as on its handler threads' connections:
+    # a transaction left open here (the host cut off from the database) must not
+    # hold the job's row, and the handler's, for as long as the server's keepalive.
+    sync_queue = Queue(dsn, schema=schema, pool_size=2, connection_options=WORKER_CONNECTIONS)
+    async_queue = AsyncQueue(dsn, schema=schema, pool_size=1, connection_options=WORKER_CONNECTIONS)
     try:
         while (work := pipe.recv()) is not None:
             module, qualname, claim, trace_context, max_result_bytes = work

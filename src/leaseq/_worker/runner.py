@@ -306,7 +306,9 @@ class Worker:
             # their leases' expiry.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(outcomes.drain(), _left(closing_by))
-            self._runner.close()
+            # In a thread: stopping the handlers' child processes joins them (2 s
+            # for one still busy, then killed), which must not hold the event loop.
+            await asyncio.to_thread(self._runner.close)
             if untrack is not None:
                 untrack()
             await self._clients.close(_left(closing_by))

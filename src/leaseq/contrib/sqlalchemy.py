@@ -31,16 +31,17 @@ from typing import Any, NoReturn
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection, Engine, event, null, select
+from sqlalchemy import Connection, Engine, RootTransaction, event, null, select
 from sqlalchemy.engine.interfaces import Dialect
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncEngine,
     AsyncSession,
     AsyncSessionTransaction,
+    async_scoped_session,
     async_sessionmaker,
 )
-from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, scoped_session, sessionmaker
 
 from leaseq import InvalidArgument, JobContext, LeaseLost
 
@@ -59,9 +60,12 @@ AsyncSessionBind = AsyncEngine | async_sessionmaker[AsyncSession]
 # -- the psycopg connection under a session ---------------------------------------
 
 
-def psycopg_connection(session_or_connection: Session | Connection) -> psycopg.Connection[Any]:
-    """The psycopg connection under a ``Session`` or a Core ``Connection``, inside
-    its current transaction, for leaseq's ``conn=`` (``enqueue``, ``complete``...).
+def psycopg_connection(
+    session_or_connection: Session | scoped_session[Session] | Connection,
+) -> psycopg.Connection[Any]:
+    """The psycopg connection under a ``Session`` (a ``scoped_session``'s current
+    one included) or a Core ``Connection``, inside its current transaction, for
+    leaseq's ``conn=`` (``enqueue``, ``complete``...).
 
     A transaction is begun if none is (as SQLAlchemy's autobegin would), so what
     leaseq writes on the connection commits or rolls back with that transaction:
@@ -90,10 +94,11 @@ def psycopg_connection(session_or_connection: Session | Connection) -> psycopg.C
 
 
 async def apsycopg_connection(
-    session_or_connection: AsyncSession | AsyncConnection,
+    session_or_connection: AsyncSession | async_scoped_session[AsyncSession] | AsyncConnection,
 ) -> psycopg.AsyncConnection[Any]:
-    """The async twin of :func:`psycopg_connection`, for an ``AsyncSession`` or an
-    ``AsyncConnection`` on ``postgresql+psycopg`` (``create_async_engine``)."""
+    """The async twin of :func:`psycopg_connection`, for an ``AsyncSession`` (an
+    ``async_scoped_session``'s current one included) or an ``AsyncConnection`` on
+    ``postgresql+psycopg`` (``create_async_engine``)."""
     connection = await _async_connection(session_or_connection)
     raw = await connection.get_raw_connection()
     driver = raw.driver_connection
@@ -106,9 +111,14 @@ async def apsycopg_connection(
     return driver
 
 
-def _sync_connection(session_or_connection: Session | Connection) -> Connection:
+def _sync_connection(
+    session_or_connection: Session | scoped_session[Session] | Connection,
+) -> Connection:
     """The SQLAlchemy connection (in the session's transaction), checked first."""
-    if isinstance(session_or_connection, AsyncSession | AsyncConnection):
+    if isinstance(session_or_connection, scoped_session):
+        # (Flask-SQLAlchemy's db.session): the session of the current scope
+        session_or_connection = session_or_connection()
+    if isinstance(session_or_connection, AsyncSession | AsyncConnection | async_scoped_session):
         raise InvalidArgument("an async session or connection: use apsycopg_connection")
     if isinstance(session_or_connection, Session):
         # The dialect is checked on the bind, before a connection is checked out.
@@ -123,9 +133,11 @@ def _sync_connection(session_or_connection: Session | Connection) -> Connection:
 
 
 async def _async_connection(
-    session_or_connection: AsyncSession | AsyncConnection,
+    session_or_connection: AsyncSession | async_scoped_session[AsyncSession] | AsyncConnection,
 ) -> AsyncConnection:
     """The async twin of :func:`_sync_connection`."""
+    if isinstance(session_or_connection, async_scoped_session):
+        session_or_connection = session_or_connection()
     if isinstance(session_or_connection, AsyncSession):
         _require_psycopg(session_or_connection.sync_session.get_bind().dialect)
         return await session_or_connection.connection()
@@ -178,13 +190,15 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
     :func:`job_async_session`.
     """
     _refuse_when_lost(job)
-    with _new_session(bind) as session:
+    with job._completing_block(), _new_session(bind) as session:
         transaction = session.begin()
         _refuse_commits(session)
-        with _connection_commits_refused(session.connection()) as ours:
+        connection = session.connection()
+        begun = connection.get_transaction()  # the block's, on the session's connection
+        with _connection_commits_refused(connection) as ours:
             try:
                 yield session
-                _require_open(transaction)
+                _require_open(transaction, connection, begun)
                 session.flush()  # the effect's writes first: a failing one raises first
                 job.completing = True  # the fence decides from here (JobContext)
                 job.complete_in(psycopg_connection(session))
@@ -193,6 +207,9 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
             except BaseException:
                 if transaction.is_active:
                     transaction.rollback()
+                stray = _stray_transaction(connection, begun)
+                if stray is not None:
+                    stray.rollback()
                 raise
             finally:
                 job.completing = False
@@ -209,25 +226,31 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
     there (one loop per worker process), never from another loop or thread.
     """
     _refuse_when_lost(job)
-    async with _new_async_session(bind) as session:
-        transaction = session.begin()
-        await transaction.start()
-        _refuse_commits(session)
-        with _connection_commits_refused((await session.connection()).sync_connection) as ours:
-            try:
-                yield session
-                _require_open(transaction)
-                await session.flush()
-                job.completing = True  # the fence decides from here (JobContext)
-                await job.acomplete_in(await apsycopg_connection(session))
-                ours.append(True)  # the one commit that is the block's
-                await transaction.commit()
-            except BaseException:
-                if transaction.is_active:
-                    await transaction.rollback()
-                raise
-            finally:
-                job.completing = False
+    with job._completing_block():
+        async with _new_async_session(bind) as session:
+            transaction = session.begin()
+            await transaction.start()
+            _refuse_commits(session)
+            connection = await session.connection()
+            sync = connection.sync_connection
+            begun = None if sync is None else sync.get_transaction()
+            with _connection_commits_refused(sync) as ours:
+                try:
+                    yield session
+                    _require_open(transaction, sync, begun)
+                    await session.flush()
+                    job.completing = True  # the fence decides from here (JobContext)
+                    await job.acomplete_in(await apsycopg_connection(session))
+                    ours.append(True)  # the one commit that is the block's
+                    await transaction.commit()
+                except BaseException:
+                    if transaction.is_active:
+                        await transaction.rollback()
+                    if _stray_transaction(sync, begun) is not None:
+                        await connection.rollback()
+                    raise
+                finally:
+                    job.completing = False
     job.mark_completed()
 
 
@@ -311,11 +334,35 @@ def _connection_commits_refused(connection: Connection | None) -> Iterator[list[
         event.remove(connection, "commit", refuse)
 
 
-def _require_open(transaction: SessionTransaction | AsyncSessionTransaction) -> None:
+def _require_open(
+    transaction: SessionTransaction | AsyncSessionTransaction,
+    connection: Connection | None,
+    begun: RootTransaction | None,
+) -> None:
     """The effect and the completion must share the block's transaction: a commit
-    or rollback inside the block would split them."""
-    if not transaction.is_active:
+    or rollback inside the block would split them. That includes a rollback of
+    the session's connection (``session.connection().rollback()``), which the
+    session does not see: what the handler wrote next, and the completion, went
+    into a new transaction on that connection, which the session's commit would
+    not commit (the job then marked completed, its completion rolled back)."""
+    if not transaction.is_active or (
+        connection is not None
+        and (begun is None or not begun.is_active or connection.get_transaction() is not begun)
+    ):
         raise InvalidArgument(
             "the session's transaction ended inside the job_session block: "
             "job_session commits (with the completion) or rolls back itself"
         )
+
+
+def _stray_transaction(
+    connection: Connection | None, begun: RootTransaction | None
+) -> RootTransaction | None:
+    """A transaction the session's connection began inside the block after the
+    block's own ended (see :func:`_require_open`): it holds writes of the block,
+    and must roll back with it (on a caller's own connection, whose transaction
+    the session would otherwise leave open for the caller's next commit)."""
+    if connection is None:
+        return None
+    current = connection.get_transaction()
+    return current if current is not None and current is not begun else None

@@ -185,14 +185,32 @@ def job_atomic(job: JobContext, using: str | None = None) -> Iterator[None]:
     a completion already reported.
     """
     alias = using or leaseq_settings().database
-    try:
-        with transaction.atomic(using=alias, durable=True):
-            yield
-            job.completing = True  # the fence decides from here (JobContext)
-            job.complete_in(connection(alias))
-    finally:
-        job.completing = False
+    with job._completing_block():
+        try:
+            with transaction.atomic(using=alias, durable=True):
+                yield
+                _refuse_rollback_only(alias)
+                job.completing = True  # the fence decides from here (JobContext)
+                job.complete_in(connection(alias))
+        finally:
+            job.completing = False
     job.mark_completed()
+
+
+def _refuse_rollback_only(alias: str) -> None:
+    """A block Django will roll back at its exit, without raising: marked with
+    ``transaction.set_rollback(True)``, or by an error of the ORM caught inside it
+    without a savepoint of its own. The completion, sent on the psycopg connection
+    under Django's, would roll back with the effect while the job was reported
+    completed (the worker then stops renewing a job still running): raised instead,
+    inside the block, so that neither commits and the attempt ends with this error."""
+    if transaction.get_rollback(using=alias):
+        cause = getattr(connections[alias], "rollback_exc", None)
+        raise InvalidArgument(
+            "the job_atomic block is marked for rollback (transaction.set_rollback(True), "
+            "or an error caught inside it without a savepoint): neither its effect nor "
+            "the job's completion commits"
+        ) from cause
 
 
 def worker_app(queues: Iterable[str] | None = None) -> App:

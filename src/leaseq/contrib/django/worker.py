@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -60,6 +61,15 @@ def worker_app(queues: Iterable[str] | None = None) -> App:
         app = copy.copy(own)
         app.dsn, app.schema = config.dsn(), App(schema=config.schema).schema
         app.schedules = dict(own.schedules)
+        # Its plain on_success/on_failure hooks run in threads of their own (the
+        # worker's hook threads), never between a handler's connection checks:
+        # checked around each call too, or a thread's connection once broken (a
+        # server restart, a failover) stayed broken for every later hook.
+        app.hooks = replace(
+            own.hooks,
+            success=[_checked(hook) for hook in own.hooks.success],
+            failure=[_checked(hook) for hook in own.hooks.failure],
+        )
         app.tasks = {}
         for name, task in own.tasks.items():
             # Sync handlers run in the worker's threads, with Django connections of
@@ -90,6 +100,14 @@ def django_connections(handler: H) -> H:
             close_old_connections()
 
     return cast(H, run)
+
+
+def _checked(hook: H) -> H:
+    """A plain hook between Django's connection checks (an async one runs on the
+    event loop, where Django's ORM is not called synchronously: as it is)."""
+    call = inspect.getattr_static(type(hook), "__call__", None)
+    is_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(call)
+    return hook if is_async else django_connections(hook)
 
 
 @django_connections

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from leaseq import Worker
+from leaseq import InvalidArgument, Worker
 from leaseq.contrib.django.conf import leaseq_settings
 from leaseq.contrib.django.worker import worker_app
 
@@ -55,16 +55,21 @@ class Command(BaseCommand):  # type: ignore[misc]  # Django has no inline types
                 "nothing to run: set settings.LEASEQ['APP'], or a LeaseqBackend in "
                 "settings.TASKS, or pass --queues"
             )
-        worker = Worker(
-            app,
-            queues=queues,
-            concurrency=options["concurrency"] or config.concurrency,
-            lease=options["lease"],
-            poll_interval=options["poll_interval"],
-            listen=not options["no_listen"],
-            shutdown_grace=options["shutdown_grace"],
-            maintenance=not options["no_maintenance"],
-        )
+        # (0 is a value given, not a missing one: the Worker refuses it.)
+        concurrency = options["concurrency"]
+        try:
+            worker = Worker(
+                app,
+                queues=queues,
+                concurrency=config.concurrency if concurrency is None else concurrency,
+                lease=options["lease"],
+                poll_interval=options["poll_interval"],
+                listen=not options["no_listen"],
+                shutdown_grace=options["shutdown_grace"],
+                maintenance=not options["no_maintenance"],
+            )
+        except InvalidArgument as exc:  # an option out of its range: one line, as the CLI's
+            raise CommandError(str(exc)) from exc
         # The handlers run in threads, each with Django connections of its own.
         connections.close_all()
         self.stdout.write(f"leaseq worker: queues {', '.join(worker.queues)} (pid {os.getpid()})")
