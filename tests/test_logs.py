@@ -6,14 +6,20 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import leaseq
+from leaseq import JobStatus
 from leaseq._logs import JsonFormatter, get_logger
 from leaseq._redact import remember_dsn
 
+from .conftest import ROOT
 from .test_worker import Running, _all_finished, _until
 
 
@@ -79,3 +85,68 @@ def test_json_lines_are_scrubbed_of_secrets(json_lines: io.StringIO) -> None:
     assert "s3cret-pw" not in json_lines.getvalue()
     assert record["level"] == "error"
     assert "RuntimeError" in str(record["traceback"])
+
+
+# -- --log-format json: what the operator asked for, whatever the app does at import --------
+
+APP_WITH_ITS_OWN_LOGGING = """\
+import logging
+
+import leaseq
+
+logging.basicConfig(level=logging.INFO)  # as many scripts do at import
+
+app = leaseq.App()
+
+
+@app.task("logs", max_attempts=1)
+def broken(job: leaseq.JobContext) -> None:
+    raise RuntimeError("the template is missing")
+"""
+
+
+def test_log_format_json_holds_when_the_app_configures_logging_at_import(
+    queue: leaseq.Queue, database_url: str, tmp_path: Path
+) -> None:
+    """`leaseq worker app:app --log-format json` loaded the app (to fail early on a
+    bad reference) before it set up its log handler; an app module that calls
+    logging.basicConfig() at import left that a no-op: the lines came out in the
+    app's plain format, not one JSON object per line for the log collector."""
+    (tmp_path / "logging_app.py").write_text(APP_WITH_ITS_OWN_LOGGING)
+    (job_id,) = queue.enqueue_many("logs", [{}])
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
+    environment["PYTHONPATH"] = str(ROOT / "src")
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "leaseq",
+            "worker",
+            "logging_app:app",
+            "--burst",
+            "--no-maintenance",
+            "--log-format",
+            "json",
+            "--database-url",
+            database_url,
+            "--schema",
+            queue.schema,
+        ],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert process.returncode == 0, process.stderr
+    assert queue.get(job_id).status is JobStatus.FAILED
+    lines = [line for line in process.stderr.splitlines() if line.strip()]
+    assert lines, "the worker logged nothing"
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pytest.fail(f"not a JSON line: {line!r}\n{process.stderr}")
+    assert any(r.get("job_id") == job_id and r.get("outcome") == "failed" for r in records)

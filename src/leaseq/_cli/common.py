@@ -126,6 +126,14 @@ class LeaseqGroup(click.Group):
             raise CommandError(redact(reason)) from exc
         except LeaseqError as exc:
             raise CommandError(redact(str(exc))) from exc
+        except click.UsageError as exc:
+            # A usage error quotes what was typed, and a URL typed without its
+            # option (`leaseq status $DATABASE_URL`) is typed with its password.
+            # (Only then made anew: a group run without a command shows its help.)
+            message = exc.format_message()
+            if redact(message) == message:
+                raise
+            raise click.UsageError(redact(message), exc.ctx) from None
 
 
 @contextmanager

@@ -181,15 +181,29 @@ def cancel(job_id: int, running: bool, database_url: str | None, schema: str) ->
     click.echo(f"cancelled job {job_id}")
 
 
+#: Jobs `leaseq reap` fails per statement (a short transaction each, as the
+#: maintenance leader's batches).
+REAP_BATCH = 1000
+#: The job ids it lists at most (as many as one batch listed before).
+REAP_SHOWN = 1000
+
+
 @cli.command()
 @database_options
 def reap(database_url: str | None, schema: str) -> None:
     """Fail jobs with no attempts left (queued, or running with an expired lease)."""
+    failed: list[int] = []
     with open_queue(database_url, schema) as queue:
-        result = queue.reap()
-    click.echo(
-        f"failed {len(result)} exhausted jobs" + (f": {list(result.failed)}" if result else "")
-    )
+        # Batch after batch until one comes back short, as the leader reaps: one
+        # reap() failed the first 1,000 and said nothing of the rest.
+        while True:
+            result = queue.reap(limit=REAP_BATCH)
+            failed += result.failed
+            if len(result) < REAP_BATCH:
+                break
+    shown = sorted(failed)[:REAP_SHOWN]
+    more = f" and {len(failed) - len(shown)} more" if len(failed) > len(shown) else ""
+    click.echo(f"failed {len(failed)} exhausted jobs" + (f": {shown}{more}" if failed else ""))
 
 
 @cli.group("queue")

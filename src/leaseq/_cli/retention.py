@@ -10,7 +10,7 @@ import click
 from rich import box
 from rich.table import Table
 
-from leaseq import JobStatus, PruneResult
+from leaseq import InvalidArgument, JobStatus, PruneResult
 
 from .common import cli, console, database_options, open_queue
 
@@ -98,6 +98,9 @@ def prune(
     """Apply retention now: remove finished jobs past their queue's retention
     (deleted, or moved to the archive), in bounded batches; print what went."""
     with open_queue(database_url, schema) as queue:
+        if queue_name is not None and queue.queue_settings(queue_name) is None:
+            # (a mistyped name removed nothing, and said so as a success)
+            raise InvalidArgument(f"no queue named {queue_name!r}")
         result = queue.prune(queue_name, states=states or None, **options)
     _print_prune(result)
 

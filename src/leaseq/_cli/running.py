@@ -128,12 +128,15 @@ def migrate(database_url: str | None, schema: str) -> None:
 @database_options
 def worker(app_reference: str, processes: int, **options: Any) -> None:
     """Run the handlers of MODULE:APP."""
+    # Before the app's module is imported: one that sets up logging at import
+    # (logging.basicConfig()) made this a no-op, and --log-format json was not
+    # what came out. (The supervisor's own lines too, under --processes.)
+    configure_logging(options["log_format"])
     load_app(app_reference)  # fail early, in the parent, on a bad reference
     _check_metrics_ports(options["metrics_port"], options["metrics_host"], processes)
     if processes == 1:
         _run_worker(app_reference, options)
         return
-    configure_logging(options["log_format"])  # the supervisor's own lines
     supervisor = Supervisor(
         processes,
         _run_worker_process,
