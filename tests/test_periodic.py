@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -194,22 +195,29 @@ async def test_a_worker_of_an_older_spec_leaves_a_redeclared_schedule_alone(
 
 
 async def test_a_full_queue_leaves_the_tick_due(
-    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The tick is tried again at each pass, and the full queue is said once while
+    it lasts: every pass (twice a second, in every worker) logged it again."""
     app = _app(schema, s={"every": 60, "catch_up": 600})
     await aqueue.configure_queue("ticks", max_queued_jobs=1)
     await aqueue.enqueue("ticks", {"filler": True})
     scheduler = Scheduler(aqueue, app.schedules)
     await scheduler.run_once()
     await _past_the_next_tick(aqueue, aclock)
-    assert await scheduler.run_once() == 0
-    (info,) = await aqueue.schedules()
-    assert info.enqueued == 0
-    (claim,) = await aqueue.claim("ticks")
-    await aqueue.complete(claim)
-    assert await scheduler.run_once() == 1
+    with caplog.at_level(logging.INFO, logger="leaseq.worker"):
+        for _ in range(3):
+            assert await scheduler.run_once() == 0
+        (info,) = await aqueue.schedules()
+        assert info.enqueued == 0
+        (claim,) = await aqueue.claim("ticks")
+        await aqueue.complete(claim)
+        assert await scheduler.run_once() == 1
     (info,) = await aqueue.schedules()
     assert (info.enqueued, info.skipped) == (1, 0)
+    said = [r.getMessage() for r in caplog.records if r.name == "leaseq.worker"]
+    assert len([m for m in said if "tick stays due" in m]) == 1, said
+    assert said[-1] == "schedule s: enqueues again"
 
 
 async def test_a_schedule_its_queue_refuses_is_said_and_the_others_go_on(

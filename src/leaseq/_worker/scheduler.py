@@ -29,6 +29,10 @@ from .schedules import Due, Schedule
 
 log = get_logger("leaseq.worker")
 
+#: What ``Scheduler._failing`` holds for a schedule whose queue is full (its
+#: message's counts change at each pass: the error's text would not do).
+FULL = "its queue is full"
+
 #: The longest sleep between passes: a tick is enqueued at most this late
 #: (plus a little jitter, so that the workers of an app do not all look at once).
 PASS_INTERVAL = 0.5
@@ -44,7 +48,7 @@ class Scheduler:
         #: producer's enqueues are: the worker's own metrics.
         self._metrics = metrics
         self._registered = False
-        #: The error each failing schedule last met (logged when it changes).
+        #: The error each failing schedule last met (logged when it changes), or FULL.
         self._failing: dict[str, str] = {}
 
     async def run(self) -> None:
@@ -76,7 +80,11 @@ class Scheduler:
             try:
                 enqueued += await self._handle(self._schedules[name])
             except BacklogFull as exc:
-                log.warning("schedule %s: %s; its tick stays due", name, exc)
+                # Said once while it lasts, as the errors below: the next pass,
+                # half a second on in every worker, would say it again.
+                if self._failing.get(name) != FULL:
+                    log.warning("schedule %s: %s; its tick stays due", name, exc)
+                self._failing[name] = FULL
             except TransientError:
                 raise  # the database: the whole pass waits (run)
             except LeaseqError as exc:
