@@ -324,3 +324,34 @@ async def test_a_job_its_transaction_completed_is_done_when_the_stop_cuts_its_ha
     assert (await aqueue.get(job_id)).status is JobStatus.DONE
     assert (worker.stats.completed, worker.stats.lost_leases) == (1, 0)
     assert succeeded == [job_id]
+
+
+# -- the first use of a queue in a caller's transaction that rolls back --
+
+
+def test_a_rolled_back_first_use_of_a_queue_leaves_other_producers_unblocked(
+    client: Client,
+    client_class: type[Client],
+    database_url: str,
+    schema: str,
+    client_connect: ClientConnect,
+) -> None:
+    """Under REPEATABLE READ a queue's settings row is made in the caller's
+    transaction (a row committed elsewhere would be invisible to its snapshot).
+    The client then took the queue for known: once that transaction rolled back,
+    the row was made by the next enqueue, inside that caller's (READ COMMITTED)
+    transaction, and every other producer of the queue waited for it to commit,
+    which the README promises never happens."""
+    snapshot = client_connect()
+    with snapshot.transaction(force_rollback=True):
+        snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        client.enqueue("fresh", {"n": 0}, conn=snapshot)
+    options = {**leaseq._db.CONNECTION_OPTIONS, "options": "-c lock_timeout=3000"}
+    producer = client_connect()
+    with (
+        producer.transaction(),
+        client_class(database_url, schema=schema, connection_options=options) as other,
+    ):
+        client.enqueue("fresh", {"n": 1}, conn=producer)
+        other.enqueue("fresh", {"n": 2})  # waited for `producer` (lock_timeout)
+    assert client.stats("fresh")[0].queued == 2

@@ -67,12 +67,26 @@ def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operati
     it would make every other producer of the queue wait until that commits.
     But a caller's transaction that reads one snapshot would not see that row,
     and the enqueue's own insert of it would fail (a serialization failure, for
-    a lone producer): there it is made in the caller's transaction."""
+    a lone producer): there it is made in the caller's transaction, unless it is
+    committed already.
+
+    Only a row seen committed makes the queue known: one made in the caller's
+    transaction rolls back with it, and a queue taken for known then had its row
+    made by a later enqueue inside its caller's transaction (admit()), so that
+    every other producer of the queue waited for that one to commit."""
     if queue not in known_queues:
         one_snapshot: bool = yield store.reads_one_snapshot()
-        ensure = store.ensure_queue(queue)
-        yield Operation(ensure.statements, ensure.decode, detached=not one_snapshot)
-        known_queues.add(queue)
+        if not one_snapshot:
+            ensure = store.ensure_queue(queue)
+            yield Operation(ensure.statements, ensure.decode, detached=True)
+            known_queues.add(queue)
+        else:
+            probe = store.queue_settings(queue)
+            committed = yield Operation(probe.statements, probe.decode, detached=True)
+            if committed is None:
+                yield store.ensure_queue(queue)  # in the caller's transaction
+            else:
+                known_queues.add(queue)
     result: T = yield operation
     return result
 

@@ -185,7 +185,26 @@ def run_at(value: object) -> datetime | None:
 def lease(value: object) -> float | None:
     if value is None:
         return None
-    return seconds(value, "lease", MAX_LEASE_SECONDS, allow_zero=False)
+    return lease_seconds(value)
+
+
+#: The shortest lease. The database keeps times to the microsecond: a lease under
+#: half of one was stored as none at all, so a claim's lease had ended before the
+#: claim returned (the next claim took the job again at once) and a renewal
+#: "renewed" it to an end already past.
+MIN_LEASE_SECONDS = 0.001
+
+
+def lease_seconds(value: object, what: str = "lease") -> float:
+    """A lease's duration (a claim's, a renewal's, a queue's): at least a
+    millisecond, at most a day."""
+    number = seconds(value, what, MAX_LEASE_SECONDS, allow_zero=False)
+    if number < MIN_LEASE_SECONDS:
+        raise InvalidArgument(
+            f"{what} must be at least {MIN_LEASE_SECONDS:g} seconds (the database keeps "
+            f"times to the microsecond), got {value!r}"
+        )
+    return number
 
 
 def claims(values: object, what: str = "claims") -> list[Claim]:

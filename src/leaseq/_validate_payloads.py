@@ -4,6 +4,7 @@ jsonb takes, within the caps, nested no deeper than Python decodes safely."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,12 @@ MAX_PAYLOAD_DEPTH = 256
 #: backslashes are escaped (up to twice the bytes). Past it the server closed the
 #: connection (the caller's transaction with it).
 MAX_BATCH_BYTES = 256 * 1024 * 1024
+#: The most digits of an integer Python decodes by default. A process that raised
+#: its own limit (``sys.set_int_max_str_digits``) encodes longer ones, and jsonb
+#: takes them; every reader with the default limit then failed to decode the
+#: payload with a ValueError (``get()``; a claim, after it had committed: the
+#: jobs claimed beside it stranded as running, then claimed again to fail again).
+MAX_INT_DIGITS = sys.int_info.default_max_str_digits
 
 
 # A \u0000 escape is one preceded by an even number of backslashes.
@@ -81,7 +88,40 @@ def payload(value: object, limit: int) -> EncodedPayload:
         value, MAX_PAYLOAD_DEPTH
     ):
         raise InvalidJob(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+    # Under the default limit the encoder itself refuses a longer integer.
+    if size > MAX_INT_DIGITS and _encodes_longer_ints() and _holds_longer_int(value):
+        raise InvalidJob(
+            f"payload holds an integer of more than {MAX_INT_DIGITS} digits, more than "
+            "Python decodes by default (sys.set_int_max_str_digits): send it as a string"
+        )
     return EncodedPayload(text, size)
+
+
+def _encodes_longer_ints() -> bool:
+    """Whether this process encodes integers longer than readers decode by default."""
+    limit = sys.get_int_max_str_digits()
+    return limit == 0 or limit > MAX_INT_DIGITS
+
+
+def _holds_longer_int(value: object) -> bool:
+    """Whether an int (not a mapping's key: JSON makes that text) somewhere in
+    ``value`` has more than MAX_INT_DIGITS digits."""
+    # An int of d digits has at least 3.32 (d - 1) bits: the bit count passes
+    # most ints over without writing them out.
+    bits = 3 * MAX_INT_DIGITS
+    pending = [value]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, bool):
+            continue
+        if isinstance(current, int):
+            if current.bit_length() > bits and len(int.__repr__(abs(current))) > MAX_INT_DIGITS:
+                return True
+        elif isinstance(current, dict):
+            pending.extend(current.values())
+        elif isinstance(current, list | tuple):
+            pending.extend(current)
+    return False
 
 
 _CONTAINERS = (dict, list, tuple)

@@ -10,9 +10,9 @@ from ._errors import InvalidArgument
 from ._types import JobStatus, OrderingPolicy, RetentionMode
 from ._validate import (
     FINISHED_STATES,
-    MAX_LEASE_SECONDS,
     MAX_PRUNE_BATCH,
     MAX_RETENTION_SECONDS,
+    lease_seconds,
     seconds,
     within,
 )
@@ -22,7 +22,7 @@ _UNSET: Any = object()
 
 # configure_queue's keyword -> (SQL parameter, validator)
 _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "lease": ("lease", lambda v: seconds(v, "lease", MAX_LEASE_SECONDS, allow_zero=False)),
+    "lease": ("lease", lease_seconds),
     "max_attempts": ("max_attempts", lambda v: _setting_int(v, "max_attempts", range(1, 1001))),
     "backoff_base": ("backoff_base", lambda v: seconds(v, "backoff_base", 86400.0)),
     "backoff_cap": ("backoff_cap", lambda v: seconds(v, "backoff_cap", 30 * 86400.0)),
