@@ -11,8 +11,6 @@ import pytest
 
 import leaseq
 
-from .conftest import Clock
-
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
 
 

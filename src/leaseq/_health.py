@@ -79,9 +79,11 @@ def warnings(
     idle_in_transaction_timeout: str,
     long_transaction: float = LONG_TRANSACTION_SECONDS,
     blind_role: str | None = None,
+    not_owner: str | None = None,
 ) -> tuple[str, ...]:
     """The plain-language warnings; ``blind_role``: the role reading, when it cannot
-    see other roles' transactions."""
+    see other roles' transactions; ``not_owner``: the role reading, when it may not
+    vacuum the job table (a maintenance leader of that role leaves it be)."""
     job = next((t for t in tables if t.name == "job"), None)
     if job is None:
         return (f"schema {schema!r} has no job table: run `leaseq migrate`",)
@@ -96,13 +98,25 @@ def warnings(
             if not track_counts
             else f"for the table {schema}.job (autovacuum_enabled = false)"
         )
+        if not_owner is None:
+            care = (
+                "The maintenance leader (in every worker, or `leaseq maintenance`) vacuums "
+                f"the job table itself once its dead rows pass {VACUUM_THRESHOLD} + "
+                f"{VACUUM_SCALE_FACTOR:.0%} of its rows, and analyzes it once "
+                f"{ANALYZE_THRESHOLD} + {ANALYZE_SCALE_FACTOR:.0%} of its rows changed; "
+                "turn autovacuum on where you can."
+            )
+        else:
+            care = (
+                f"Role {not_owner!r} may not vacuum or analyze {schema}.job (only its "
+                "owner, the database's owner, or from PostgreSQL 17 a role granted "
+                "MAINTAIN on it may): a maintenance leader running as this role leaves "
+                "the table be. Turn autovacuum on, run the leader (`leaseq maintenance`) "
+                "as the table's owner, or vacuum it yourself."
+            )
         said.append(
             f"autovacuum is off {where}: PostgreSQL does not clean up the dead rows that "
-            "claims and completions leave. The maintenance leader (in every worker, or "
-            "`leaseq maintenance`) vacuums the job table itself once its dead rows pass "
-            f"{VACUUM_THRESHOLD} + {VACUUM_SCALE_FACTOR:.0%} of its rows, and analyzes it "
-            f"once {ANALYZE_THRESHOLD} + {ANALYZE_SCALE_FACTOR:.0%} of its rows changed; "
-            "turn autovacuum on where you can."
+            f"claims and completions leave. {care}"
         )
     if blind_role is not None:
         said.append(
@@ -120,7 +134,10 @@ def warnings(
             "and nothing holds back their cleanup: autovacuum is behind; give it more "
             "room (autovacuum_vacuum_cost_limit, autovacuum_max_workers) or vacuum now."
         )
-    if job.estimated_rows > 10_000 and not (job.last_analyze or job.last_autoanalyze):
+    # A table never analyzed (nor vacuumed) has no row estimate (reltuples -1, read
+    # as 0): its live rows, which every insert counts, say how large it is.
+    rows = max(job.estimated_rows, job.live_tuples)
+    if rows > 10_000 and not (job.last_analyze or job.last_autoanalyze):
         said.append(
             f"the job table was never analyzed: the planner guesses its contents; run "
             f"ANALYZE {schema}.job"
@@ -176,7 +193,15 @@ def _holder_warning(
     return [opened + effect + fix]
 
 
-def claim_plan_warnings(plan: str, *, queue: str, schema: str) -> tuple[str, ...]:
+def claim_plan_warnings(
+    plan: str, *, queue: str, schema: str, coordinated: bool = False
+) -> tuple[str, ...]:
+    if coordinated:
+        return (
+            f"queue {queue!r} has limits or grouped jobs: its claim picks its jobs in "
+            f"{schema}.claim_limited(), whose queries EXPLAIN does not show; the plan "
+            "above is of the plain claim's branches, which do not run for this queue.",
+        )
     if READY_INDEX in plan:
         return ()
     scan = " (it scans the whole job table)" if "Seq Scan on job" in plan else ""

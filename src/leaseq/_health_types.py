@@ -56,7 +56,9 @@ class Health:
     holders: tuple[CleanupHolder, ...]
     server_autovacuum: bool
     idle_in_transaction_timeout: str
-    leader_vacuums: bool  # autovacuum is off for the job table: the leader vacuums it
+    #: Autovacuum is off for the job table, and the role reading may vacuum it: a
+    #: maintenance leader of this role vacuums it (one of another role leaves it be).
+    leader_vacuums: bool
     warnings: tuple[str, ...]
     #: Whether this role sees other roles' transactions (superuser, or a member of
     #: pg_read_all_stats); if not, ``holders`` may miss what holds back cleanup.
@@ -74,3 +76,6 @@ class ClaimPlan:
     plan: str
     reads_ready_index: bool
     warnings: tuple[str, ...]
+    #: The queue has limits or grouped jobs: claim_limited() picks its jobs, and
+    #: ``plan`` (the plain branches) is not what runs for it.
+    coordinated: bool = False

@@ -113,14 +113,14 @@ def _print_health(report: Health) -> None:
             holders.add_row(Text(f"{h.kind} {h.name}"), Text(h.state), held, f"{h.xmin_age:,}")
         console.print(holders)
     autovacuum = "on" if report.server_autovacuum else "off"
-    click.echo(
-        f"autovacuum: {autovacuum} for the server; "
-        + (
-            "the maintenance leader vacuums the job table itself"
-            if report.leader_vacuums
-            else "the job table is vacuumed by autovacuum"
-        )
-    )
+    job = report.table("job")
+    if report.leader_vacuums:
+        care = "the maintenance leader vacuums the job table itself"
+    elif report.server_autovacuum and job is not None and job.autovacuum_enabled:
+        care = "the job table is vacuumed by autovacuum"
+    else:  # autovacuum is off for it, and this role may not vacuum it (a warning says)
+        care = "nothing this role runs may vacuum the job table"
+    click.echo(f"autovacuum: {autovacuum} for the server; {care}")
     if not report.warnings:
         click.echo("no warnings")
     for warning in report.warnings:
@@ -128,7 +128,12 @@ def _print_health(report: Health) -> None:
 
 
 def _print_plan(plan: ClaimPlan) -> None:
-    verdict = "reads the ready index" if plan.reads_ready_index else "does NOT read the ready index"
+    if plan.coordinated:
+        verdict = "picked by claim_limited() (limits or groups), not shown by this plan"
+    elif plan.reads_ready_index:
+        verdict = "reads the ready index"
+    else:
+        verdict = "does NOT read the ready index"
     click.echo(f"claim of queue {plan.queue!r}: {verdict}")
     click.echo(plan.plan)
     for warning in plan.warnings:

@@ -26,13 +26,18 @@ class HealthOperations(StoreBase):
         schema = self.schema
 
         def decode(rows: list[Rows]) -> Health:
-            ((autovacuum, track_counts, idle_timeout, _version, sees_all, role),) = rows[0]
+            ((autovacuum, track_counts, idle_timeout, _version, sees_all, role, may_vacuum),) = (
+                rows[0]
+            )
             tables = tuple(TableHealth(*row) for row in rows[1])
             indexes = tuple(IndexHealth(*row) for row in rows[2])
             holders = tuple(CleanupHolder(*row) for row in rows[3])
             job = next((t for t in tables if t.name == "job"), None)
-            leader_vacuums = job is not None and not (
-                autovacuum and track_counts and job.autovacuum_enabled
+            # A leader of this role leaves the table to its owner (vacuum_check()).
+            leader_vacuums = (
+                job is not None
+                and bool(may_vacuum)
+                and not (autovacuum and track_counts and job.autovacuum_enabled)
             )
             return Health(
                 tables=tables,
@@ -51,12 +56,13 @@ class HealthOperations(StoreBase):
                     idle_in_transaction_timeout=str(idle_timeout),
                     long_transaction=long_transaction,
                     blind_role=None if sees_all else str(role),
+                    not_owner=None if may_vacuum else str(role),
                 ),
             )
 
         return Operation(
             (
-                Statement(self.sql("health_settings.sql")),
+                Statement(self.sql("health_settings.sql"), {"job_table": f"{self._quoted}.job"}),
                 Statement(self.sql("health_tables.sql"), params),
                 Statement(self.sql("health_indexes.sql"), params),
                 Statement(self.sql("health_holders.sql")),
@@ -75,15 +81,25 @@ class HealthOperations(StoreBase):
 
         def decode(rows: list[Rows]) -> ClaimPlan:
             text = "\n".join(str(row[0]) for row in rows[0])
+            coordinated = any(bool(row[0]) for row in rows[1])
             return ClaimPlan(
                 queue=queue,
                 plan=text,
-                reads_ready_index=health.READY_INDEX in text,
-                warnings=health.claim_plan_warnings(text, queue=queue, schema=schema),
+                reads_ready_index=health.READY_INDEX in text and not coordinated,
+                warnings=health.claim_plan_warnings(
+                    text, queue=queue, schema=schema, coordinated=coordinated
+                ),
+                coordinated=coordinated,
             )
 
         explain = self.sql("explain.sql") + self.sql("claim.sql")
-        return Operation((Statement(explain, params),), decode)
+        return Operation(
+            (
+                Statement(explain, params),
+                Statement(self.sql("claim_coordinated.sql"), {"queue": params["queue"]}),
+            ),
+            decode,
+        )
 
     def vacuum_check(self) -> Operation[TableCare]:
         """What the job table needs from the maintenance leader now."""

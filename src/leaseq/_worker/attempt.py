@@ -350,7 +350,8 @@ def _log_finished(claim: Claim, label: str, elapsed: float, outcome: Outcome | N
 
 #: What _acknowledge says when the attempt was lost: leaseq_jobs_finished_total's
 #: lease_lost is counted where the attempt is lost (AttemptRegistry.lose), not here.
-LOST_HERE = "lost"
+#: The same word as that label and the log's ``outcome``: the span's leaseq.outcome.
+LOST_HERE = "lease_lost"
 
 #: The ``outcome`` label of leaseq_jobs_finished_total for each answer of the database
 #: (a lost one is counted where the attempt is lost, AttemptRegistry.lose).

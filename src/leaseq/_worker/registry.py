@@ -91,8 +91,10 @@ class AttemptRegistry:
 
     def running(self) -> int:
         """Attempts whose handler has not returned yet (read by a metrics scrape, from
-        another thread: one C-level copy of the values, no iteration over the dict)."""
-        return sum(1 for a in list(self._by_claim.values()) if not a.acknowledging)
+        another thread: one C-level copy of the values, no iteration over the dict).
+        Not one whose outcome is settled either: a handler that completed its job
+        through its own transaction has returned, while its after hooks run."""
+        return sum(1 for a in list(self._by_claim.values()) if not (a.acknowledging or a.settled))
 
     def free_slots(self) -> int:
         # A handler that has returned frees its slot at once: its acknowledgement
