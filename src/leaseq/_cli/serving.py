@@ -121,8 +121,22 @@ def run_leaving_stragglers(main: Coroutine[Any, Any, None]) -> None:
         raise
     _cancel_what_is_left(loop, exit_code=0)
     loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.run_until_complete(loop.shutdown_default_executor())
+    _shut_down_default_executor(loop, exit_code=0)
     loop.close()
+
+
+def _shut_down_default_executor(loop: asyncio.AbstractEventLoop, exit_code: int) -> None:
+    """Shut the loop's default executor down; if one of its threads still runs
+    after STRAGGLER_WAIT, exit without it. An async handler's
+    ``asyncio.to_thread`` call runs on there once the handler is cancelled (its
+    job given back), and a thread of that executor is joined at the loop's
+    shutdown and again at the interpreter's exit: a hung call kept a stopped
+    worker for ever."""
+    shutting = loop.create_task(loop.shutdown_default_executor())
+    done, _ = loop.run_until_complete(asyncio.wait({shutting}, timeout=STRAGGLER_WAIT))
+    if not done:
+        log.error("a thread of asyncio.to_thread still runs (a handler's call); exiting without it")
+        leave(exit_code)
 
 
 def _cancel_what_is_left(loop: asyncio.AbstractEventLoop, exit_code: int) -> None:

@@ -13,7 +13,8 @@
 * it raised an error the policy fails (``PermanentError``, ``fail_on``, not in
   ``retry_on``): FAIL;
 * it was cancelled at shutdown: RELEASE;
-* nothing to acknowledge (None): its lease was lost (``LeaseLost``, or the
+* nothing to acknowledge (None): its lease was lost (``LeaseLost`` of its own
+  claim: one of another claim the handler wrote with is its error; or the
   attempt was lost meanwhile), or its transaction completed the job before it
   timed out or raised.
 
@@ -195,8 +196,12 @@ class AttemptRunner:
             if context.completed:  # its transaction completed the job: done, as said
                 return _raised(task, context, request)
             return _retry_or_fail(task, claim, request.delay, request.reason)
-        except LeaseLost:
-            return None
+        except LeaseLost as exc:
+            if (exc.job_id, exc.lease_version) == (claim.job_id, claim.lease_version):
+                return None  # its own claim's fenced write was refused: its lease is gone
+            # A fenced write of another claim (the handler's own use of a queue):
+            # the handler's error, as any other; its own lease still holds.
+            return _raised(task, context, exc)
         except asyncio.CancelledError as exc:
             if attempt.lost:
                 return None

@@ -81,7 +81,7 @@ class Hooks:
         """Await an ``async def`` handler inside the hooks (all on the loop)."""
         for hook in self.before:
             await _call_before(hook, job)
-        entered = [cm for cm in self._managers(job) if await _enter(cm, job)]
+        entered = await _enter_all(self._managers(job), _enter, job)
         try:
             returned = await handler(job)
         except BaseException as exc:
@@ -104,7 +104,12 @@ class Hooks:
             if is_async_callable(hook):
                 await in_time(_call_before(hook, job))
         managers = self._managers(job)
-        entered_here = [cm for cm in managers if _is_async(cm) and await in_time(_enter(cm, job))]
+        entered_here = await _enter_all(
+            [cm for cm in managers if _is_async(cm)],
+            lambda cm, context: in_time(_enter(cm, context)),
+            job,
+            in_time,
+        )
         in_thread = [cm for cm in managers if not _is_async(cm)]
         sync_before = [hook for hook in self.before if not is_async_callable(hook)]
 
@@ -244,6 +249,30 @@ async def _enter(manager: Any, job: JobContext) -> bool:
         _log_failure(manager, job, exc)
         return False
     return True
+
+
+async def _enter_all(
+    managers: Entered,
+    enter: Callable[[Any, JobContext], Awaitable[bool]],
+    job: JobContext,
+    in_time: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None,
+) -> Entered:
+    """Enter each (``enter``: False for one that failed, left out); those entered.
+
+    An entry that the job's end cuts short (its timeout, a lost lease, a stop)
+    exits the ones entered before it, as the handler's end would have: they
+    were left entered, what they hold never given back. ``in_time``: the job's
+    time for those exits when the error leaves it some (as after a handler)."""
+    entered: Entered = []
+    try:
+        for manager in managers:
+            if await enter(manager, job):
+                entered.append(manager)
+    except BaseException as exc:
+        exits = _exit_all(entered, exc, job)
+        await (exits if in_time is None or _out_of_time(exc) else in_time(exits))
+        raise
+    return entered
 
 
 Details: TypeAlias = tuple[Any, Any, Any]

@@ -172,5 +172,7 @@ def _renewal_tick(lease_seconds: float, renew_fraction: float) -> float:
 
 
 def _kept(attempt: Attempt) -> bool:
-    """Whether this attempt still needs its lease: not lost, not completed by its handler."""
-    return not attempt.lost and not attempt.context.completed
+    """Whether this attempt still needs its lease: not lost, not completed by its
+    handler, its outcome not recorded yet (a settled attempt's after hooks may
+    still run, beside a new claim of its job: never renewed in the same batch)."""
+    return not attempt.lost and not attempt.context.completed and not attempt.settled

@@ -70,7 +70,9 @@ class AttemptRegistry:
         self, claim: Claim, context: JobContext, *, lease_from: float, cancellable: bool
     ) -> Attempt:
         stale = self._newest.get(claim.job_id)
-        if stale is not None:
+        if stale is not None and not stale.settled:
+            # (A settled attempt's outcome is recorded: its job was retried or
+            # released, and claimed again while its after hooks run. Not a loss.)
             self.lose(stale, "the lease expired and the job was claimed again")
         attempt = Attempt(claim, context, lease_from=lease_from, cancellable=cancellable)
         self._by_claim[(claim.job_id, claim.lease_version)] = attempt

@@ -55,7 +55,7 @@ from .processes import ProcessPool
 from .registry import AttemptRegistry
 from .scheduler import Scheduler
 from .signals import StopSignals, add_stop_handler, remove_stop_handler
-from .state import WorkerStats
+from .state import LEASE_MARGIN_FRACTION, WorkerStats
 
 log = get_logger("leaseq.worker")
 
@@ -64,6 +64,12 @@ log = get_logger("leaseq.worker")
 MAX_INTERVAL_SECONDS = 86400.0
 #: The most jobs one worker runs at once.
 MAX_CONCURRENCY = 10_000
+#: The latest a lease is renewed, as a fraction of it: the worker stops trusting
+#: a lease whose renewal is not confirmed LEASE_MARGIN_FRACTION before its end
+#: (.state), and the renewal loop looks every quarter of the fraction (up to a
+#: second) and then waits for the database. 0.9 was accepted, and every job
+#: longer than 80 % of its lease was lost before its first renewal was due.
+MAX_RENEW_FRACTION = 0.5
 #: What no retry can mend: the worker stops, and says what to fix in one line
 #: (``leaseq worker`` exits with it; its --processes supervisor restarts no child).
 SETUP_ERRORS = (NotMigrated, InvalidDatabaseURL)
@@ -139,10 +145,13 @@ class Worker:
         if (
             isinstance(renew_fraction, bool)
             or not isinstance(renew_fraction, int | float)
-            or not 0 < renew_fraction < 1  # (NaN is not)
+            or not 0 < renew_fraction <= MAX_RENEW_FRACTION  # (NaN is not)
         ):
             raise InvalidArgument(
-                f"renew_fraction must be a number between 0 and 1, got {renew_fraction!r}"
+                f"renew_fraction must be a number above 0 and at most {MAX_RENEW_FRACTION:g} "
+                "(a later renewal may come after the worker stops trusting the lease, "
+                f"{1 - LEASE_MARGIN_FRACTION:.0%} of it in: every longer job lost), "
+                f"got {renew_fraction!r}"
             )
         # Checked before the DSN is looked up: with none given, that starts a server.
         validate.dsn(dsn, "dsn")
@@ -175,6 +184,9 @@ class Worker:
         self._attempts = AttemptRegistry(concurrency, self.stats, self.metrics)
         self._hints = WorkHints(self.queues, poll_interval)
         self._stopping = asyncio.Event()
+        #: When the stop was first requested (monotonic): the grace runs from then,
+        #: for the claim in flight and the running jobs alike.
+        self._stop_requested_at: float | None = None
         #: A second signal: exit without waiting for anything.
         self._exiting_now = False
         self._signals = StopSignals()
@@ -189,8 +201,10 @@ class Worker:
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs get the grace period, then are released."""
-        if not self._stopping.is_set() and self._claims is not None:
-            self._claims.abandon_after(self.shutdown_grace)  # the claim in flight, if any
+        if not self._stopping.is_set():
+            self._stop_requested_at = time.monotonic()
+            if self._claims is not None:
+                self._claims.abandon_after(self.shutdown_grace)  # the claim in flight, if any
         self._stopping.set()
         self._attempts.wake()
 
@@ -388,8 +402,13 @@ class Worker:
             self._main.cancel()
 
     async def _shutdown(self) -> None:
-        """Wait for every attempt (sync threads too) up to the grace period, then release."""
-        deadline = time.monotonic() + self.shutdown_grace
+        """Wait for every attempt (sync threads too) up to the grace period, then release.
+
+        The grace runs from the stop request: a claim in flight at the stop waited
+        out its own grace meanwhile, and the running jobs' is the same one (it
+        was waited for twice: the jobs were told to stop after twice the grace)."""
+        started = self._stop_requested_at
+        deadline = (time.monotonic() if started is None else started) + self.shutdown_grace
         while self._attempts and time.monotonic() < deadline:
             await self._attempts.sleep_until_woken(deadline - time.monotonic())
         if self._attempts:
