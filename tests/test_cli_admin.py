@@ -4,35 +4,17 @@ queue, and a usage error never prints the password of a URL typed in it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 import leaseq
 from leaseq import JobStatus
 from leaseq._cli import cli
 
 from .conftest import Clock
+from .test_cli import Invoke, invoke
 
-Invoke = Callable[..., Result]
-
-
-@pytest.fixture
-def invoke(database_url: str, schema: str) -> Invoke:
-    runner = CliRunner()
-
-    def run(*arguments: str, ok: bool = True) -> Result:
-        result = runner.invoke(
-            cli,
-            [*arguments, "--database-url", database_url, "--schema", schema],
-            catch_exceptions=False,
-        )
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return run
+__all__ = ["invoke"]  # the fixture, used by name
 
 
 # -- leaseq reap: every exhausted job, not the first thousand ---------------------------

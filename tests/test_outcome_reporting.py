@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -18,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import leaseq
 
 from . import test_tracing as _tracing_tests
+from .test_metrics import _until
 
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
 
@@ -28,19 +28,6 @@ def _gauge(metrics: leaseq.Metrics, name: str) -> float:
             if sample.name == name and not sample.labels:
                 return sample.value
     raise AssertionError(f"{name} not exposed")
-
-
-async def _until(condition: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 # -- leaseq_worker_running_jobs -----------------------------------------------------------

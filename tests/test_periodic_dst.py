@@ -11,6 +11,7 @@ import leaseq
 from leaseq._worker.scheduler import Scheduler
 
 from .conftest import AsyncClock
+from .test_periodic import _jobs_by_tick
 
 
 async def _now(queue: leaseq.AsyncQueue) -> datetime:
@@ -19,16 +20,6 @@ async def _now(queue: leaseq.AsyncQueue) -> datetime:
 
 async def _move_clock_to(queue: leaseq.AsyncQueue, clock: AsyncClock, at: datetime) -> None:
     await clock.advance((at - await _now(queue)).total_seconds())
-
-
-async def _tick_jobs(queue: leaseq.AsyncQueue) -> Counter[str]:
-    async with queue.connection() as conn:
-        rows = await (
-            await conn.execute(
-                f'SELECT idempotency_key FROM "{queue.schema}".job WHERE queue = %s', ("ticks",)
-            )
-        ).fetchall()
-    return Counter(str(row[0]) for row in rows)
 
 
 async def test_a_downtime_across_the_repeated_autumn_hour_still_enqueues_the_latest_tick(
@@ -50,7 +41,7 @@ async def test_a_downtime_across_the_repeated_autumn_hour_still_enqueues_the_lat
     assert declared.next_tick == datetime(2026, 11, 1, 5, tzinfo=UTC)
     await _move_clock_to(aqueue, aclock, datetime(2026, 11, 1, 6, 5, tzinfo=UTC))
     assert await scheduler.run_once() == 1
-    assert await _tick_jobs(aqueue) == Counter({"hourly@2026-11-01T05:00:00+00:00": 1})
+    assert await _jobs_by_tick(aqueue) == Counter({"hourly@2026-11-01T05:00:00+00:00": 1})
     (info,) = await aqueue.schedules()
     assert (info.enqueued, info.skipped) == (1, 0)
     assert info.next_tick == datetime(2026, 11, 1, 7, tzinfo=UTC)  # 02:00 EST
@@ -72,7 +63,7 @@ async def test_a_nightly_job_survives_a_downtime_over_the_repeated_hour(
     await scheduler.run_once()
     await _move_clock_to(aqueue, aclock, datetime(2026, 10, 25, 2, 30, tzinfo=UTC))
     assert await scheduler.run_once() == 1
-    assert await _tick_jobs(aqueue) == Counter({"nightly@2026-10-25T00:30:00+00:00": 1})
+    assert await _jobs_by_tick(aqueue) == Counter({"nightly@2026-10-25T00:30:00+00:00": 1})
 
 
 def test_a_catch_up_window_starting_in_the_repeated_hour_keeps_the_latest_tick() -> None:
