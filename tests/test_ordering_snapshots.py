@@ -11,6 +11,10 @@ import pytest
 
 import leaseq
 
+#: A transaction's snapshot held open on purpose: never beside the tests that read
+#: plans after VACUUM (see test_plans).
+pytestmark = pytest.mark.xdist_group("cleanup_horizon")
+
 Connect = Callable[..., psycopg.Connection[tuple[object, ...]]]
 
 

@@ -329,6 +329,7 @@ async def test_a_job_its_transaction_completed_is_done_when_the_stop_cuts_its_ha
 # -- the first use of a queue in a caller's transaction that rolls back --
 
 
+@pytest.mark.xdist_group("cleanup_horizon")  # holds a snapshot open (see test_plans)
 def test_a_rolled_back_first_use_of_a_queue_leaves_other_producers_unblocked(
     client: Client,
     client_class: type[Client],

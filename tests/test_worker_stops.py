@@ -28,6 +28,9 @@ pytestmark = pytest.mark.asyncio
 GRACE = 1.5
 
 
+# Its claim waits on a lock, its snapshot held for seconds: never beside the tests
+# that read plans after VACUUM (see test_plans).
+@pytest.mark.xdist_group("cleanup_horizon")
 async def test_a_claim_in_flight_at_the_stop_does_not_make_running_jobs_wait_a_second_grace(
     queue: leaseq.Queue, database_url: str
 ) -> None:
