@@ -25,8 +25,10 @@ from .pool_rules import (
     READY_SECONDS,
     ConnectWatch,
     OpenFailures,
+    areset_state,
     attempt_timeout,
     bounded_attempts,
+    closed_by_server,
     failing,
     pool_settings,
 )
@@ -94,7 +96,9 @@ class AsyncDatabase:
         while True:
             watch = ConnectWatch()
             pool = AsyncConnectionPool(
-                **self._settings, connection_class=watch.async_connection_class()
+                **self._settings,
+                connection_class=watch.async_connection_class(),
+                reset=areset_state(self._options),
             )
             try:
                 window = attempt_timeout(deadline, slow)
@@ -129,13 +133,17 @@ class AsyncDatabase:
                 pool = await self._open_pool(deadline)
                 try:
                     conn = await pool.getconn(attempt_timeout(deadline, self._lent > 0))
-                    break
                 except PoolClosed:  # closed by close() once this caller had it: a new one
                     self._forget(pool)
+                    continue
                 except PoolTimeout:
                     if time.monotonic() >= deadline:
                         raise
                     self._drop_if_failing(pool)
+                    continue
+                if not closed_by_server(conn):
+                    break
+                await pool.putconn(conn)  # discarded: the pool makes another
             self._lent += 1
             try:
                 async with conn:  # as psycopg's pool.connection(): ends a transaction left open

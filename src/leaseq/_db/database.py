@@ -24,8 +24,10 @@ from .pool_rules import (
     ConnectWatch,
     OpenFailures,
     attempt_timeout,
+    closed_by_server,
     failing,
     pool_settings,
+    reset_state,
 )
 
 T = TypeVar("T")
@@ -98,7 +100,11 @@ class Database:
         slow = False  # a connection slow to succeed (not failing) gets all the time
         while True:
             watch = ConnectWatch()
-            pool = ConnectionPool(**self._settings, connection_class=watch.connection_class())
+            pool = ConnectionPool(
+                **self._settings,
+                connection_class=watch.connection_class(),
+                reset=reset_state(self._options),
+            )
             try:
                 window = attempt_timeout(deadline, slow)
                 started = time.monotonic()
@@ -128,13 +134,17 @@ class Database:
                 pool = self._open_pool(deadline)
                 try:
                     conn = pool.getconn(attempt_timeout(deadline, self._lent > 0))
-                    break
                 except PoolClosed:  # closed by close() once this caller had it: a new one
                     self._forget(pool)
+                    continue
                 except PoolTimeout:
                     if time.monotonic() >= deadline:
                         raise
                     self._drop_if_failing(pool)
+                    continue
+                if not closed_by_server(conn):
+                    break
+                pool.putconn(conn)  # discarded: the pool makes another
             with self._lent_lock:
                 self._lent += 1
             try:

@@ -11,10 +11,12 @@ import math
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .._errors import DatabaseUnavailable, InvalidDatabaseURL
@@ -49,6 +51,67 @@ def bounded_attempts(dsn: str, options: dict[str, Any], open_timeout: float) -> 
     if os.environ.get("PGCONNECT_TIMEOUT"):
         return options
     return {**options, "connect_timeout": max(2, math.ceil(open_timeout))}
+
+
+def closed_by_server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an idle connection the pool lends was ended by the server while it
+    waited in the pool (a killed backend, a server restarted since): read without
+    blocking (the connections are non-blocking), so a live one costs no round
+    trip. The server's last words (FATAL) come first, then the end of the stream:
+    two reads. Handed out, such a connection failed its caller's next statement
+    with TransientError although the database was up, once per idle connection."""
+    try:
+        for _ in range(2):
+            conn.pgconn.consume_input()
+    except psycopg.OperationalError:
+        return True
+    return conn.pgconn.status != psycopg.pq.ConnStatus.OK
+
+
+def reset_state(options: dict[str, Any]) -> Callable[[psycopg.Connection[Any]], None]:
+    """The pool's ``reset``: a connection given back gets the settings it was made
+    with again (``options``: autocommit, its row factory) and no transaction
+    characteristics of a caller's, on the client side, no round trip. A caller
+    that turned autocommit off or made its transactions read-only gave it back
+    so: the next one got no autocommit connection, and read-only transactions
+    that leaseq took for a read-only database."""
+    autocommit = bool(options.get("autocommit", False))
+    row_factory = options.get("row_factory", tuple_row)
+
+    def reset(conn: psycopg.Connection[Any]) -> None:
+        # Each set only if changed: this runs at every return to the pool.
+        if conn.autocommit is not autocommit:
+            conn.autocommit = autocommit
+        if conn.read_only is not None:
+            conn.read_only = None
+        if conn.isolation_level is not None:
+            conn.isolation_level = None
+        if conn.deferrable is not None:
+            conn.deferrable = None
+        conn.row_factory = row_factory
+
+    return reset
+
+
+def areset_state(
+    options: dict[str, Any],
+) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+    """The async twin of :func:`reset_state`."""
+    autocommit = bool(options.get("autocommit", False))
+    row_factory = options.get("row_factory", tuple_row)
+
+    async def reset(conn: psycopg.AsyncConnection[Any]) -> None:
+        if conn.autocommit is not autocommit:
+            await conn.set_autocommit(autocommit)
+        if conn.read_only is not None:
+            await conn.set_read_only(None)
+        if conn.isolation_level is not None:
+            await conn.set_isolation_level(None)
+        if conn.deferrable is not None:
+            await conn.set_deferrable(None)
+        conn.row_factory = row_factory
+
+    return reset
 
 
 #: The least time a pool is given to take in the connection its first attempt made.

@@ -60,6 +60,7 @@ class OperatorOperations(StoreBase):
                 Statement(self.sql("reap.sql"), params),
                 Statement(self.sql("key_hold_expire.sql")),
                 Statement(self.sql("slot_hold_expire.sql")),
+                Statement(self.sql("group_rate_expire.sql")),
             ),
             decode,
         )
