@@ -98,7 +98,6 @@ class AsyncDatabase:
             pool = AsyncConnectionPool(
                 **self._settings,
                 connection_class=watch.async_connection_class(),
-                reset=areset_state(self._options),
             )
             try:
                 window = attempt_timeout(deadline, slow)
@@ -142,6 +141,11 @@ class AsyncDatabase:
                     self._drop_if_failing(pool)
                     continue
                 if not closed_by_server(conn):
+                    # As the pool made it (autocommit, writable), whatever its last
+                    # user set: here, not as the pool's reset=, which psycopg_pool
+                    # runs in a worker thread, the connection away meanwhile (+100 us
+                    # an enqueue, measured).
+                    await areset_state(conn, self._options)
                     break
                 await pool.putconn(conn)  # discarded: the pool makes another
             self._lent += 1

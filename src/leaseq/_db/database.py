@@ -103,7 +103,6 @@ class Database:
             pool = ConnectionPool(
                 **self._settings,
                 connection_class=watch.connection_class(),
-                reset=reset_state(self._options),
             )
             try:
                 window = attempt_timeout(deadline, slow)
@@ -143,6 +142,11 @@ class Database:
                     self._drop_if_failing(pool)
                     continue
                 if not closed_by_server(conn):
+                    # As the pool made it (autocommit, writable), whatever its last
+                    # user set: here, not as the pool's reset=, which psycopg_pool
+                    # runs in a worker thread, the connection away meanwhile (+100 us
+                    # an enqueue, measured).
+                    reset_state(conn, self._options)
                     break
                 pool.putconn(conn)  # discarded: the pool makes another
             with self._lent_lock:

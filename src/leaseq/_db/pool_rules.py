@@ -11,7 +11,6 @@ import math
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 import psycopg
@@ -68,50 +67,37 @@ def closed_by_server(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
     return conn.pgconn.status != psycopg.pq.ConnStatus.OK
 
 
-def reset_state(options: dict[str, Any]) -> Callable[[psycopg.Connection[Any]], None]:
-    """The pool's ``reset``: a connection given back gets the settings it was made
-    with again (``options``: autocommit, its row factory) and no transaction
-    characteristics of a caller's, on the client side, no round trip. A caller
-    that turned autocommit off or made its transactions read-only gave it back
-    so: the next one got no autocommit connection, and read-only transactions
-    that leaseq took for a read-only database."""
+def reset_state(conn: psycopg.Connection[Any], options: dict[str, Any]) -> None:
+    """Give a lent connection the settings it was made with again (``options``:
+    autocommit, its row factory) and no transaction characteristics of an earlier
+    caller's, on the client side, no round trip. A caller that turned autocommit
+    off or made its transactions read-only gave it back so: the next one got no
+    autocommit connection, and read-only transactions that leaseq took for a
+    read-only database. Each set only if changed: this runs at every lend."""
     autocommit = bool(options.get("autocommit", False))
-    row_factory = options.get("row_factory", tuple_row)
-
-    def reset(conn: psycopg.Connection[Any]) -> None:
-        # Each set only if changed: this runs at every return to the pool.
-        if conn.autocommit is not autocommit:
-            conn.autocommit = autocommit
-        if conn.read_only is not None:
-            conn.read_only = None
-        if conn.isolation_level is not None:
-            conn.isolation_level = None
-        if conn.deferrable is not None:
-            conn.deferrable = None
-        conn.row_factory = row_factory
-
-    return reset
+    if conn.autocommit is not autocommit:
+        conn.autocommit = autocommit
+    if conn.read_only is not None:
+        conn.read_only = None
+    if conn.isolation_level is not None:
+        conn.isolation_level = None
+    if conn.deferrable is not None:
+        conn.deferrable = None
+    conn.row_factory = options.get("row_factory", tuple_row)
 
 
-def areset_state(
-    options: dict[str, Any],
-) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]]:
+async def areset_state(conn: psycopg.AsyncConnection[Any], options: dict[str, Any]) -> None:
     """The async twin of :func:`reset_state`."""
     autocommit = bool(options.get("autocommit", False))
-    row_factory = options.get("row_factory", tuple_row)
-
-    async def reset(conn: psycopg.AsyncConnection[Any]) -> None:
-        if conn.autocommit is not autocommit:
-            await conn.set_autocommit(autocommit)
-        if conn.read_only is not None:
-            await conn.set_read_only(None)
-        if conn.isolation_level is not None:
-            await conn.set_isolation_level(None)
-        if conn.deferrable is not None:
-            await conn.set_deferrable(None)
-        conn.row_factory = row_factory
-
-    return reset
+    if conn.autocommit is not autocommit:
+        await conn.set_autocommit(autocommit)
+    if conn.read_only is not None:
+        await conn.set_read_only(None)
+    if conn.isolation_level is not None:
+        await conn.set_isolation_level(None)
+    if conn.deferrable is not None:
+        await conn.set_deferrable(None)
+    conn.row_factory = options.get("row_factory", tuple_row)
 
 
 #: The least time a pool is given to take in the connection its first attempt made.
