@@ -1,4 +1,5 @@
-"""Enqueue wakes idle workers with a NOTIFY on the schema's channel (a hint only)."""
+"""Enqueue wakes idle workers with a NOTIFY on the schema's channel (a hint only;
+sent while a worker waits for one: tests/test_wake_entries.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ def _notifications(conn: psycopg.Connection[Any]) -> list[str]:
     return [n.payload for n in conn.notifies(timeout=0.5, stop_after=10)]
 
 
+def _a_worker_waits_on(queue: leaseq.Queue, connect: Any, *names: str) -> None:
+    """As an idle worker says so (migration 0020): only then do enqueues notify."""
+    conn = connect(autocommit=True)
+    conn.execute(
+        f'SELECT "{queue.schema}".waiter_enter(%s, %s, 60)', (list(names), "a test worker")
+    )
+
+
 def test_enqueue_notifies_the_schema_channel_on_commit(queue: leaseq.Queue, connect: Any) -> None:
+    _a_worker_waits_on(queue, connect, "reports", "emails")
     listener = connect(autocommit=True)
     listener.execute(f'LISTEN "{queue._store.channel}"')
     producer = connect()
@@ -31,6 +41,7 @@ def test_enqueue_notifies_the_schema_channel_on_commit(queue: leaseq.Queue, conn
 def test_notify_can_be_turned_off(database_url: str, schema: str, connect: Any) -> None:
     with leaseq.Queue(database_url, schema=schema, notify=False) as queue:
         queue.migrate()
+        _a_worker_waits_on(queue, connect, "reports")
         listener = connect(autocommit=True)
         listener.execute(f'LISTEN "{queue._store.channel}"')
         queue.enqueue("reports", {})

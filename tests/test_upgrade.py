@@ -199,9 +199,14 @@ def test_a_slot_held_by_a_lease_cut_before_migration_15_stays_held(
     held none, and the next job started beside its handler, two at once under
     max_running=1."""
     migrate_until(database_url, schema, 14)
-    with leaseq.Queue(database_url, schema=schema) as queue:  # its statements are 14's
+    with leaseq.Queue(database_url, schema=schema) as queue:  # the schema is 14's
         queue.configure_queue("work", max_running=1)
-        cut_short, _ = queue.enqueue_many("work", [{}, {}])
+        with psycopg.connect(database_url, autocommit=True) as conn:  # as 14's producers
+            (cut_short,), _ = conn.execute(  # (this leaseq's enqueue needs migration 20)
+                f'INSERT INTO "{schema}".job (queue, payload, payload_bytes, available_at, '
+                "max_attempts) VALUES ('work', '{}', 2, now(), 5), ('work', '{}', 2, now(), 5) "
+                "RETURNING job_id"
+            ).fetchall()
         (claim,) = queue.claim("work", lease=300)
         if cut == "cancel":
             assert queue.cancel(cut_short, running=True)
@@ -236,3 +241,33 @@ def test_a_schema_migrated_with_the_first_text_of_0007_gets_its_columns(
         (claim,) = queue.claim("work")
         queue.complete(claim, result=7)
         assert queue.result(job_id) == 7
+
+
+@pytest.mark.parametrize("in_use", [True, False])
+def test_enqueues_on_a_schema_in_use_before_migration_20_notify_for_a_day(
+    database_url: str, schema: str, in_use: bool
+) -> None:
+    """Workers before 0020 wait for notifications without saying so: while a
+    rolling upgrade may still run them, every enqueue notifies, as before. A
+    schema with no queue yet has no such workers."""
+    migrate_until(database_url, schema, 19)
+    if in_use:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO \"{schema}\".queue (name) VALUES ('work')")
+    with (
+        leaseq.Queue(database_url, schema=schema) as queue,
+        psycopg.connect(database_url, autocommit=True) as listener,
+    ):
+        queue.migrate()
+        listener.execute(f'LISTEN "{queue._store.channel}"')
+        queue.enqueue("reports", {})
+        heard = [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)]
+        assert heard == (["reports"] if in_use else [])
+        if in_use:  # a day later the reaper's round ends it
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                conn.execute(
+                    f"UPDATE \"{schema}\".waiter SET expires_at = now() - interval '1 second'"
+                )
+            queue.reap()
+            queue.enqueue("reports", {})
+            assert [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)] == []

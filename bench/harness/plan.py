@@ -126,6 +126,19 @@ def one_rep(s: Sizes) -> list[list[Step]]:
                 for system in ("raw", "leaseq")
                 for notify in (False, True)
             ]
+            + [
+                Step(
+                    f"notify_p{producers}_waiting",
+                    "leaseq",
+                    {
+                        "case": "producers",
+                        "jobs": s.notify_jobs,
+                        "producers": producers,
+                        "notify": True,
+                        "waiting": True,
+                    },
+                )
+            ]
         )
     return groups
 

@@ -198,16 +198,20 @@ def notify_table(summary: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "| producers (one job per transaction, jobs/s) | raw | raw + pg_notify | ratio | "
-        "leaseq notify=False | leaseq notify=True | ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "leaseq notify=False | leaseq notify=True, no worker waits | ratio | "
+        "leaseq notify=True, a worker waits | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for producers in (1, 4, 16):
         off, on = f"notify_p{producers}_off", f"notify_p{producers}_on"
+        waiting = f"notify_p{producers}_waiting"
         row = [str(producers)]
         for system in ("raw", "leaseq"):
             row += [fmt(summary[off].get(system, {}).get("rate"))]
             row += [fmt(summary[on].get(system, {}).get("rate"))]
             row += [ratio(med(summary, on, system, "rate"), med(summary, off, system, "rate"))]
+        row += [fmt(summary.get(waiting, {}).get("leaseq", {}).get("rate"))]
+        row += [ratio(med(summary, waiting, "leaseq", "rate"), med(summary, off, "leaseq", "rate"))]
         lines.append(f"| {' | '.join(row)} |")
     return lines
 

@@ -245,9 +245,12 @@ async def case_latency(p: dict[str, Any], system: System, script: str) -> dict[s
 
 async def case_producers(p: dict[str, Any], system: System, script: str) -> dict[str, Any]:
     """One job per transaction from `producers` concurrent producers (the cost of
-    NOTIFY: PostgreSQL serialises the commits of notifying transactions)."""
+    NOTIFY: PostgreSQL serialises the commits of notifying transactions). No
+    worker runs; `waiting`: one waits for work (leaseq then notifies)."""
     dsn, jobs, producers = p["dsn"], p["jobs"], p["producers"]
     await system.reset(dsn)
+    if p.get("waiting"):  # leaseq notifies only while a worker waits (migration 0020)
+        await system.a_worker_waits(dsn)
     await system.open(dsn)
 
     async def produce(offset: int) -> None:

@@ -67,6 +67,15 @@ class Leaseq:
         assert self.queue is not None
         await self.queue.enqueue_many(QUEUE, [{"n": seq} for seq in seqs])
 
+    async def a_worker_waits(self, dsn: str) -> None:
+        """The entry an idle worker of the queue makes (migration 0020): from now on
+        its enqueues notify, as they do whenever some worker waits for work."""
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                f"SELECT {self.schema}.waiter_enter(ARRAY[%s], 'bench: an idle worker', 3600)",
+                (QUEUE,),
+            )
+
     async def configure_retention(self, dsn: str, retain_done: float) -> None:
         async with leaseq.AsyncQueue(dsn, schema=self.schema) as queue:
             await queue.configure_queue(QUEUE, retain_done=retain_done)
@@ -99,8 +108,9 @@ def main() -> None:
         worker_main(work)
         return
     p = json.loads(sys.argv[2])
-    # The notify cases compare AsyncQueue(notify=True) with notify=False; a pool as
-    # large as the producers, so that none waits for a connection.
+    # The notify cases compare AsyncQueue(notify=True) with notify=False (and with
+    # a worker waiting, when enqueues do notify); a pool as large as the
+    # producers, so that none waits for a connection.
     system = Leaseq(
         p.get("schema", SCHEMA),
         notify=p.get("notify", True),

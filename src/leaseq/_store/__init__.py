@@ -6,7 +6,8 @@ that turns the rows into the result. The database layer executes it on a sync
 or an async connection; neither side builds SQL of its own. The SQL itself
 lives in ``sql/*.sql``. The store is split by who needs the operation:
 producers, workers (jobs), operators, inspection (searches, summaries),
-retention, health, monitoring, periodic jobs, the schema.
+retention, health, monitoring, periodic jobs, the schema, the workers'
+wake-up entries.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .producers import ProducerOperations
 from .retention import RetentionOperations
 from .schedules import ScheduleOperations
 from .schema import SchemaOperations
+from .waiting import WaitingOperations
 
 
 class Store(
@@ -32,6 +34,7 @@ class Store(
     MonitoringOperations,
     ScheduleOperations,
     SchemaOperations,
+    WaitingOperations,
 ):
     """Builds the operations of one leaseq schema."""
 

@@ -61,6 +61,7 @@ class OperatorOperations(StoreBase):
                 Statement(self.sql("key_hold_expire.sql")),
                 Statement(self.sql("slot_hold_expire.sql")),
                 Statement(self.sql("group_rate_expire.sql")),
+                Statement(self.sql("waiter_expire.sql")),
             ),
             decode,
         )

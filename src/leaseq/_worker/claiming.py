@@ -3,10 +3,11 @@
 At most as many jobs as there are free slots (:mod:`.registry`), in one
 statement per queue, round robin, from the queues that may have work
 (:mod:`.hints`); then it sleeps until a NOTIFY, a freed slot or a jittered
-poll. Before its first claim it checks that the schema has every migration of
-this code (``_migrate.require_current``). At a stop, the claim in flight gets
-the grace, then is cancelled, and what a claim returns after the stop is given
-back unstarted.
+poll. A queue whose claim came back short is entered as waited on, so that its
+enqueues notify (:mod:`.wake_entries`). Before its first claim it checks that
+the schema has every migration of this code (``_migrate.require_current``). At a
+stop, the claim in flight gets the grace, then is cancelled, and what a claim
+returns after the stop is given back unstarted.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 from .. import _tracing
 from .._async_client import AsyncQueue
@@ -33,8 +34,11 @@ from .leases import LeaseKeeper
 from .outcomes import ACKNOWLEDGEMENT_WAIT
 from .registry import AttemptRegistry
 from .state import WorkerStats
+from .wake_entries import WakeEntries
 
 log = get_logger("leaseq.worker")
+
+T = TypeVar("T")
 
 
 class ClaimLoop:
@@ -54,6 +58,7 @@ class ClaimLoop:
         stopping: asyncio.Event,
         attempts: AttemptRegistry,
         hints: WorkHints,
+        wake: WakeEntries,
         runner: AttemptRunner,
         leases: LeaseKeeper,
         stats: WorkerStats,
@@ -70,6 +75,7 @@ class ClaimLoop:
         self._stopping = stopping
         self._attempts = attempts
         self._hints = hints
+        self._wake = wake
         self._runner = runner
         self._leases = leases
         self._stats = stats
@@ -116,17 +122,18 @@ class ClaimLoop:
                 continue
             try:
                 if not self._schema_checked:  # here, where a database away is retried
-                    if not await self._schema_is_current():
-                        return  # abandoned at the stop
+                    # NotMigrated unless the schema has every migration of this code.
+                    # It may wait on a lock (a deploy's ``leaseq migrate``).
+                    checked = await self._abandonable(self._client._require_migrated())
+                    if isinstance(checked, Abandoned):
+                        return
                     self._schema_checked = True
                 for name, generation in asking:
-                    claims = await self._claim(name, free)
+                    claims = await self._claim_queue(name, generation, free)
+                    if claims is None:
+                        return  # abandoned at the stop
                     if claims:
                         swept = False
-                    if len(claims) < free:
-                        self._hints.came_back_short(name, generation)
-                    if claims.retry_in is not None:
-                        self._hints.ask_again_in(name, claims.retry_in)
                     free -= len(claims)
                     if free <= 0 or self._stopping.is_set():
                         break
@@ -139,21 +146,48 @@ class ClaimLoop:
                     self._poll_interval * random.uniform(0.5, 1.5)
                 )
 
-    async def _schema_is_current(self) -> bool:
-        """NotMigrated unless the schema has every migration of this code; False if
-        the check was abandoned at a stop. It may wait on a lock (a deploy's
-        ``leaseq migrate``): a stop gives it the grace, as a claim in flight."""
-        checking = asyncio.ensure_future(self._client._require_migrated())
-        self._claiming = checking
+    async def _claim_queue(self, name: str, generation: int, free: int) -> Claims | None:
+        """One queue's claim, then its hints and wake-up entry; None if a statement
+        was abandoned at the stop."""
+        settling = self._wake.settling(name)
+        if settling and isinstance(
+            await self._abandonable(self._wake.check_fence(name)), Abandoned
+        ):
+            return None
+        claims = await self._claim(name, free)
+        short = len(claims) < free
+        if short:
+            self._hints.came_back_short(name, generation)
+        if claims.retry_in is not None:
+            self._hints.ask_again_in(name, claims.retry_in)
+        if not self._stopping.is_set():
+            again = await self._wake_entry(name, short)
+            if isinstance(again, Abandoned):
+                return None
+            if again is not None:
+                self._hints.ask_again_in(name, again)
+        return claims
+
+    async def _wake_entry(self, queue: str, short: bool) -> float | Abandoned | None:
+        """After a claim: enter or leave the queue as waited on (.wake_entries); when
+        to ask it again whatever the hints say (None: as they say)."""
+        if self._wake.must_write(queue, short):
+            return await self._abandonable(self._wake.write(queue, short))
+        return self._wake.claimed(queue, short)
+
+    async def _abandonable(self, statement: Coroutine[Any, Any, T]) -> T | Abandoned:
+        """Run one of the loop's other statements as a claim runs: a stop gives it
+        the grace, then cancels it (Abandoned)."""
+        running = asyncio.ensure_future(statement)
+        self._claiming = running
         try:
-            await checking
+            return await running
         except asyncio.CancelledError:
             if cancelling():
                 raise  # the worker's own task: a second signal, or its caller
-            return False
+            return Abandoned()
         finally:
             self._claiming = None
-        return True
 
     async def _release_unstarted(self, claims: Claims) -> None:
         try:  # bounded as the stop's other releases: the database may be away
@@ -213,6 +247,10 @@ class ClaimLoop:
             started_now.append(attempt)
         self._leases.attempts_started(started_now)
         return claims
+
+
+class Abandoned:
+    """A statement of the claim loop cancelled past a stop's grace."""
 
 
 def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:

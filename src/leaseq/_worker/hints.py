@@ -15,7 +15,10 @@ median.) A queue is asked again once something may have put work there:
   enqueue without NOTIFY are announced by no one;
 * a rate limit held its claim back, and its window has room again (the claim
   says when). A concurrency limit's freed slot is announced by a notification
-  (the job_slot_freed trigger).
+  (the job_slot_freed trigger);
+* the worker has just entered the queue as waited on, and a producer that
+  missed the entry may commit a job without notifying (.wake_entries says when
+  to ask again).
 
 Each queue has a generation, bumped by every such hint: a claim that comes back
 short clears its queue only if no hint arrived while it was in flight (a job
@@ -64,7 +67,8 @@ class WorkHints:
             self._maybe.discard(queue)
 
     def ask_again_in(self, queue: str, seconds: float) -> None:
-        """A rate limit held ``queue``'s claim back: ask it again in ``seconds``."""
+        """Ask ``queue`` again in ``seconds`` (a rate limit held its claim back, or its
+        wake-up entry is settling)."""
         due = time.monotonic() + seconds
         self._due[queue] = min(self._due.get(queue, due), due)
 

@@ -55,6 +55,7 @@ from .scheduler import Scheduler
 from .settings_check import check_settings
 from .signals import StopSignals, add_stop_handler, remove_stop_handler
 from .state import WorkerStats
+from .wake_entries import WakeEntries
 
 log = get_logger("leaseq.worker")
 
@@ -220,6 +221,12 @@ class Worker:
             hooks=self.app.hooks,
             processes=self._process_pool(),
         )
+        self._wake = WakeEntries(
+            self._clients.claims,
+            self.queues,
+            poll_interval=self.poll_interval,
+            enabled=self._clients.listener is not None and not burst,
+        )
         self._leases = LeaseKeeper(
             self._clients.renewals,
             self._attempts,
@@ -250,6 +257,7 @@ class Worker:
             stopping=self._stopping,
             attempts=self._attempts,
             hints=self._hints,
+            wake=self._wake,
             runner=self._runner,
             leases=self._leases,
             stats=self.stats,
@@ -282,6 +290,9 @@ class Worker:
             # their leases' expiry.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(outcomes.drain(), _left(closing_by))
+            # Entries left behind cost notifications until they expire, nothing more.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._wake.leave_all(), _left(closing_by))
             # In a thread: stopping the handlers' child processes joins them (2 s
             # for one still busy, then killed), which must not hold the event loop.
             await asyncio.to_thread(self._runner.close)
@@ -333,6 +344,8 @@ class Worker:
                 lost=self._leases.check_now,
                 stats=self.stats,
             )
+        if self._wake.enabled:
+            services["wake-entries"] = self._wake.keep_fresh(self._work_hint)
         if self.app.schedules and not self._burst:
             scheduler = Scheduler(self._clients.handlers_async, self.app.schedules, self.metrics)
             services["schedules"] = scheduler.run()
@@ -378,6 +391,9 @@ class Worker:
             await self._attempts.release_all(ACKNOWLEDGEMENT_WAIT)
 
     def _work_hint(self, queue: str | None) -> None:
-        """Something may have made ``queue`` (None: any queue) claimable: claim again."""
+        """Something may have made ``queue`` (None: any queue, the listener
+        reconnected) claimable: claim again."""
+        if queue is None:
+            self._wake.forget()  # the entries are made again, from the next claims
         self._hints.may_have_work(queue)
         self._attempts.wake()
