@@ -18,9 +18,11 @@ def _notifications(conn: psycopg.Connection[Any]) -> list[str]:
 def _a_worker_waits_on(queue: leaseq.Queue, connect: Any, *names: str) -> None:
     """As an idle worker says so (migration 0020): only then do enqueues notify."""
     conn = connect(autocommit=True)
-    conn.execute(
-        f'SELECT "{queue.schema}".waiter_enter(%s, %s, 60)', (list(names), "a test worker")
-    )
+    for name in names:
+        conn.execute(
+            f'INSERT INTO "{queue.schema}".queue (name, waiting) VALUES (%s, %s::jsonb)',
+            (name, '{"a test worker": 1e10}'),
+        )
 
 
 def test_enqueue_notifies_the_schema_channel_on_commit(queue: leaseq.Queue, connect: Any) -> None:

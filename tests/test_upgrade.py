@@ -248,8 +248,8 @@ def test_enqueues_on_a_schema_in_use_before_migration_20_notify_for_a_day(
     database_url: str, schema: str, in_use: bool
 ) -> None:
     """Workers before 0020 wait for notifications without saying so: while a
-    rolling upgrade may still run them, every enqueue notifies, as before. A
-    schema with no queue yet has no such workers."""
+    rolling upgrade may still run them, every enqueue of a queue in use
+    notifies, as before. A schema with no queue yet has no such workers."""
     migrate_until(database_url, schema, 19)
     if in_use:
         with psycopg.connect(database_url, autocommit=True) as conn:
@@ -260,14 +260,15 @@ def test_enqueues_on_a_schema_in_use_before_migration_20_notify_for_a_day(
     ):
         queue.migrate()
         listener.execute(f'LISTEN "{queue._store.channel}"')
-        queue.enqueue("reports", {})
+        queue.enqueue("work", {})
         heard = [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)]
-        assert heard == (["reports"] if in_use else [])
+        assert heard == (["work"] if in_use else [])
         if in_use:  # a day later the reaper's round ends it
             with psycopg.connect(database_url, autocommit=True) as conn:
-                conn.execute(
-                    f"UPDATE \"{schema}\".waiter SET expires_at = now() - interval '1 second'"
+                conn.execute(  # (its entry's expiry, moved a day and a second back)
+                    f'UPDATE "{schema}".queue SET waiting = (SELECT jsonb_object_agg(key, '
+                    "value::double precision - 86401) FROM jsonb_each(waiting))"
                 )
             queue.reap()
-            queue.enqueue("reports", {})
+            queue.enqueue("work", {})
             assert [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)] == []

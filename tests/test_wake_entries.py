@@ -85,8 +85,12 @@ async def _worker(
 
 
 async def _entries(database_url: str, schema: str) -> list[tuple[str, str]]:
+    """(queue, worker) of every wake-up entry (the queues' rows say who waits)."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        cur = await conn.execute(f'SELECT queue, worker FROM "{schema}".waiter ORDER BY 1, 2')
+        cur = await conn.execute(
+            f'SELECT q.name, w FROM "{schema}".queue AS q, jsonb_object_keys(q.waiting) AS w '
+            "ORDER BY 1, 2"
+        )
         return [(str(q), str(w)) for q, w in await cur.fetchall()]
 
 
@@ -194,6 +198,7 @@ async def test_a_repeatable_read_producer_begun_before_the_entry_still_wakes_the
 ) -> None:
     """Its snapshot predates the entry, and it took its transaction id after the
     worker's fence: only a notification can wake the worker for its job."""
+    await aqueue.enqueue("reports", {"n": 0})  # the queue's row exists before the snapshot
     started = Started()
     async with await psycopg.AsyncConnection.connect(database_url) as producer:
         await producer.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
@@ -254,10 +259,10 @@ async def test_a_killed_workers_entries_expire_at_the_reaper(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await conn.execute(  # as a killed worker left them: one past its expiry, one not
-            f'INSERT INTO "{schema}".waiter (queue, worker, expires_at) VALUES '
-            "('reports', 'gone', now() - interval '1 second'), "
-            "('emails', 'alive', now() + interval '1 minute')"
+        await conn.execute(  # as killed workers left them: one past its expiry, one not
+            f'INSERT INTO "{schema}".queue (name, waiting) VALUES '
+            "('reports', jsonb_build_object('gone', extract(epoch FROM now()) - 1)), "
+            "('emails', jsonb_build_object('alive', extract(epoch FROM now()) + 60))"
         )
     await aqueue.reap()
     async with _listening(database_url, aqueue._store.channel) as heard:
@@ -277,13 +282,13 @@ async def test_entries_lost_while_the_worker_runs_are_made_again(
     async with _worker(database_url, schema, started):
         await _entered(database_url, schema)
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            await conn.execute(f'DELETE FROM "{schema}".waiter')
+            await conn.execute(f"UPDATE \"{schema}\".queue SET waiting = '{{}}'")
             await _entered(database_url, schema)
             await asyncio.sleep(0.3)
             since = time.monotonic()
             await aqueue.enqueue("reports", {"n": 1})
             await started.within(1, since)
-            await conn.execute(f'DELETE FROM "{schema}".waiter')
+            await conn.execute(f"UPDATE \"{schema}\".queue SET waiting = '{{}}'")
             await conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
                 (f'LISTEN "{aqueue._store.channel}"',),
@@ -306,17 +311,12 @@ async def test_a_worker_that_does_not_listen_enters_nothing(
         assert await _entries(database_url, schema) == []
 
 
-async def test_roles_granted_before_migration_20_enter_and_notify_without_a_new_grant(
+async def test_workers_and_producers_with_the_documented_grants_wake_and_are_woken(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:
-    """The README's grants, run before the migration made the table: neither role
-    may read or write it, and neither needs to."""
+    """The README's grants: a worker role enters (and leaves) the queue's row, a
+    producer role reads it and notifies."""
     with restricted_roles(database_url, schema) as roles:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            await conn.execute(f'REVOKE ALL ON "{schema}".waiter FROM PUBLIC')
-            for url in (roles.producer, roles.worker):
-                user = psycopg.conninfo.conninfo_to_dict(url)["user"]
-                await conn.execute(f'REVOKE ALL ON "{schema}".waiter FROM {user}')
         started = Started()
         async with (
             leaseq.AsyncQueue(roles.producer, schema=schema) as producer,

@@ -1,6 +1,6 @@
 """Operations of the wake-up entries (migration 0020): a worker that waits for
-notifications on a queue says so, so that enqueues notify only then (see
-:mod:`leaseq._worker.wake_entries`)."""
+notifications on a queue says so in the queue's row, so that enqueues notify
+only then (see :mod:`leaseq._worker.wake_entries`)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ class WaitingOperations(StoreBase):
             lambda r: bool(r[0][0][0]),
         )
 
-    def waiter_refresh(self, worker: str, seconds: float) -> Operation[set[str]]:
-        """Move ``worker``'s entries on; the queues it still has an entry for."""
-        params = {"worker": worker, "seconds": seconds}
+    def waiter_refresh(
+        self, queues: Sequence[str], worker: str, seconds: float
+    ) -> Operation[set[str]]:
+        """Move ``worker``'s entries in ``queues`` on; those it still has an entry in."""
+        params = {"queues": list(queues), "worker": worker, "seconds": seconds}
         return Operation(
             (Statement(self.sql("waiter_refresh.sql"), params),),
             lambda r: {row[0] for row in r[0]},

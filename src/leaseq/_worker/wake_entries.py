@@ -2,8 +2,9 @@
 for a notification on its queue (migration 0020), so this worker says when it does.
 
 A claim of a queue that comes back short means the worker now waits for a hint
-about it (:mod:`.hints`). It enters the queue (``waiter_enter``) and takes a
-fence, a transaction id given after the entry committed. Until every
+about it (:mod:`.hints`). It enters itself in the queue's row (``waiter_enter``:
+``queue.waiting``, which every enqueue's ``admit()`` reads) and takes a fence, a
+transaction id given after the entry committed. Until every
 transaction below the fence has ended the entry is *settling*: a producer that
 read "nobody waits" before the entry was visible may commit after this
 worker's last claim, and send nothing. So while settling the queue is asked
@@ -131,9 +132,9 @@ class WakeEntries:
             await asyncio.sleep(self._seconds / 4)
             if not self._entered:
                 continue
-            store = self._client._store
+            refresh = self._client._store.waiter_refresh(self._queues, self.worker, self._seconds)
             try:
-                still = await self._client._run(store.waiter_refresh(self.worker, self._seconds))
+                still = await self._client._run(refresh)
             except TransientError as exc:
                 log.info("wake-up entries not moved on (%s); trying again later", exc)
                 continue

@@ -4,11 +4,12 @@ WITH admitted AS (
     SELECT * FROM {schema}.admit(%(queue)s, 1, %(payload_bytes)s, %(payload_bytes)s)
 ),
 -- A wake-up hint for idle workers (NULL channel: none), sent only while one
--- waits for it (wake_wanted, migration 0020). PostgreSQL folds equal
+-- waits for it (admitted.wake, migration 0020). PostgreSQL folds equal
 -- notifications of one transaction into one, and delivers them at commit.
 notified AS (
     SELECT pg_notify(%(channel)s, %(queue)s)
-    WHERE %(channel)s::text IS NOT NULL AND {schema}.wake_wanted(%(queue)s)
+    FROM admitted
+    WHERE %(channel)s::text IS NOT NULL AND admitted.wake
 )
 INSERT INTO {schema}.job (
     queue, payload, payload_bytes, priority, available_at, max_attempts,

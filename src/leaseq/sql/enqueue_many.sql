@@ -4,11 +4,12 @@ WITH admitted AS (
         %(queue)s, %(count)s, %(total_bytes)s, %(largest_bytes)s)
 ),
 -- A wake-up hint for idle workers (NULL channel: none), sent only while one
--- waits for it (wake_wanted, migration 0020). PostgreSQL folds equal
+-- waits for it (admitted.wake, migration 0020). PostgreSQL folds equal
 -- notifications of one transaction into one, and delivers them at commit.
 notified AS (
     SELECT pg_notify(%(channel)s, %(queue)s)
-    WHERE %(channel)s::text IS NOT NULL AND {schema}.wake_wanted(%(queue)s)
+    FROM admitted
+    WHERE %(channel)s::text IS NOT NULL AND admitted.wake
 ),
 -- The arrays go in binary (%(...)b): the driver's text form quotes every
 -- element with a regular expression, most of a batch's client time.

@@ -18,18 +18,11 @@ locked AS MATERIALIZED (
 ),
 ordered AS MATERIALIZED (
     SELECT i.* FROM input AS i CROSS JOIN locked ORDER BY i.position
-),
--- The channel, once for the batch, only while a worker waits for a wake-up
--- (wake_wanted, migration 0020).
-woken AS MATERIALIZED (
-    SELECT CASE WHEN %(channel)s::text IS NOT NULL AND {schema}.wake_wanted(%(queue)s)
-                THEN %(channel)s::text END AS channel
 )
 SELECT i.position, u.job_id, u.existing
 FROM ordered AS i
-CROSS JOIN woken AS w
 CROSS JOIN LATERAL {schema}.enqueue_unique(
-    %(queue)s, w.channel, i.payload::jsonb, i.payload_bytes,
+    %(queue)s, %(channel)s::text, i.payload::jsonb, i.payload_bytes,
     %(priority)s::smallint,
     coalesce(%(run_at)s::timestamptz,
              {schema}.clock() + make_interval(secs => coalesce(%(delay)s::double precision, 0))),

@@ -1,13 +1,9 @@
 -- Enqueue one unique job (see enqueue_unique() in migration 0007): the
 -- holder's id and existing = true if a job of the queue holds the key, else
--- the new job's id. The channel goes in only while a worker waits for a
--- wake-up (wake_wanted, migration 0020).
+-- the new job's id. It notifies only while a worker waits (migration 0020).
 SELECT u.job_id, u.existing
 FROM {schema}.enqueue_unique(
-    %(queue)s,
-    CASE WHEN %(channel)s::text IS NOT NULL AND {schema}.wake_wanted(%(queue)s)
-         THEN %(channel)s::text END,
-    %(payload)s::jsonb, %(payload_bytes)s::integer,
+    %(queue)s, %(channel)s::text, %(payload)s::jsonb, %(payload_bytes)s::integer,
     %(priority)s::smallint,
     coalesce(%(run_at)s::timestamptz,
              {schema}.clock() + make_interval(secs => coalesce(%(delay)s::double precision, 0))),

@@ -1,3 +1,9 @@
--- A worker waits for wake-ups on these queues: enqueues of them notify from now
--- on (migration 0020). Moves the expiry on if the entries exist.
-SELECT {schema}.waiter_enter(%(queues)s::text[], %(worker)s, %(seconds)s)
+-- A worker waits for wake-ups on these queues: from now on their enqueues notify
+-- (admit(), migration 0020). Its entry in each queue's row says until when
+-- (epoch seconds); made again, it moves on. A queue without a row gets one, as
+-- its first enqueue would make it.
+INSERT INTO {schema}.queue AS q (name, waiting)
+SELECT n, jsonb_build_object(%(worker)s::text,
+                             extract(epoch FROM {schema}.clock()) + %(seconds)s::double precision)
+FROM unnest(%(queues)s::text[]) AS n
+ON CONFLICT (name) DO UPDATE SET waiting = q.waiting || excluded.waiting
