@@ -73,11 +73,6 @@ async def _worker(
     database_url: str, schema: str, started: Started, **options: Any
 ) -> AsyncIterator[leaseq.Worker]:
     options.setdefault("poll_interval", POLL)
-    if options.pop("queue_exists", True):  # its settings or its first enqueue made its row
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            await conn.execute(
-                f"INSERT INTO \"{schema}\".queue (name) VALUES ('reports') ON CONFLICT DO NOTHING"
-            )
     worker = leaseq.Worker(
         _app(schema, started, seconds=options.pop("seconds", 0.0)), dsn=database_url, **options
     )
@@ -333,18 +328,3 @@ async def test_workers_and_producers_with_the_documented_grants_wake_and_are_wok
             await producer.enqueue("reports", {"n": 1})
             await started.within(1, since)
         assert await _entries(database_url, schema) == []  # left at the stop
-
-
-async def test_a_worker_makes_no_row_for_a_queue_never_used_and_enters_it_once_used(
-    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
-) -> None:
-    """A queue with no row yet (a mistyped name shows as no queue): the first
-    job is found at the poll, and from then on the worker waits on the queue."""
-    started = Started()
-    async with _worker(database_url, schema, started, queue_exists=False, poll_interval=0.3):
-        await asyncio.sleep(1.0)  # idle: its claims came back empty
-        assert await aqueue.queue_settings("reports") is None
-        since = time.monotonic()
-        await aqueue.enqueue("reports", {"n": 1})
-        await started.within(1, since)  # at the poll
-        await _entered(database_url, schema)

@@ -11,16 +11,10 @@ from .base import StoreBase, ignore
 
 
 class WaitingOperations(StoreBase):
-    def waiter_enter(
-        self, queues: Sequence[str], worker: str, seconds: float
-    ) -> Operation[set[str]]:
-        """Enter (or move on) ``worker``'s entries in ``queues``, expiring in
-        ``seconds``; the queues entered (those that have a row)."""
+    def waiter_enter(self, queues: Sequence[str], worker: str, seconds: float) -> Operation[None]:
+        """Enter (or move on) ``worker``'s entries of ``queues``, expiring in ``seconds``."""
         params = {"queues": list(queues), "worker": worker, "seconds": seconds}
-        return Operation(
-            (Statement(self.sql("waiter_enter.sql"), params),),
-            lambda r: {row[0] for row in r[0]},
-        )
+        return Operation((Statement(self.sql("waiter_enter.sql"), params),), ignore)
 
     def waiter_fence(self) -> Operation[int]:
         """A transaction id given after every one given before this call."""

@@ -102,10 +102,7 @@ class WakeEntries:
             self._entered.pop(queue, None)  # (keep_fresh may have dropped it meanwhile)
             await self._client._run(store.waiter_leave([queue], self.worker))
             return None
-        if not await self._client._run(store.waiter_enter([queue], self.worker, self._seconds)):
-            # No row yet: its first enqueue makes it, with no one entered. That
-            # job is found at the poll, and the claim after it enters the queue.
-            return None
+        await self._client._run(store.waiter_enter([queue], self.worker, self._seconds))
         fence = await self._client._run(store.waiter_fence())
         self._entered[queue] = _Entry(fence, SETTLE_FIRST_WAIT, time.monotonic())
         return SETTLE_FIRST_WAIT

@@ -1,12 +1,10 @@
 -- A worker waits for wake-ups on these queues: from now on their enqueues notify
 -- (admit(), migration 0020). Its entry in each queue's row says until when
--- (epoch seconds); made again, it moves on. The queues entered come back: a
--- queue without a row (never enqueued to nor configured) gets none from a
--- worker (a mistyped name would show as a queue, and a producer in a REPEATABLE
--- READ transaction begun before the row was made could not enqueue): its first
--- enqueue makes the row, and the worker finds that job at its poll.
-UPDATE {schema}.queue AS q
-SET waiting = q.waiting || jsonb_build_object(
-        %(worker)s::text, extract(epoch FROM {schema}.clock()) + %(seconds)s::double precision)
-WHERE q.name = ANY (%(queues)s::text[])
-RETURNING q.name
+-- (epoch seconds); made again, it moves on. A queue without a row gets one, as
+-- its first enqueue would make it: else the first job of a queue a worker waits
+-- on before anything used it would be found only at the worker's poll.
+INSERT INTO {schema}.queue AS q (name, waiting)
+SELECT n, jsonb_build_object(%(worker)s::text,
+                             extract(epoch FROM {schema}.clock()) + %(seconds)s::double precision)
+FROM unnest(%(queues)s::text[]) AS n
+ON CONFLICT (name) DO UPDATE SET waiting = q.waiting || excluded.waiting
