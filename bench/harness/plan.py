@@ -15,6 +15,9 @@ from typing import Any
 PEERS = ("leaseq", "procrastinate", "pgqueuer")
 #: leaseq's opt-in Worker(durable_acknowledgements=False), measured beside its default.
 ASYNC_ACKS = {"durable_acknowledgements": False}
+#: leaseq's claim and completion statements run back to back with no Worker (a
+#: ceiling beside the drains at the same batch size, not a system of its own).
+STATEMENTS = {"statements_only": True}
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,13 @@ def one_rep(s: Sizes) -> list[list[Step]]:
             Step("raw_b100", "raw", {**raw_drain, "concurrency": 100}),
             # leaseq's opt-in, beside its default in the same rotation (not a target row).
             Step("w2_c10_async_acks", "leaseq", {**drain, **ASYNC_ACKS, "concurrency": 10}),
+            # leaseq's own statements with no worker: the most they allow (a limit).
+            Step("w2_c10_statements", "leaseq", {**drain, **STATEMENTS, "concurrency": 10}),
         ],
         [
             *(Step("w2_c50", n, {**drain, "concurrency": 50}) for n in PEERS),
             Step("w2_c50_async_acks", "leaseq", {**drain, **ASYNC_ACKS, "concurrency": 50}),
+            Step("w2_c50_statements", "leaseq", {**drain, **STATEMENTS, "concurrency": 50}),
         ],
         [
             *(Step("w2_2p", n, {**drain, "concurrency": 10, "processes": 2}) for n in PEERS),

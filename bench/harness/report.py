@@ -237,6 +237,31 @@ def async_acks_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def statements_table(summary: dict[str, Any]) -> list[str]:
+    """leaseq's claim and completion with no Worker at the drain's batch size, beside
+    the Worker and the target: a Worker cannot drain faster than its own statements
+    run back to back, so a target above that rate is out of any worker's reach."""
+    lines = [
+        "| leaseq's statements alone, no Worker (jobs/s) | Worker | statements alone | "
+        "Worker ÷ statements | target | target ÷ statements |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, goal, _, target_of in TARGETS:
+        alone = f"{workload}_statements"
+        if alone not in summary:
+            continue
+        cells = [summary.get(w, {}).get("leaseq", {}).get("rate") for w in (workload, alone)]
+        worker, statements = (None if c is None else c["median"] for c in cells)
+        target = target_of(summary)
+        lines.append(
+            f"| {workload} | {' | '.join(fmt(c) for c in cells)} | "
+            f"{ratio(worker, statements)} | "
+            f"{'-' if target is None else f'{goal}: {target:,.0f}'} | "
+            f"{ratio(target, statements)} |"
+        )
+    return lines
+
+
 def soak_table(runs: list[dict[str, Any]]) -> list[str]:
     soaks = [r["result"] for r in runs if r["workload"] == "w5"]
     if not soaks:
@@ -276,6 +301,7 @@ def markdown(doc: dict[str, Any]) -> str:
         latency_table(summary),
         cpu_table(summary),
         budget_table(summary, doc["machine"]["cpus"]),
+        statements_table(summary),
         backlog_table(summary, doc.get("backlog", 0)),
         notify_table(summary),
         async_acks_table(summary),

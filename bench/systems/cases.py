@@ -124,8 +124,9 @@ async def case_drain(p: dict[str, Any], system: System, script: str) -> dict[str
     await preload(dsn, system, 0, jobs)
     await settle(dsn, system)
     workers = Workers(script, Path(p["workdir"]))
-    # Only leaseq's steps carry this (its opt-in, measured beside its default).
-    knobs = {k: p[k] for k in ("durable_acknowledgements",) if k in p}
+    # Only leaseq's steps carry these (its opt-in, measured beside its default; its
+    # statements alone, measured beside its Worker).
+    knobs = {k: p[k] for k in ("durable_acknowledgements", "statements_only") if k in p}
     result = await run_workers(p, system, workers, **knobs)
     write_ledger(
         Path(p["workdir"]), pending_before=range(jobs), pending_after=await pending(dsn, system)

@@ -4,7 +4,10 @@ Knobs (why in bench/README.md): Worker(concurrency=N, maintenance=False) with th
 defaults otherwise (LISTEN on, poll 1 s, metrics on, as a user gets them);
 AsyncQueue(pool_size=10, notify=True) for producers. The soak turns retention
 and the maintenance leader on. The *_async_acks drains run the opt-in
-Worker(durable_acknowledgements=False), beside the default.
+Worker(durable_acknowledgements=False), beside the default. The *_statements
+drains run no Worker: leaseq's claim and fenced complete_many back to back (the
+most its statements allow at that batch size), on the Worker's own session
+settings, the one thing here taken from leaseq's internals.
 
     .venv/bin/python bench/systems/leaseq_sys.py case '<json>'
 """
@@ -22,6 +25,7 @@ from common import Recorder, worker_main
 from soak import case_soak
 
 import leaseq
+from leaseq._async_client import SERVICE_CONNECTIONS
 
 SCHEMA = "bench_leaseq"
 QUEUE = "bench"
@@ -83,6 +87,9 @@ class Leaseq:
 
 
 async def work(options: dict[str, Any], recorder: Recorder) -> None:
+    if options.get("statements_only"):
+        await statements_only(options, recorder)
+        return
     app = leaseq.App(schema=options["schema"])
 
     @app.task(QUEUE)
@@ -102,6 +109,45 @@ async def work(options: dict[str, Any], recorder: Recorder) -> None:
     await recorder.stop.wait()
     worker.request_stop()
     await task
+
+
+async def statements_only(options: dict[str, Any], recorder: Recorder) -> None:
+    """Claims of `concurrency` jobs on one session, each batch completed (fenced,
+    durable) on a second while the next claim runs: the Worker's own overlap, with
+    no handler, task, lease renewal, outcome or metric per job. Both sessions carry
+    the Worker's settings (one generic plan per statement), as its own do."""
+
+    def client() -> leaseq.AsyncQueue:
+        return leaseq.AsyncQueue(
+            options["dsn"],
+            schema=options["schema"],
+            pool_size=1,
+            connection_options=SERVICE_CONNECTIONS,
+        )
+
+    async def complete(claims: list[leaseq.Claim]) -> None:
+        answers = await acker.complete_many(claims)
+        if not all(accepted for _, accepted in answers):
+            raise SystemExit("statements_only: a completion was refused (a lease lost)")
+        recorder.finished()
+
+    completing: asyncio.Task[None] | None = None
+    async with client() as claimer, client() as acker:
+        try:
+            while not recorder.stop.is_set():
+                claims = await claimer.claim(QUEUE, limit=options["concurrency"])
+                if not claims:
+                    await asyncio.sleep(0.01)
+                    continue
+                await recorder.admit()
+                for claim in claims:
+                    recorder.started(claim.payload["n"])
+                if completing is not None:
+                    await completing
+                completing = asyncio.create_task(complete(claims))
+        finally:
+            if completing is not None:
+                await completing
 
 
 def main() -> None:
