@@ -216,6 +216,18 @@ def notify_table(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _leaseq_beside(
+    summary: dict[str, Any], workload: str, variant: str
+) -> tuple[list[dict[str, float] | None], list[float | None]]:
+    """leaseq's rate in ``workload`` and in ``<workload>_<variant>``, run beside it in
+    the same rotation: their cells, and their medians."""
+    cells = [
+        summary.get(w, {}).get("leaseq", {}).get("rate")
+        for w in (workload, f"{workload}_{variant}")
+    ]
+    return cells, [None if c is None else c["median"] for c in cells]
+
+
 def async_acks_table(summary: dict[str, Any]) -> list[str]:
     """leaseq's opt-in Worker(durable_acknowledgements=False), beside its default in
     the same rotation: what it buys, and where it puts leaseq against the peers."""
@@ -225,11 +237,9 @@ def async_acks_table(summary: dict[str, Any]) -> list[str]:
         "| --- | --- | --- | --- | --- |",
     ]
     for workload, title, _, _ in THROUGHPUT:
-        opt_in = f"{workload}_async_acks"
-        if opt_in not in summary:
+        if f"{workload}_async_acks" not in summary:
             continue
-        cells = [summary.get(w, {}).get("leaseq", {}).get("rate") for w in (workload, opt_in)]
-        default, fast = (None if c is None else c["median"] for c in cells)
+        cells, (default, fast) = _leaseq_beside(summary, workload, "async_acks")
         lines.append(
             f"| {title} | {' | '.join(fmt(c) for c in cells)} | {ratio(fast, default)} | "
             f"{ratio(fast, best_peer(summary, workload, 'rate'))} |"
@@ -247,11 +257,9 @@ def statements_table(summary: dict[str, Any]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for workload, goal, _, target_of in TARGETS:
-        alone = f"{workload}_statements"
-        if alone not in summary:
+        if f"{workload}_statements" not in summary:
             continue
-        cells = [summary.get(w, {}).get("leaseq", {}).get("rate") for w in (workload, alone)]
-        worker, statements = (None if c is None else c["median"] for c in cells)
+        cells, (worker, statements) = _leaseq_beside(summary, workload, "statements")
         target = target_of(summary)
         lines.append(
             f"| {workload} | {' | '.join(fmt(c) for c in cells)} | "
