@@ -186,3 +186,58 @@ def test_the_embedded_server_is_found_whatever_pgport_says() -> None:
         assert reports["queued"] == 1, reports
     finally:
         _stop_embedded(folder / ".leaseq", folder)
+
+
+# Run in each process of the test below: pgserver's get_server replaced by one that
+# notes when it runs (its start, for real, creates a system user outside its own
+# lock), started when the test says go.
+_NOTING_START = """
+import sys, time
+from pathlib import Path
+from leaseq import _embedded
+
+log, go, folder = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
+class Server:
+    def get_uri(self):
+        return "postgresql://postgres@/postgres"
+
+def get_server(pgdata, cleanup_mode=None):
+    with log.open("a") as out:
+        out.write(f"enter {time.monotonic()}\\n")
+    time.sleep(0.3)
+    with log.open("a") as out:
+        out.write(f"leave {time.monotonic()}\\n")
+    return Server()
+
+_embedded._pgserver = lambda: get_server
+while not go.exists():
+    time.sleep(0.01)
+_embedded.start_embedded(folder)
+"""
+
+
+def test_processes_that_start_the_embedded_server_at_once_take_turns(tmp_path: Path) -> None:
+    """Run as root, pgserver creates its system user (``useradd pgserver``) before
+    it takes its own inter-process lock: processes started at once on a fresh
+    machine (the test suite's workers, a worker's processes) raced on it, and all
+    but one failed (exit status 9, the user exists). No two processes may be in
+    pgserver's start at once."""
+    log, go = tmp_path / "starts.log", tmp_path / "go"
+    script = tmp_path / "noting_start.py"
+    script.write_text(_NOTING_START)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(log), str(go), str(tmp_path / ".leaseq")]
+        )
+        for _ in range(3)
+    ]
+    try:
+        go.touch()
+        assert [p.wait(60) for p in processes] == [0, 0, 0]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert [kind for kind, _ in events] == ["enter", "leave"] * 3  # never two inside

@@ -8,6 +8,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import fasteners
+
 from ._errors import DatabaseUnavailable
 from ._logs import get_logger
 
@@ -15,6 +17,8 @@ log = get_logger(__name__)
 
 #: Held while a server starts (or is found) in this process.
 _STARTING = threading.Lock()
+#: Held while a server starts (or is found), across processes (in the server's folder).
+STARTING_LOCK = "starting.lock"
 
 
 def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
@@ -26,6 +30,7 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
     try:
         fresh = not (directory / "pgdata").exists()
         directory.mkdir(parents=True, exist_ok=True)
+        (directory / STARTING_LOCK).touch()  # (the lock below opens it to write)
     except OSError as exc:  # read-only, not ours, a file in its place
         raise DatabaseUnavailable(
             f"cannot keep the embedded PostgreSQL in {directory} ({exc.strerror or exc}): "
@@ -39,9 +44,14 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
         warnings.simplefilter("ignore")
         get_server = _pgserver()
-        # pgserver's file lock keeps processes apart, not the threads of one:
-        # a second thread got the first one's server before it had started.
-        with _STARTING:
+        # pgserver's file lock keeps processes apart, not the threads of one: a
+        # second thread got the first one's server before it had started. Nor
+        # does it cover all of the start: run as root, pgserver creates its
+        # system user (`useradd pgserver`) before it takes its lock, and
+        # processes started at once on a fresh machine (the test suite's
+        # workers, a worker's processes) raced on it: all but one failed, the
+        # user existing (exit status 9). So the processes take turns here too.
+        with _STARTING, fasteners.InterProcessLock(directory / STARTING_LOCK):
             try:
                 server = get_server(
                     directory / "pgdata", cleanup_mode=None if keep_running else "stop"
