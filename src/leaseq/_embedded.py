@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +46,7 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
         warnings.simplefilter("ignore")
         get_server = _pgserver()
-        # pgserver's file lock keeps processes apart, not the threads of one: a
-        # second thread got the first one's server before it had started. Nor
-        # does it cover all of the start: run as root, pgserver creates its
-        # system user (`useradd pgserver`) before it takes its lock, and
-        # processes started at once on a fresh machine (the test suite's
-        # workers, a worker's processes) raced on it: all but one failed, the
-        # user existing (exit status 9). So the processes take turns here too.
-        with _STARTING, fasteners.InterProcessLock(directory / STARTING_LOCK):
+        with _one_at_a_time(directory):
             try:
                 server = get_server(
                     directory / "pgdata", cleanup_mode=None if keep_running else "stop"
@@ -63,6 +58,23 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
                 ) from exc
     log.debug("embedded PostgreSQL at %s", url)
     return url
+
+
+@contextmanager
+def _one_at_a_time(directory: Path) -> Iterator[None]:
+    """Held while pgserver makes its handle on ``directory/pgdata`` and starts or
+    finds its server: across the threads of this process and across processes.
+
+    pgserver's own file lock keeps processes apart, not the threads of one: a
+    second thread got the first one's server before it had started. Nor does it
+    cover the handle: run as root, pgserver creates its system user (``useradd
+    pgserver``) before it takes its lock, and processes started at once on a
+    fresh machine (the test suite's workers, a worker's processes) raced on it:
+    all but one failed (exit status 9, the user existing; or initdb finding the
+    user gone).
+    """
+    with _STARTING, fasteners.InterProcessLock(directory / STARTING_LOCK):
+        yield
 
 
 def _with_port(url: str, pgdata: Path) -> str:
@@ -116,7 +128,8 @@ def _pg_ctl(directory: Path, *args: str) -> int:
         return 4  # nothing was ever made here: do not let pgserver make it
     try:
         # start=False: a handle on the data folder, nothing started
-        server = _pgserver()(pgdata, cleanup_mode=None, start=False)
+        with _one_at_a_time(directory):
+            server = _pgserver()(pgdata, cleanup_mode=None, start=False)
     except Exception as exc:  # pgserver raises plain errors of many kinds
         raise DatabaseUnavailable(
             f"cannot use the embedded PostgreSQL in {directory}: {exc}"
