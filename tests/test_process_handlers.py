@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import multiprocessing.connection
 import os
 import signal
 import subprocess
@@ -278,6 +279,7 @@ def test_a_signal_to_the_group_while_a_child_starts_does_not_end_it(
         assert child.process.is_alive(), child.process.exitcode
     finally:
         pool._children.append(child)
+        pool._idle.append(child)  # it was never handed work: the pool's own to stop
         pool.close()
 
 
@@ -547,6 +549,53 @@ async def test_stopping_the_children_of_process_handlers_does_not_block_the_even
         ticker.cancel()
     ((before, after),) = during_close
     assert after > before, "the event loop did not run while the children were stopped"
+
+
+@pytest.mark.asyncio
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+async def test_a_busy_childs_pipe_is_closed_once_when_the_worker_stops(
+    tables: leaseq.Queue, database_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the stop, the pool (in its thread) killed a busy child and closed its pipe,
+    while the attempt's thread, seeing the child dead, handed it back and closed the
+    same pipe: both could pass the pipe's "still open" check and close its
+    descriptor twice. The second close failed the stop (OSError EBADF, seen in CI),
+    or closed whatever the process had opened meanwhile under that number (a
+    database connection's socket). Each descriptor must be closed once."""
+    queue = tables
+    queue.enqueue("stubborn", {"schema": schema})  # never looks at job.lost
+    app = leaseq.App(schema=schema)
+    app.task("stubborn", executor="process")(process_app.stubborn)
+    worker = leaseq.Worker(
+        app,
+        dsn=database_url,
+        concurrency=1,
+        poll_interval=0.1,
+        shutdown_grace=0,
+        listen=False,
+        maintenance=False,
+        metrics=None,
+    )
+    closes: list[int] = []  # id() of each pipe end whose descriptor was closed
+    real_close = multiprocessing.connection.Connection._close
+
+    def slow_close(pipe: multiprocessing.connection.Connection) -> None:
+        closes.append(id(pipe))
+        time.sleep(0.3)  # widens the window in which a second closer comes in
+        real_close(pipe)
+
+    monkeypatch.setattr(multiprocessing.connection.Connection, "_close", slow_close)
+    running = asyncio.create_task(worker.run())
+    with queue.connection() as conn:
+        while not conn.execute(
+            f"SELECT 1 FROM \"{schema}\".seen WHERE what = 'started'"
+        ).fetchone():
+            assert not running.done()
+            await asyncio.sleep(0.05)
+    worker.request_stop()
+    await asyncio.wait_for(running, 60)  # an OSError of a second close fails it
+    twice = sorted({pipe for pipe in closes if closes.count(pipe) > 1})
+    assert not twice, f"{len(twice)} descriptors closed twice"
 
 
 # -- process handlers: the child's connections are the worker's -------------------

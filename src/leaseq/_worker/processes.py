@@ -129,11 +129,20 @@ class ProcessPool:
         return value
 
     def close(self) -> None:
-        """Stop every child: idle ones are asked to leave, busy ones killed."""
+        """Stop every child: idle ones are asked to leave, busy ones killed.
+
+        A busy child's pipe is its call's, not the pool's to use or close: that
+        call's thread waits on it, and hands the child back (closing the pipe)
+        once the child answered (killed then: the pool is closed) or died.
+        Closed from both threads, a pipe's descriptor could be closed twice, the
+        second time under whatever the process had opened meanwhile with that
+        number (a database connection's socket).
+        """
         with self._lock:
             self._closed = True
-            children, self._children, self._idle = self._children, [], []
-        for child in children:
+            children, idle = self._children, self._idle
+            self._children, self._idle = [], []
+        for child in idle:
             with contextlib.suppress(OSError, ValueError):
                 child.pipe.send(None)
         deadline = time.monotonic() + 2.0
@@ -142,7 +151,8 @@ class ProcessPool:
             if child.process.is_alive():
                 child.kill()
                 child.process.join(1.0)
-            child.pipe.close()
+            if child in idle:
+                child.pipe.close()
 
     def _hand_over(self, work: tuple[str, str, Any, Any, int]) -> _Child:
         """A child that took ``work``: an idle one, else a new one.
