@@ -4,6 +4,8 @@ queue, and a usage error never prints the password of a URL typed in it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -88,3 +90,62 @@ def test_a_group_without_its_command_still_shows_its_help() -> None:
     assert result.exit_code == 2, result.output
     assert "Commands:" in result.output
     assert "Error:" not in result.output
+
+
+# -- reading commands: a mistyped queue is said, not shown as an empty one ------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["status", "--json"], ["failed"], ["explain"], ["audit"], ["audit", "--json"]],
+)
+def test_a_read_of_a_mistyped_queue_says_so(
+    invoke: Invoke, queue: leaseq.Queue, command: list[str]
+) -> None:
+    """`leaseq status --queue reprots --json` printed `[]` and exited 0: a script
+    read the queue as idle; `failed` listed no failed jobs, `explain` judged the
+    claim of a queue that does not exist. A queue that exists, even with nothing in
+    it, is shown as before."""
+    queue.configure_queue("reports", max_attempts=3)  # exists, holds no job
+    result = invoke(*command, "--queue", "reprots", ok=False)
+    assert result.exit_code == 1, result.output
+    assert "no queue named 'reprots'" in result.output
+    shown = invoke(*command, "--queue", "reports")
+    assert "no queue named" not in shown.output
+
+
+# -- queue configure: the settings shown are the settings stored ------------------------
+
+
+def test_queue_configure_shows_each_setting_exactly_as_it_reads_it_back(
+    invoke: Invoke, queue: leaseq.Queue
+) -> None:
+    """Durations were printed with %g: a stored 1,000,001 s retention showed as
+    `1e+06s` (another value, and one the same option refused as input: exit 2),
+    1234.5678 s as `1234.57s`, a 1,234,567.5 s backoff cap as `1.23457e+06s`."""
+    shown = invoke(
+        "queue", "configure", "reports",
+        "--retain-done", "1000001",
+        "--retain-failed", "1234.5678s",
+        "--backoff-cap", "1234567.5",
+        "--lease", "45.25",
+        "--rate-limit", "7/1000001s",
+    ).output  # fmt: skip
+    printed = dict(re.findall(r"(\w+)=(\S+)", shown))
+    assert printed["retain_done"] == "1000001s"
+    assert printed["retain_failed"] == "1234.5678s"
+    assert printed["backoff"].endswith("..1234567.5s")
+    assert printed["lease"] == "45.25s"
+    assert printed["rate_limit"] == "7/1000001s"
+    before = queue.queue_settings("reports")
+    # Typed back as printed, each is read as the value it was (the lease and the
+    # backoff are given in seconds, without the unit).
+    invoke(
+        "queue", "configure", "reports",
+        "--retain-done", printed["retain_done"],
+        "--retain-failed", printed["retain_failed"],
+        "--backoff-cap", printed["backoff"].split("..")[1].removesuffix("s"),
+        "--lease", printed["lease"].removesuffix("s"),
+        "--rate-limit", printed["rate_limit"],
+    )  # fmt: skip
+    assert queue.queue_settings("reports") == before

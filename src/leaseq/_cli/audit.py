@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._redact import redact
-from .common import cli, console, database_options, open_queue
+from .common import cli, console, database_options, open_queue, require_queue
 
 
 @cli.command()
@@ -24,6 +24,8 @@ def audit(
     """Who replayed, cancelled, paused or reconfigured what, and when."""
     with open_queue(database_url, schema) as queue:
         entries = queue.audit_log(queue=queue_name, limit=limit)
+        if not entries:  # (a mistyped name: "nothing was done to it", exit 0)
+            require_queue(queue, queue_name)
     if as_json:
         click.echo(
             json.dumps(

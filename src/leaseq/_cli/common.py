@@ -77,6 +77,13 @@ def open_queue(database_url: str | None, schema: str) -> Iterator[Queue]:
         yield queue
 
 
+def require_queue(queue: Queue, name: str | None) -> None:
+    """A queue a command names must exist: a mistyped name read as an empty queue
+    (``status --json`` printed ``[]``, "idle"), or acted on nothing, with exit 0."""
+    if name is not None and queue.queue_settings(name) is None:
+        raise InvalidArgument(f"no queue named {name!r}")
+
+
 def actor() -> str:
     """Who the audit log records for an action of this command: the OS user."""
     try:

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from leaseq import ClaimPlan, Health, NotMigrated
 
-from .common import cli, console, database_options, open_queue
+from .common import cli, console, database_options, open_queue, require_queue
 
 
 @cli.command()
@@ -47,6 +47,7 @@ def health(as_json: bool, long_transaction: float, database_url: str | None, sch
 def explain(queue_name: str | None, database_url: str | None, schema: str) -> None:
     """The live plan of the claim statement (EXPLAIN; nothing is claimed)."""
     with open_queue(database_url, schema) as queue:
+        require_queue(queue, queue_name)
         names = [queue_name] if queue_name else [s.queue for s in queue.stats()]
         plans = [queue.explain_claim(name) for name in names]
     if not plans:

@@ -16,8 +16,9 @@ from leaseq import (
     JobStatus,
 )
 
+from .._durations import exact_number
 from .._redact import redact
-from .common import actor, cli, console, database_options, open_queue
+from .common import actor, cli, console, database_options, open_queue, require_queue
 from .limits import NO_LIMIT, count_limit, format_limit, format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
 
@@ -54,6 +55,7 @@ def status(as_json: bool, queue_name: str | None, database_url: str | None, sche
 
     Cheap on any table: finished counts of a large one are estimates (marked ~)."""
     with open_queue(database_url, schema) as queue:
+        require_queue(queue, queue_name)
         stats = queue.stats(queue_name)
     if as_json:
         listed = [
@@ -111,6 +113,7 @@ def _widest(rows: list[list[str]], column: int) -> int:
 def failed(queue_name: str | None, limit: int, database_url: str | None, schema: str) -> None:
     """List failed jobs with their last error and attempts."""
     with open_queue(database_url, schema) as queue:
+        require_queue(queue, queue_name)
         jobs = queue.list_jobs(JobStatus.FAILED, queue=queue_name, limit=limit)
     _print_jobs(jobs, "failed jobs")
 
@@ -154,9 +157,8 @@ def replay(
         if all_failed:
             assert queue_name is not None
             ids = queue.replay_failed(queue_name, actor=actor())
-            if not ids and queue.queue_settings(queue_name) is None:
-                # (a mistyped name replayed nothing, and said so as a success)
-                raise InvalidArgument(f"no queue named {queue_name!r}")
+            if not ids:  # (a mistyped name replayed nothing, and said so as a success)
+                require_queue(queue, queue_name)
             click.echo(f"replayed {len(ids)} jobs")
         else:
             assert job_id is not None
@@ -325,8 +327,9 @@ def configure(name: str, database_url: str | None, schema: str, **settings: Any)
                 )
             result = shown
     click.echo(
-        f"queue {result.name}: lease={result.lease:g}s max_attempts={result.max_attempts} "
-        f"backoff={result.backoff_base:g}..{result.backoff_cap:g}s "
+        f"queue {result.name}: lease={exact_number(result.lease)}s "
+        f"max_attempts={result.max_attempts} "
+        f"backoff={exact_number(result.backoff_base)}..{exact_number(result.backoff_cap)}s "
         f"ordering={result.ordering_policy.value} "
         f"max_queued={format_limit(result.max_queued_jobs)} "
         f"max_queued_bytes={format_limit(result.max_queued_bytes)} "

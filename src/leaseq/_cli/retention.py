@@ -10,9 +10,10 @@ import click
 from rich import box
 from rich.table import Table
 
-from leaseq import InvalidArgument, JobStatus, PruneResult
+from leaseq import JobStatus, PruneResult
 
-from .common import cli, console, database_options, open_queue
+from .._durations import duration_text
+from .common import cli, console, database_options, open_queue, require_queue
 
 #: Seconds per unit of a duration such as ``90s``, ``15m``, ``2h``, ``1d``, ``4w``.
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -46,13 +47,9 @@ def duration(*, keep_forever: bool = False) -> Any:
 
 
 def format_duration(seconds: float | None) -> str:
-    """``1d``, ``2h``, ``90s``; ``never`` for None (kept forever)."""
-    if seconds is None:
-        return NEVER
-    for unit in ("d", "h", "m"):
-        if seconds >= UNITS[unit] and seconds % UNITS[unit] == 0:
-            return f"{seconds / UNITS[unit]:g}{unit}"
-    return f"{seconds:g}s"
+    """``1d``, ``2h``, ``90s``, exact (what ``duration()`` reads back); ``never``
+    for None (kept forever)."""
+    return duration_text(seconds, never=NEVER)
 
 
 FINISHED = [state.value for state in JobStatus if state.finished]
@@ -98,9 +95,7 @@ def prune(
     """Apply retention now: remove finished jobs past their queue's retention
     (deleted, or moved to the archive), in bounded batches; print what went."""
     with open_queue(database_url, schema) as queue:
-        if queue_name is not None and queue.queue_settings(queue_name) is None:
-            # (a mistyped name removed nothing, and said so as a success)
-            raise InvalidArgument(f"no queue named {queue_name!r}")
+        require_queue(queue, queue_name)  # (else: removed nothing, said so as a success)
         result = queue.prune(queue_name, states=states or None, **options)
     _print_prune(result)
 

@@ -9,10 +9,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
+from .._durations import duration_text
 from .._redact import redact
 
 #: Payload fields whose values are never shown: a field whose name, lowercased and
@@ -131,20 +131,7 @@ def retention(seconds: float | None) -> str:
 
     Exact, in the form the settings form reads back (``1000000s``, ``1234.5678s``):
     the form shows these, and saving one field sends them all."""
-    if seconds is None:
-        return "never"
-    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= length and seconds % length == 0:
-            return f"{plain(seconds / length)}{unit}"
-    return f"{plain(seconds)}s"
-
-
-def plain(value: float) -> str:
-    """``value`` in decimal digits, all of them and no exponent (``%g`` keeps six
-    significant digits and writes ``1e+06``): the shortest text that reads back as
-    the same float."""
-    text = format(Decimal(repr(float(value))), "f")
-    return text.removesuffix(".0")
+    return duration_text(seconds)
 
 
 def percent(part: int, whole: int | None) -> int | None:
