@@ -8,7 +8,7 @@ import leaseq
 from leaseq import JobStatus, LeaseLost
 from leaseq.testing import drain
 
-from .clients import Client
+from .clients import Client, ClientConnect
 from .conftest import Clock
 
 
@@ -188,6 +188,36 @@ def test_a_job_released_while_its_handler_runs_on_holds_its_key_if_cancelled(
     assert _claim_ids(client) == []
     clock.advance(31)
     assert _claim_ids(client) == [second]
+
+
+@pytest.mark.parametrize("cut", ["cancelled", "released while its handler runs on"])
+def test_a_cut_lease_holds_a_job_of_its_key_that_was_claimable_already(
+    client: Client, clock: Clock, client_connect: ClientConnect, cut: str
+) -> None:
+    """A job of the key can be claimable (not waiting) while another of the key
+    runs: a producer that re-blocked it rolled back, and a job that entered
+    meanwhile skipped its locked row. The claim's own checks keep them one at a
+    time; the hold of a lease cut short was only put on a head that went from
+    waiting to claimable, so this one started at once, beside the handler still
+    running on the cut lease."""
+    head = client.enqueue("events", {"n": 10}, key="k", seq=10)
+    rolled_back = client_connect()
+    with rolled_back.transaction(force_rollback=True):
+        # In flight: makes `head` wait behind it (and holds its row meanwhile) ...
+        client.enqueue("events", {"n": 5}, key="k", seq=5, conn=rolled_back)
+        # ... while another producer commits an earlier job, which passes that row by.
+        first = client.enqueue("events", {"n": 1}, key="k", seq=1)
+    (running,) = client.claim("events", limit=10, lease=30)
+    assert running.job_id == first
+    if cut == "cancelled":
+        assert client.cancel(first, running=True)
+    else:  # a stopping worker gives the claim back while its thread runs on
+        assert client.release_many([running], handlers_running=[True]) == [(running, True)]
+    assert _claim_ids(client) == []  # the cut handler may still run
+    clock.advance(20)
+    assert _claim_ids(client) == []
+    clock.advance(11)  # the cut lease is over: the key moves on, in order
+    assert _claim_ids(client) == ([head] if cut == "cancelled" else [first])
 
 
 def test_the_reaper_drops_the_holds_that_ended(client: Client, clock: Clock) -> None:
