@@ -643,6 +643,46 @@ async def test_a_sync_handler_that_stops_when_told_has_its_job_claimable_at_once
     assert worker.stats.completed == 0
 
 
+async def test_a_sync_handler_stopped_inside_its_transaction_has_its_job_released(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The README's pattern, job.transaction(), cut by the stop: leaving the block,
+    its completion is refused (job.lost is set: LeaseLost of its own claim) and its
+    effect rolls back. The job was taken for a lost lease: nothing written, left
+    running until its lease ran out, the interrupted attempt counted (with
+    max_attempts=1 the reaper then failed it: one deploy, a job failed for good).
+    The lease is the worker's still: the job is released, claimable at once."""
+    app = leaseq.App(schema=schema)
+    started = threading.Event()
+    left: list[str] = []
+
+    @app.task("reports", lease=60.0)
+    def write_report(job: leaseq.JobContext) -> None:
+        try:
+            with job.transaction() as conn:
+                conn.execute("SELECT 1")
+                started.set()
+                job.lost.wait(30)  # still writing its effect when the stop comes
+        except leaseq.LeaseLost as exc:
+            left.append(type(exc).__name__)
+            raise
+
+    job_id = await aqueue.enqueue("reports", {}, max_attempts=1)
+    worker = leaseq.Worker(
+        app, dsn=database_url, poll_interval=0.1, shutdown_grace=0.2, maintenance=False
+    )
+    running = asyncio.create_task(worker.run())
+    await asyncio.wait_for(asyncio.to_thread(started.wait, 30), 35)
+    worker.request_stop()
+    await asyncio.wait_for(running, 30)
+    assert left == ["LeaseLost"]  # its block's completion was refused: nothing committed
+    job = await aqueue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    (claim,) = await aqueue.claim("reports")  # at once, its one attempt still to come
+    assert claim.job_id == job_id
+    assert (worker.stats.released, worker.stats.lost_leases) == (1, 0)
+
+
 @pytest.mark.parametrize(
     "option",
     [

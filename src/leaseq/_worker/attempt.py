@@ -198,6 +198,12 @@ class AttemptRunner:
             return _retry_or_fail(task, claim, request.delay, request.reason)
         except LeaseLost as exc:
             if (exc.job_id, exc.lease_version) == (claim.job_id, claim.lease_version):
+                if attempt.stopping and not attempt.lost and not context.completed:
+                    # The stop told it (job.lost), so its job.transaction() refused
+                    # to complete and rolled back: its lease is still the worker's,
+                    # and it has returned. Released, claimable at once (a lease
+                    # lost meanwhile refuses the release, which says so).
+                    return Outcome(Kind.RELEASE, claim)
                 return None  # its own claim's fenced write was refused: its lease is gone
             # A fenced write of another claim (the handler's own use of a queue):
             # the handler's error, as any other; its own lease still holds.
