@@ -102,7 +102,8 @@ class Scheduler:
 
     async def _handle(self, schedule: Schedule) -> int:
         store = self._queue._store
-        async with self._queue.connection() as conn, conn.transaction():
+        # (leaseq's statements only: their errors, the commit's too, translated)
+        async with self._queue._db.connection() as conn, conn.transaction():
             taken = await self._queue._run(
                 store.lock_schedule(
                     schedule.name, queue=schedule.queue, spec=schedule.spec, tz=schedule.tz
