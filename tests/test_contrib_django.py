@@ -37,6 +37,7 @@ from django.conf import settings  # noqa: E402
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
+from django.db.transaction import TransactionManagementError  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -227,6 +228,48 @@ def test_enqueue_commits_and_rolls_back_with_the_model_write(shop: leaseq.Queue)
     at_once = enqueue("orders", {"name": "at once"}, priority=5)
     assert shop.get(at_once).priority == 5
     assert [stats.queued for stats in shop.stats("orders")] == [2]
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["enqueue", "enqueue_many"])
+def test_a_refusal_caught_inside_atomic_rolls_the_block_back_as_django_knows(
+    shop: leaseq.Queue, batch: bool
+) -> None:
+    """A refusal from the database (BacklogFull, a queue's PayloadTooLarge) aborts
+    the transaction; leaseq wrote on the psycopg connection under Django's, so
+    Django did not know. A caller who caught it left atomic() normally: the
+    server turned the COMMIT into a ROLLBACK (the order gone) and on_commit
+    callbacks ran for it. Now Django knows, as for its own failed writes; the
+    README's nested atomic() around the enqueue keeps the rest of the block."""
+    from leaseq.contrib.django import enqueue, enqueue_many
+    from tests.django_project.shop.models import Order
+
+    def refused_enqueue() -> None:
+        if batch:
+            enqueue_many("orders", [{"pad": "x" * 100}])
+        else:
+            enqueue("orders", {"pad": "x" * 100})
+
+    shop.configure_queue("orders", max_payload_bytes=16)
+    confirmed: list[str] = []
+    with pytest.raises(TransactionManagementError), transaction.atomic():
+        Order.objects.create(name="lost")
+        transaction.on_commit(lambda: confirmed.append("lost"))
+        with pytest.raises(leaseq.PayloadTooLarge):
+            refused_enqueue()
+        Order.objects.create(name="after the refusal")  # Django refuses: the block failed
+    with transaction.atomic():
+        Order.objects.create(name="kept")
+        transaction.on_commit(lambda: confirmed.append("kept"))
+        with pytest.raises(leaseq.PayloadTooLarge), transaction.atomic():
+            refused_enqueue()
+    assert confirmed == ["kept"]
+    assert list(Order.objects.values_list("name", flat=True)) == ["kept"]
+    # A refusal before anything was sent leaves the transaction as it was.
+    with transaction.atomic():
+        Order.objects.create(name="also kept")
+        with pytest.raises(leaseq.InvalidJob):
+            enqueue("orders", {"bad": float("nan")})
+    assert Order.objects.filter(name="also kept").exists()
 
 
 def test_enqueue_many_takes_the_batch_arguments_of_queue_enqueue_many(

@@ -261,3 +261,50 @@ async def test_apsycopg_connection_takes_an_async_scoped_session(
         await session.remove()
     assert queue.get(job.job_id).status is JobStatus.DONE
     assert counts.reports() == 1
+
+
+# -- job_session on an engine in autocommit: refused before the block runs ------------
+
+
+def test_a_job_session_on_an_autocommit_engine_is_refused_before_its_effect(
+    engine: Engine,  # noqa: F811
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,  # noqa: F811
+) -> None:
+    """docs/sqlalchemy.md: an engine in autocommit is refused. It was, but only at
+    the block's end: each write of the effect had committed on its own by then,
+    the job was not completed, and its next attempt wrote the effect again."""
+    job = _claimed(queue, aqueue)
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    ran: list[str] = []
+    with (
+        pytest.raises(leaseq.InvalidArgument, match="autocommit"),
+        job_session(job, autocommit) as session,
+    ):
+        ran.append("the block")
+        _effect(session, job)
+        session.flush()  # on an autocommit engine: committed at once
+    assert ran == []
+    assert counts.reports() == 0
+    assert queue.get(job.job_id).status is JobStatus.RUNNING
+    assert not job.completed
+
+
+async def test_a_job_async_session_on_an_autocommit_engine_is_refused_before_its_effect(
+    async_engine: AsyncEngine,  # noqa: F811
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,  # noqa: F811
+) -> None:
+    job = _claimed(queue, aqueue)
+    autocommit = async_engine.execution_options(isolation_level="AUTOCOMMIT")
+    ran: list[str] = []
+    with pytest.raises(leaseq.InvalidArgument, match="autocommit"):
+        async with job_async_session(job, autocommit) as session:
+            ran.append("the block")
+            _effect(session, job)
+            await session.flush()
+    assert ran == []
+    assert counts.reports() == 0
+    assert not job.completed

@@ -197,11 +197,15 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
         begun = connection.get_transaction()  # the block's, on the session's connection
         with _connection_commits_refused(connection) as ours:
             try:
+                # Checked before the block runs: on an engine in autocommit each of
+                # its writes would commit on its own, and a refusal at the end came
+                # too late (the effect committed, the job not completed).
+                driver = psycopg_connection(session)
                 yield session
                 _require_open(transaction, connection, begun)
                 session.flush()  # the effect's writes first: a failing one raises first
                 job.completing = True  # the fence decides from here (JobContext)
-                job.complete_in(psycopg_connection(session))
+                job.complete_in(driver)
                 ours.append(True)  # the one commit that is the block's
                 transaction.commit()
             except BaseException:
@@ -236,11 +240,12 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
             begun = None if sync is None else sync.get_transaction()
             with _connection_commits_refused(sync) as ours:
                 try:
+                    driver = await apsycopg_connection(session)  # as job_session's
                     yield session
                     _require_open(transaction, sync, begun)
                     await session.flush()
                     job.completing = True  # the fence decides from here (JobContext)
-                    await job.acomplete_in(await apsycopg_connection(session))
+                    await job.acomplete_in(driver)
                     ours.append(True)  # the one commit that is the block's
                     await transaction.commit()
                 except BaseException:

@@ -98,6 +98,29 @@ def connection(using: str | None = None) -> psycopg.Connection[Any]:
     return raw
 
 
+@contextmanager
+def _refusals_roll_back(using: str | None) -> Iterator[psycopg.Connection[Any]]:
+    """Django's connection ``using`` for a write of leaseq's; a refusal from the
+    database (BacklogFull, a queue's PayloadTooLarge) inside ``atomic()`` marks
+    the block for rollback, as Django's own writes do. leaseq writes on the
+    psycopg connection under Django's, so Django did not know the transaction
+    had failed: a caller who caught the refusal left the block normally, the
+    server turned its COMMIT into a ROLLBACK (the business rows gone), and its
+    ``on_commit`` callbacks ran all the same. A refusal before anything was sent
+    (a bad payload) leaves the transaction, and the block, as they were."""
+    conn = connection(using)
+    try:
+        yield conn
+    except BaseException:
+        alias = using or leaseq_settings().database
+        if (
+            connections[alias].in_atomic_block
+            and conn.info.transaction_status == pq.TransactionStatus.INERROR
+        ):
+            transaction.set_rollback(True, using=alias)
+        raise
+
+
 def enqueue(
     queue_name: str,
     payload: Any,
@@ -118,22 +141,23 @@ def enqueue(
     """Enqueue one job on Django's connection ``using``: inside ``transaction.atomic()``
     it commits or rolls back with the block (no ``on_commit`` needed); outside
     one, at once (Django's autocommit). The arguments are ``leaseq.Queue.enqueue``'s."""
-    return queue(using).enqueue(
-        queue_name,
-        payload,
-        conn=connection(using),
-        delay=delay,
-        run_at=run_at,
-        priority=priority,
-        max_attempts=max_attempts,
-        key=key,
-        seq=seq,
-        idempotency_key=idempotency_key,
-        timeout=timeout,
-        unique_key=unique_key,
-        unique_for=unique_for,
-        group=group,
-    )
+    with _refusals_roll_back(using) as conn:
+        return queue(using).enqueue(
+            queue_name,
+            payload,
+            conn=conn,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            key=key,
+            seq=seq,
+            idempotency_key=idempotency_key,
+            timeout=timeout,
+            unique_key=unique_key,
+            unique_for=unique_for,
+            group=group,
+        )
 
 
 def enqueue_many(
@@ -155,21 +179,22 @@ def enqueue_many(
     """Enqueue many jobs of one queue in one statement, on Django's connection
     ``using`` (in its transaction, as :func:`enqueue`). The arguments are
     ``leaseq.Queue.enqueue_many``'s."""
-    return queue(using).enqueue_many(
-        queue_name,
-        payloads,
-        conn=connection(using),
-        delay=delay,
-        run_at=run_at,
-        priority=priority,
-        max_attempts=max_attempts,
-        key=key,
-        seqs=seqs,
-        timeout=timeout,
-        unique_keys=unique_keys,
-        unique_for=unique_for,
-        group=group,
-    )
+    with _refusals_roll_back(using) as conn:
+        return queue(using).enqueue_many(
+            queue_name,
+            payloads,
+            conn=conn,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            key=key,
+            seqs=seqs,
+            timeout=timeout,
+            unique_keys=unique_keys,
+            unique_for=unique_for,
+            group=group,
+        )
 
 
 @contextmanager
