@@ -5,7 +5,8 @@
 * the worker reaches the database only through the clients (one door);
 * SQL lives in ``.sql`` files, read through ``_statement.sql_text`` by the store;
 * the demo imports only public names; the CLI too, but for the few internals
-  named here (secret redaction, logging, the ``--processes`` supervisor);
+  named here (secret redaction, logging, durations as text, the ``--processes``
+  supervisor);
 * the dashboard (``leaseq.web``) imports only public names of ``leaseq``, its own
   modules and leaseq's scrubbing logger, and never the driver: it reads and acts
   through the client.
@@ -27,7 +28,16 @@ SOURCE = Path(leaseq.__file__).resolve().parent
 #: Lower layers first; a module imports only modules of lower layers (modules of
 #: one package, like _worker's, may import each other).
 LAYERS: list[set[str]] = [
-    {"_errors", "_types", "_health_types", "_job_ids", "_redact", "_statement", "_waiting"},
+    {
+        "_errors",
+        "_types",
+        "_health_types",
+        "_job_ids",
+        "_redact",
+        "_statement",
+        "_waiting",
+        "_durations",
+    },
     {"_json_text"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
     {"_validate_payloads"},
@@ -45,7 +55,8 @@ LAYERS: list[set[str]] = [
 BEHIND_THE_CLIENTS = {"_db", "_store", "_statement", "_steps", "_migrate", "_client_base"}
 #: What the CLI may take from the internals besides the public API (_embedded:
 #: `leaseq embedded status|stop`, the server of a folder, not the library's API).
-CLI_INTERNALS = {"_config", "_embedded", "_logs", "_redact", "_worker.supervisor"}
+#: _durations: settings in seconds as text, shared with the dashboard.
+CLI_INTERNALS = {"_config", "_durations", "_embedded", "_logs", "_redact", "_worker.supervisor"}
 DRIVERS = {"psycopg", "psycopg_pool"}
 
 
@@ -96,8 +107,9 @@ def _layer(unit: str) -> int:
 
 #: What the dashboard may take from the internals besides the public API: the
 #: logger that scrubs secrets (every leaseq logger must) and the scrubbing of
-#: password shapes in what it renders (as the CLI uses it).
-WEB_INTERNALS = {"leaseq._logs", "leaseq._redact"}
+#: password shapes in what it renders (as the CLI uses it); settings in seconds as
+#: the text the CLI shows too (one formatter, so the two never disagree).
+WEB_INTERNALS = {"leaseq._durations", "leaseq._logs", "leaseq._redact"}
 #: Public subpackages that sit on the public API only (checked by their own tests).
 ON_THE_PUBLIC_API = ("demo", "web", "contrib")
 LIBRARY = {n: p for n, p in _modules().items() if not n.startswith(ON_THE_PUBLIC_API)}
