@@ -13,8 +13,12 @@ requirements that pull in opposite directions, each where it belongs:
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 import leaseq
@@ -22,7 +26,11 @@ from leaseq import AlreadyCompleted, JobStatus, LeaseLost
 from leaseq._worker.context import JobContext
 from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
-from .clients import Client, ClientConnect
+from .clients import Client, ClientConnect, ClientConnection
+
+#: Seconds a statement may take to start waiting for a lock, or to end once the
+#: lock is gone, before the test fails instead of hanging (a busy shared server).
+PROMPT = 30.0
 
 
 def _counter(client: Client) -> str:
@@ -77,6 +85,72 @@ def test_job_transaction_run_twice_commits_its_effect_once(
     with pytest.raises(AlreadyCompleted), job.transaction() as conn:
         conn.execute(f"UPDATE {table} SET n = n + 1")
     assert _count(queue, table) == 1
+
+
+def _wait_until_waiting(
+    connect: Callable[..., psycopg.Connection[Any]],
+    waiter: ClientConnection,
+    holder: ClientConnection,
+) -> None:
+    """Wait (bounded) until ``waiter``'s statement waits for a lock ``holder`` holds."""
+    with connect(autocommit=True) as watcher:
+        deadline = time.monotonic() + PROMPT
+        while time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT %s = ANY(pg_blocking_pids(%s))",
+                (holder.info.backend_pid, waiter.info.backend_pid),
+            ).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.01)
+    pytest.fail("the re-run's completion never waited for the first run's row lock")
+
+
+def test_rerun_whose_completion_waited_for_the_first_runs_commit_is_refused_as_already_completed(
+    client: Client,
+    client_connect: ClientConnect,
+    connect: Callable[..., psycopg.Connection[Any]],
+) -> None:
+    """A re-run of the transaction while the first run is still committing: its
+    completion waits for the first run's row lock, which then commits. The UPDATE
+    reads the newest row version and misses, as it must, but the statement's
+    snapshot, taken before that commit, still showed the job running: it said
+    plain LeaseLost, and the caller could not tell its re-run from a lost lease."""
+    table = f'"{client.schema}".effect'
+    with client.connection() as conn:
+        # (inserts only: the re-run's effect must not wait for the first run's)
+        conn.execute(f"CREATE TABLE {table} (job_id bigint NOT NULL)")
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    first, again = client_connect(), client_connect()
+    refused: list[BaseException | None] = []
+
+    def effect_and_completion(conn: ClientConnection) -> None:
+        conn.execute(f"INSERT INTO {table} VALUES (%s)", (claim.job_id,))
+        client.complete(claim, conn=conn)
+
+    def rerun() -> None:
+        try:
+            with again.transaction():
+                effect_and_completion(again)
+        except BaseException as exc:  # (looked at below, in the test's thread)
+            refused.append(exc)
+        else:
+            refused.append(None)
+
+    rerunning = threading.Thread(target=rerun)
+    with first.transaction():
+        effect_and_completion(first)
+        rerunning.start()
+        _wait_until_waiting(connect, again, first)
+    # The first run committed: the re-run's completion goes on.
+    rerunning.join(PROMPT)
+    assert not rerunning.is_alive()
+    (error,) = refused
+    assert isinstance(error, AlreadyCompleted), repr(error)
+    with client.connection() as conn:
+        assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (1,)
+    assert client.get(claim.job_id).status is JobStatus.DONE
 
 
 @pytest.mark.parametrize("write", ["retry", "fail"])

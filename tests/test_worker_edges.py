@@ -18,6 +18,7 @@ import leaseq
 from leaseq import JobStatus
 from leaseq._worker import runner
 from leaseq._worker.context import JobContext
+from leaseq.testing import adrain
 
 from .conftest import AsyncClock, SpareDatabase
 from .frozen_proxy import frozen_proxy
@@ -707,6 +708,10 @@ async def test_a_sync_handler_stopped_inside_its_transaction_has_its_job_release
         {"dsn": 5},
         {"queues": "work"},
         {"queues": ["work", 5]},
+        # A TypeError; and [] served every queue of the app (read as `queues or
+        # app.tasks`), not the none it names.
+        {"queues": 5},
+        {"queues": []},
         {"listen": "no"},
         {"maintenance": 0},
         {"durable_acknowledgements": None},
@@ -722,6 +727,32 @@ async def test_bad_worker_options_are_refused(schema: str, option: dict[str, Any
     arguments = {"dsn": "postgresql://nobody@127.0.0.1:1/none", **option}
     with pytest.raises(leaseq.InvalidArgument, match=next(iter(option))):
         leaseq.Worker(app, **arguments)
+
+
+async def test_a_worker_reads_the_queues_it_is_given_once(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Any iterable of names is taken, a generator too. The check used to walk
+    it and the worker then read it again, used up: it served no queue, its run()
+    failed with a ZeroDivisionError and the jobs stayed queued (drain() alike)."""
+    app = leaseq.App(schema=schema)
+    ran: list[int] = []
+    for name in ("emails", "reports"):
+        app.task(name)(lambda job: ran.append(job.job_id))
+    worker = leaseq.Worker(app, dsn=database_url, queues=iter(["emails", "emails"]))
+    assert worker.queues == ["emails"]  # (a name given twice is asked once per turn)
+    job_id = await aqueue.enqueue("emails", {})
+    other = await aqueue.enqueue("reports", {})
+    stats = await adrain(app, dsn=database_url, queues=(name for name in ["emails"]))
+    assert (stats.completed, ran) == (1, [job_id])
+    assert (await aqueue.get(job_id)).status is JobStatus.DONE
+    assert (await aqueue.get(other)).status is JobStatus.QUEUED
+    with pytest.raises(leaseq.InvalidArgument, match="queues is empty"):
+        leaseq.Worker(app, dsn=database_url, queues=(name for name in ()))
+    # (a DSN given as a queue by mistake: its password stays out of the error)
+    with pytest.raises(leaseq.InvalidArgument, match="no handler") as refused:
+        leaseq.Worker(app, dsn=database_url, queues=["postgresql://u:hunter2@db/app"])
+    assert "hunter2" not in str(refused.value)
 
 
 async def test_a_handler_or_hook_that_cannot_be_called_is_refused_where_declared(

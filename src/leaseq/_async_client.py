@@ -267,9 +267,8 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         so a re-run of the transaction rolls its effect back. Without it a
         resend after an ambiguous commit is accepted.
         """
-        await self._db.run(
-            self._store.complete_one(claim, result=result, strict=conn is not None), conn
-        )
+        steps = _steps.complete(self._store, claim, result=result, strict=conn is not None)
+        await self._db.run_steps(steps, conn)
 
     async def complete_many(
         self,

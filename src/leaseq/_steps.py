@@ -8,12 +8,12 @@ call cannot drift between the two.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from ._errors import BacklogFull
-from ._statement import Operation, Steps
+from ._errors import AlreadyCompleted, BacklogFull, LeaseLost
+from ._statement import Operation, Rows, Steps
 from ._store import Claimed, ReplayBatch, Store
-from ._types import Claims
+from ._types import Claim, Claims
 
 T = TypeVar("T")
 
@@ -89,6 +89,45 @@ def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operati
                 known_queues.add(queue)
     result: T = yield operation
     return result
+
+
+def complete(store: Store, claim: Claim, *, result: Any, strict: bool) -> Steps[None]:
+    """Complete one claim, or raise LeaseLost; strict (in a caller's transaction),
+    AlreadyCompleted when this claim's completion has committed.
+
+    A strict completion that waited for the row's lock while a first run of the
+    same transaction committed misses (the UPDATE reads the newest row version),
+    but its snapshot, taken before, shows the job still running: it said plain
+    LeaseLost, and the caller could not tell the re-run from a lost lease. On
+    that miss only, the row is read again, on a snapshot taken now; a completion
+    costs no second round trip.
+    """
+    completion = store.complete_one(claim, result=result, strict=strict)
+    if not strict:
+        yield completion
+        return
+    lost: LeaseLost | None = yield _lost_returned(completion)
+    if lost is None:
+        return
+    if not isinstance(lost, AlreadyCompleted):
+        done: bool = yield store.completed_by(claim)
+        if done:
+            raise AlreadyCompleted(claim.job_id, claim.lease_version, "complete") from None
+    raise lost
+
+
+def _lost_returned(operation: Operation[None]) -> Operation[LeaseLost | None]:
+    """``operation`` with its LeaseLost returned instead of raised (the steps
+    decide what comes next; an error raised by an operation ends the steps)."""
+
+    def decode(rows: list[Rows]) -> LeaseLost | None:
+        try:
+            operation.decode(rows)
+        except LeaseLost as lost:
+            return lost
+        return None
+
+    return Operation(operation.statements, decode, operation.retry_on, operation.detached)
 
 
 def replay_failed(

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from ._async_client import AsyncQueue
 from ._errors import InvalidArgument
@@ -43,7 +43,7 @@ _WINDOW = 1_000_000
 def drain(
     app: App,
     *,
-    queues: Sequence[str] | None = None,
+    queues: Iterable[str] | None = None,
     dsn: str | None = None,
     concurrency: int = 1,
     timeout: float = 60.0,
@@ -72,7 +72,7 @@ def drain(
 async def adrain(
     app: App,
     *,
-    queues: Sequence[str] | None = None,
+    queues: Iterable[str] | None = None,
     dsn: str | None = None,
     concurrency: int = 1,
     timeout: float = 60.0,

@@ -222,7 +222,9 @@ class JobOperations(StoreBase):
         self, claim: Claim, *, result: Any = None, strict: bool = False
     ) -> Operation[None]:
         """Complete one claim, or raise LeaseLost (AlreadyCompleted, when strict and
-        this claim's completion already committed)."""
+        this claim's completion committed before the statement's snapshot: one
+        that committed while the statement waited for the row is asked about
+        afterwards, by ``_steps.complete`` with :meth:`completed_by`)."""
         claim = validate.claim(claim)
         batch = self._fenced(
             "complete.sql",
@@ -239,6 +241,13 @@ class JobOperations(StoreBase):
                 raise LeaseLost(claim.job_id, claim.lease_version, "complete")
 
         return Operation(batch.statements, decode)
+
+    def completed_by(self, claim: Claim) -> Operation[bool]:
+        """Whether ``claim``'s completion has committed, on a snapshot taken now."""
+        params = {"job_id": claim.job_id, "lease_version": claim.lease_version}
+        return Operation(
+            (Statement(self.sql("completed_by.sql"), params),), lambda rows: bool(rows[0][0][0])
+        )
 
     def renew_one(self, claim: Claim, lease: float | None = None) -> Operation[datetime]:
         """The new lease_until, or LeaseLost. Unlike the batch it waits for a locked row

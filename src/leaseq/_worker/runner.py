@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable
 from typing import Any, TypeGuard
 
 from .. import _metrics
@@ -82,6 +82,10 @@ def _refused_for_good(error: BaseException | None) -> TypeGuard[LeaseqError]:
 class Worker:
     """Runs an :class:`App`'s handlers until told to stop.
 
+    ``queues``: the names of the queues it serves (a list, or any iterable of
+    names, read once), each with a handler in the app; None (the default) serves
+    every queue of the app. An empty one is refused.
+
     ``stats`` (WorkerStats) counts what it did; ``metrics`` (``leaseq.metrics`` unless
     given, None for none) is the Prometheus view of the same: claims, recovered
     leases, waits, handler times, outcomes as the database answered, running jobs.
@@ -98,7 +102,7 @@ class Worker:
         app: App,
         *,
         dsn: str | None = None,
-        queues: Sequence[str] | None = None,
+        queues: Iterable[str] | None = None,
         concurrency: int = 10,
         lease: float | None = None,
         poll_interval: float = 1.0,
@@ -111,7 +115,7 @@ class Worker:
         metrics: Metrics | None = _metrics.DEFAULT,
         durable_acknowledgements: bool = True,
     ) -> None:
-        check_settings(
+        served = check_settings(
             app,
             queues=queues,
             concurrency=concurrency,
@@ -129,7 +133,7 @@ class Worker:
         )
         self.app = app
         self.dsn = database_url(dsn or app.dsn)
-        self.queues = list(queues or app.tasks)
+        self.queues = served  # (read once by the check: a generator is used up)
         self.concurrency = concurrency
         self.lease = lease
         self.poll_interval = poll_interval

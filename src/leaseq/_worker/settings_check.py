@@ -4,12 +4,13 @@ starts the embedded server)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from .. import _metrics
 from .. import _validate as validate
 from .._errors import InvalidArgument
 from .._metrics import Metrics
+from .._redact import redact
 from .app import App
 from .state import LEASE_MARGIN_FRACTION
 
@@ -29,7 +30,7 @@ MAX_RENEW_FRACTION = 0.5
 def check_settings(
     app: App,
     *,
-    queues: Sequence[str] | None,
+    queues: Iterable[str] | None,
     concurrency: int,
     lease: float | None,
     poll_interval: float,
@@ -42,25 +43,23 @@ def check_settings(
     metrics: Metrics | None,
     durable_acknowledgements: bool,
     dsn: str | None,
-) -> None:
-    """Refuse what a Worker cannot run with (InvalidArgument)."""
+) -> list[str]:
+    """Refuse what a Worker cannot run with (InvalidArgument); return the queues it
+    serves (``queues`` read once, else every queue of the app)."""
     if not isinstance(app, App):
         raise InvalidArgument(f"a Worker runs a leaseq.App, got {app!r}")
     if not app.tasks:
         raise InvalidArgument("the app has no tasks")
-    if queues is not None and (
-        isinstance(queues, str) or not all(isinstance(q, str) for q in queues)
-    ):  # (a string would be read as its letters)
-        raise InvalidArgument(f"queues must be a list of queue names, got {queues!r}")
+    served = list(app.tasks) if queues is None else queue_names(queues)
     for flag, name in (
         (listen, "listen"),
         (maintenance, "maintenance"),
         (durable_acknowledgements, "durable_acknowledgements"),
     ):
         validate.flag(flag, name)
-    unknown = set(queues or ()) - set(app.tasks)
+    unknown = set(served) - set(app.tasks)
     if unknown:
-        raise InvalidArgument(f"no handler for queues: {', '.join(sorted(unknown))}")
+        raise InvalidArgument(redact(f"no handler for queues: {', '.join(sorted(unknown))}"))
     # Typed first: 1.5 failed only in run(), and "2" with a TypeError.
     if validate.positive_int(concurrency, "concurrency") > MAX_CONCURRENCY:
         raise InvalidArgument(f"concurrency must be between 1 and {MAX_CONCURRENCY}")
@@ -86,3 +85,36 @@ def check_settings(
     )
     validate.lease(lease)
     _metrics.checked(metrics)
+    return served
+
+
+def queue_names(queues: object) -> list[str]:
+    """``queues`` read once into a list of names (a repeated name once, in the
+    order given: each asked once per turn), or InvalidArgument.
+
+    Read once because any iterable is accepted, a generator too: the check used
+    to walk it and the worker then read it again, used up, and served no queue
+    at all (its claim loop then failed on the empty list, the jobs left queued).
+    """
+    shown = redact(repr(queues))  # (a DSN passed here by mistake keeps its password)
+    if isinstance(queues, str | bytes):  # it would be read as its letters
+        raise InvalidArgument(
+            f"queues must be a list of queue names, not a single string: got {shown}"
+        )
+    if not isinstance(queues, Iterable):  # (5 failed with a bare TypeError)
+        raise InvalidArgument(f"queues must be a list of queue names, got {shown}")
+    served = list(queues)
+    for name in served:
+        if not isinstance(name, str):
+            raise InvalidArgument(
+                f"queues must be a list of queue names, got {redact(repr(name))} among them"
+            )
+    if not served:
+        # It used to mean every queue of the app (read as `queues or app.tasks`): a
+        # list meant to narrow the worker down that came out empty (a filter, an
+        # unset variable) made it serve everything instead.
+        raise InvalidArgument(
+            "queues is empty: name at least one queue, or leave queues out (None) "
+            "to serve every queue of the app"
+        )
+    return list(dict.fromkeys(served))

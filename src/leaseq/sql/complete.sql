@@ -10,7 +10,10 @@
 -- Strict (inside a caller's transaction, where a business effect commits with
 -- the completion): only a live claim matches, so a re-run of the whole
 -- transaction is refused and its effect rolls back; `already_done` says
--- whether the miss was this claim's own earlier completion.
+-- whether the miss was this claim's own earlier completion, as the
+-- statement's snapshot saw it. One that committed while this UPDATE waited
+-- for the row's lock is not in that snapshot: the client asks again on a
+-- strict miss (completed_by.sql, _steps.complete).
 -- A live lease is tested as `lease_until > clock()` alone: only a running job
 -- has a lease (job_check1), and without `status = 'running'` the partial lease
 -- index is no candidate, so each claim is found by its primary key even when
