@@ -137,6 +137,18 @@ def test_the_poll_makes_every_queue_worth_a_claim_again() -> None:
     assert [q for q, _ in hints.to_ask(["a"])] == ["a"]  # the poll came due
 
 
+def test_the_poll_comes_within_its_interval_whatever_the_jitter() -> None:
+    """`poll_interval` bounds how long a job no notification announces waits for
+    an idle worker (`--no-listen`, `notify=False`): the jitter (which keeps the
+    workers of a deploy from polling in step) drew from 0.5-1.5 times it, so a
+    job could wait half as long again as the interval said."""
+    for _ in range(2_000):
+        hints = WorkHints(["a"], poll_interval=10.0)
+        ((_, generation),) = hints.to_ask(["a"])
+        hints.came_back_short("a", generation)
+        assert 0.0 < hints.until_poll() <= 10.0
+
+
 def test_a_rate_limited_queue_is_asked_again_when_its_window_has_room() -> None:
     hints = WorkHints(["a", "b"], poll_interval=NO_POLL)
     ((_, generation), _) = hints.to_ask(["a", "b"])

@@ -93,6 +93,53 @@ async def test_a_claim_in_flight_at_the_stop_does_not_make_running_jobs_wait_a_s
     assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
 
 
+# Its claim would wait on a lock, its snapshot held: as the test above.
+@pytest.mark.xdist_group("cleanup_horizon")
+async def test_a_stop_during_the_schema_check_sends_no_claim_after_it(
+    queue: leaseq.Queue, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop cancels the statement in flight after the grace; but when that was
+    the check before a claim (the schema's migrations, a queue's wake-up fence),
+    the loop went on to send the claim, after the stop, and nothing cancelled it:
+    waiting on a lock (a deploy's migration), the stop hung until the lock went."""
+    schema = queue.schema
+    app = leaseq.App(schema=schema)
+
+    @app.task("work")
+    async def handler(job: leaseq.JobContext) -> None:
+        pass
+
+    queue.enqueue("work", {})
+    worker = leaseq.Worker(
+        app,
+        dsn=database_url,
+        poll_interval=0.1,
+        listen=False,
+        maintenance=False,
+        metrics=None,
+        shutdown_grace=0.5,
+    )
+    checking = leaseq.AsyncQueue._require_migrated
+
+    async def stopped_while_checking(client: leaseq.AsyncQueue) -> None:
+        worker.request_stop()  # a SIGTERM while the check is in flight
+        await checking(client)
+
+    monkeypatch.setattr(leaseq.AsyncQueue, "_require_migrated", stopped_while_checking)
+    locker = psycopg.connect(database_url)
+    try:
+        # What a claim would wait on (a migration's lock, say).
+        locker.execute(f'LOCK TABLE "{schema}".job IN ACCESS EXCLUSIVE MODE')
+        running = asyncio.create_task(worker.run())
+        done, _ = await asyncio.wait({running}, timeout=10)
+        assert done, "the stop hung on a claim sent after it"
+    finally:
+        locker.rollback()
+        locker.close()
+    await running
+    assert worker.stats.claim_statements == 0
+
+
 # -- a handler's asyncio.to_thread call cannot keep a stopped `leaseq worker` alive ------
 
 #: The app `leaseq worker tests.test_worker_stops:app` runs (its schema from

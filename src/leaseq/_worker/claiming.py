@@ -177,7 +177,13 @@ class ClaimLoop:
 
     async def _abandonable(self, statement: Coroutine[Any, Any, T]) -> T | Abandoned:
         """Run one of the loop's other statements as a claim runs: a stop gives it
-        the grace, then cancels it (Abandoned)."""
+        the grace, then cancels it (Abandoned). After the stop none is sent: the
+        stop cancels only the statement in flight when it came, and one sent
+        later (after the check that was in flight, say) could wait on a lock for
+        as long as that lasts, holding the stop up."""
+        if self._stopping.is_set():
+            statement.close()
+            return Abandoned()
         running = asyncio.ensure_future(statement)
         self._claiming = running
         try:
@@ -211,6 +217,8 @@ class ClaimLoop:
 
     async def _claim(self, name: str, limit: int) -> Claims:
         """Claim up to ``limit`` jobs of one queue and start an attempt for each."""
+        if self._stopping.is_set():  # (as _abandonable's: nothing is sent after the stop)
+            return Claims([])
         task = self._tasks[name]
         started = time.perf_counter()
         sent = time.monotonic()  # the leases run from no earlier than this

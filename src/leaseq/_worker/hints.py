@@ -81,4 +81,7 @@ class WorkHints:
         return max(min([self._next_poll, *self._due.values()]) - time.monotonic(), 0.0)
 
     def _jittered_poll(self) -> float:
-        return time.monotonic() + self._poll_interval * random.uniform(0.5, 1.5)
+        # Below the interval, never past it: the interval is what a job nobody
+        # announces may wait for an idle worker. Spread over its last quarter,
+        # the workers of a deploy drift out of step within a few polls.
+        return time.monotonic() + self._poll_interval * random.uniform(0.75, 1.0)
