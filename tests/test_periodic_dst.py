@@ -94,3 +94,27 @@ def test_a_minute_long_gap_at_the_fall_back_keeps_the_last_tick_of_the_first_pas
     due = schedule.due(first, datetime(2026, 11, 1, 6, 0, 30, tzinfo=UTC))
     assert (due.enqueue, due.skipped) == ((first,), 0)
     assert due.next_tick == datetime(2026, 11, 1, 7, tzinfo=UTC)
+
+
+async def test_a_downtime_over_the_spring_gap_counts_the_ticks_it_skipped(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    """A minutely cron in the hour the spring skips (02:xx, Paris, 31 March
+    2024) ticks once for that day, at 03:00. The count of a downtime's skipped
+    ticks took that hour, as the cron's own, for a whole hour of ticks: 119
+    skipped where 60 were (README: counted hour by hour, exact under 1,000)."""
+    app = leaseq.App(schema=schema)
+    schedule = app.periodic("minutely-at-2", queue="ticks", cron="* 2 * * *", tz="Europe/Paris")
+    scheduler = Scheduler(aqueue, app.schedules)
+    await _move_clock_to(aqueue, aclock, datetime(2024, 3, 30, 12, tzinfo=UTC))
+    await scheduler.run_once()  # declared
+    await _move_clock_to(aqueue, aclock, datetime(2024, 4, 1, 12, tzinfo=UTC))  # two days down
+    await scheduler.run_once()
+    (info,) = await aqueue.schedules()
+    owed = 0
+    for tick in schedule._ticks(datetime(2024, 3, 30, 12, tzinfo=UTC)):
+        if tick > datetime(2024, 4, 1, 12, tzinfo=UTC):
+            break
+        owed += 1
+    assert owed == 1 + 60  # 03:00 on the 31st, then 02:00-02:59 on 1 April
+    assert info.enqueued + info.skipped == owed, (info.enqueued, info.skipped)

@@ -133,8 +133,10 @@ class Schedule:
         UTC offset cuts (daylight saving time) is walked. Past
         :data:`HOURS_COUNTED` hours the rest is extrapolated at the rate
         counted so far."""
+        cron = self.cron
+        assert cron is not None  # (an interval's ticks are counted by arithmetic)
         zone = ZoneInfo(self.tz)
-        offsets = _offsets_in_hour(self.cron)
+        offsets = _offsets_in_hour(cron)
         ticks = self._ticks(first - timedelta(microseconds=1))
         tick, counted, hours = next(ticks), 0, 0
         while tick < end:
@@ -148,8 +150,13 @@ class Schedule:
             last_instant = (hour_end - timedelta(microseconds=1)).astimezone(zone)
             at = bisect.bisect_left(offsets, since)
             on_offset = at < len(offsets) and offsets[at] == since
-            if not on_offset or hour_start.utcoffset() != last_instant.utcoffset():
-                # A tick moved out of a skipped wall-clock time, or an hour a
+            if (
+                not on_offset
+                or hour_start.utcoffset() != last_instant.utcoffset()
+                or not _ticks_in_hour(cron, hour_start)
+            ):
+                # A tick moved out of a skipped wall-clock time (into an hour of
+                # the cron's or not, at one of its offsets or not), or an hour a
                 # change of UTC offset cuts: croniter's own ticks, one by one.
                 while tick < min(hour_end, end):
                     counted += 1
@@ -194,6 +201,14 @@ def _repeated(local: datetime) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
+def _ticks_in_hour(cron: str, hour_start: datetime) -> bool:
+    """Whether ``cron`` ticks in this wall-clock hour by its own fields (naive: no
+    change of offset moves a tick in or out of it here)."""
+    naive = hour_start.replace(tzinfo=None)
+    first: datetime = croniter(cron, naive - timedelta(microseconds=1)).get_next(datetime)
+    return first < naive + timedelta(hours=1)
+
+
 def _offsets_in_hour(cron: str) -> tuple[float, ...]:
     """The seconds past the hour at which ``cron`` ticks, in any hour it ticks in
     (its minute and second fields do not depend on the hour or the day)."""
