@@ -357,6 +357,33 @@ async def test_the_timeline_numbers_runs_across_a_replay_and_shows_the_last_clai
     assert "Last error (of an earlier run)" in page
 
 
+def _events(html: str) -> list[str]:
+    """The Job page's timeline, an entry's text each (its error included)."""
+    listed = re.search(r'<ol class="timeline">(.*?)</ol>', html, re.S)
+    assert listed is not None, html[:500]
+    return [text_of(item).strip() for item in re.findall(r"<li.*?</li>", listed[1], re.S)]
+
+
+async def test_the_timeline_tells_a_lease_lost_on_the_last_attempt_as_the_failure(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The reaper fails a job whose lease expired on its last attempt, its history
+    entry saying lease_expired: the timeline read it as "recovered by the next
+    claim" and never showed the failure (nothing claims a failed job again)."""
+    job_id = queue.enqueue("reports", {"n": 1}, max_attempts=1)
+    queue.claim("reports", lease=10)
+    leaseq.testing.set_clock_offset(queue, 20)
+    queue.reap()
+    job = queue.get(job_id)
+    assert job.status is leaseq.JobStatus.FAILED
+    assert job.last_error
+    events = _events((await browser.get(f"/jobs/{job_id}")).text)
+    assert not [e for e in events if "recovered" in e], events
+    assert events[-1].endswith(
+        f"run 1: lease expired on its last attempt (worker lost): failed {job.last_error}"
+    ), events
+
+
 async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:
     ids = queue.enqueue_many("reports", [{"n": n} for n in range(55)])
     for job_id in ids:

@@ -26,6 +26,9 @@ OUTCOMES = {
     "exhausted": "no attempts left: failed",
 }
 ENDS_A_RUN = frozenset({"retry", "failed", "lease_expired", "released"})
+#: A lease that expired on the job's last attempt: the reaper failed the job
+#: (reap.sql) with the same history outcome as a lease the next claim recovered.
+REAPED = "lease expired on its last attempt (worker lost): failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,40 +45,59 @@ class Event:
 def timeline(job: leaseq.Job) -> list[Event]:
     """The job's life, oldest first."""
     events = [Event(job.created_at, "enqueued", "enqueued")]
+    reaped = _reaped_entry(job)
     runs = 0
     for entry in job.history:
-        outcome = str(entry.get("outcome", ""))
-        text = OUTCOMES.get(outcome, outcome or "event")
-        ended_run = outcome in ENDS_A_RUN or (
-            outcome == "cancelled" and entry.get("previous_status") == "running"
-        )
-        if ended_run:
+        if _ends_a_run(entry):
             runs += 1
-            events += _run_start(runs, entry.get("claimed_at"), entry.get("lease_version"))
-            if entry.get("renewed_at") and entry.get("renewed_at") != entry.get("claimed_at"):
-                events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
-            if outcome == "cancelled":
-                text = "cancelled while running: its claim ended through the lease fence"
-            events.append(
-                Event(
-                    entry.get("at"),
-                    outcome,
-                    f"run {runs}: {text}",
-                    error=entry.get("error"),
-                    actor=entry.get("actor"),
-                )
-            )
+            events += _run(runs, entry, job if entry is reaped else None)
         else:
+            outcome = str(entry.get("outcome", ""))
             events.append(
                 Event(
                     entry.get("at"),
                     outcome or "event",
-                    text,
+                    OUTCOMES.get(outcome, outcome or "event"),
                     error=entry.get("error"),
                     actor=entry.get("actor"),
                 )
             )
     return events + _now(job, runs)
+
+
+def _ends_a_run(entry: dict[str, Any]) -> bool:
+    outcome = entry.get("outcome")
+    return outcome in ENDS_A_RUN or (
+        outcome == "cancelled" and entry.get("previous_status") == "running"
+    )
+
+
+def _run(run: int, entry: dict[str, Any], reaped: leaseq.Job | None) -> list[Event]:
+    """A run that ended with ``entry``: its claim, last renewal and end; ``reaped``:
+    the job the reaper failed with this entry (the end is that failure)."""
+    events = _run_start(run, entry.get("claimed_at"), entry.get("lease_version"))
+    if entry.get("renewed_at") and entry.get("renewed_at") != entry.get("claimed_at"):
+        events.append(Event(entry["renewed_at"], "renewed", "lease last renewed"))
+    outcome = str(entry.get("outcome", ""))
+    kind, text, error = outcome, OUTCOMES.get(outcome, outcome), entry.get("error")
+    if outcome == "cancelled":
+        text = "cancelled while running: its claim ended through the lease fence"
+    if reaped is not None:
+        kind, text, error = "failed", REAPED, reaped.last_error
+    events.append(
+        Event(entry.get("at"), kind, f"run {run}: {text}", error=error, actor=entry.get("actor"))
+    )
+    return events
+
+
+def _reaped_entry(job: leaseq.Job) -> dict[str, Any] | None:
+    """The history entry of the reaper's failure of ``job``, if that is how it failed:
+    a failed job's last entry is its failure, and ``lease_expired`` there means the
+    reaper's (a claim recovers an expired lease only while attempts are left)."""
+    if job.status is not leaseq.JobStatus.FAILED or not job.history:
+        return None
+    last = job.history[-1]
+    return last if last.get("outcome") == "lease_expired" else None
 
 
 def _run_start(run: int, claimed_at: Any, lease_version: Any) -> list[Event]:
