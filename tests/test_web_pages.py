@@ -384,6 +384,31 @@ async def test_the_timeline_tells_a_lease_lost_on_the_last_attempt_as_the_failur
     ), events
 
 
+async def test_the_timeline_numbers_runs_from_their_attempts_once_old_entries_are_gone(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """A job's history keeps its newest 50 entries: after 60 retries the oldest
+    kept run is run 11 (its entry says attempt 11), but the timeline numbered runs
+    from 1, called the run going on "run 51" beside "attempt 61", and did not say
+    that anything was left out."""
+    queue.configure_queue("retries", max_attempts=100, backoff_base=0, backoff_cap=0)
+    job_id = queue.enqueue("retries", {"n": 1})
+    for n in range(60):
+        (claim,) = queue.claim("retries")
+        queue.retry(claim, delay=0, error=f"boom {n + 1}")
+    queue.claim("retries")
+    job = queue.get(job_id)
+    assert (len(job.history), job.history[0]["attempt"]) == (50, 11)
+    events = _events((await browser.get(f"/jobs/{job_id}")).text)
+    assert events[1].endswith(
+        "at least 10 earlier runs not kept (a job's history keeps its newest 50 entries)"
+    ), events[:3]
+    assert events[2].endswith("run 11 claimed, lease version 11"), events[:3]
+    assert events[3].endswith("run 11: failed, retried later boom 11"), events[:4]
+    assert "run 60: failed, retried later boom 60" in events[-2]
+    assert "run 61 running (attempt 61 of 100)" in events[-1]
+
+
 async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:
     ids = queue.enqueue_many("reports", [{"n": n} for n in range(55)])
     for job_id in ids:

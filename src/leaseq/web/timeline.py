@@ -5,7 +5,9 @@ The history (``Job.history``) holds an entry per ended run and per operator
 action, each with the run's claim and last renewal; the run that is going on,
 or that completed the job, is told by the job's own columns. Runs are numbered
 over the job's whole life: a replay gives the job a fresh attempt budget (its
-``attempts`` restart at 0), not a new past.
+``attempts`` restart at 0), not a new past. The history keeps a job's newest
+HISTORY_KEPT entries only: once older ones are gone, numbering starts after the
+runs the oldest kept entry's own ``attempt`` counts before it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import leaseq
+
+#: Entries a job's history keeps, the newest (``history_append``, migration 0001).
+HISTORY_KEPT = 50
 
 #: How each history outcome reads; those that end a run are in ENDS_A_RUN.
 OUTCOMES = {
@@ -46,7 +51,9 @@ def timeline(job: leaseq.Job) -> list[Event]:
     """The job's life, oldest first."""
     events = [Event(job.created_at, "enqueued", "enqueued")]
     reaped = _reaped_entry(job)
-    runs = 0
+    runs = _runs_not_kept(job.history)
+    if runs or len(job.history) >= HISTORY_KEPT:
+        events.append(_not_kept(runs))
     for entry in job.history:
         if _ends_a_run(entry):
             runs += 1
@@ -63,6 +70,31 @@ def timeline(job: leaseq.Job) -> list[Event]:
                 )
             )
     return events + _now(job, runs)
+
+
+def _runs_not_kept(history: tuple[dict[str, Any], ...]) -> int:
+    """How many runs at least came before the oldest entry a full history kept.
+
+    Its ``attempt`` is the job's attempts when it was written: the runs of its
+    attempt budget so far (one of them its own, if it ended a run; a replay's, the
+    whole budget it ended). Runs before an earlier replay, and runs given back at
+    a worker's stop (not counted as attempts), are not counted: at least."""
+    if len(history) < HISTORY_KEPT:
+        return 0  # (nothing dropped: the first entry is the job's first)
+    oldest = history[0]
+    attempt = oldest.get("attempt")
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        return 0
+    return max(attempt - (1 if _ends_a_run(oldest) else 0), 0)
+
+
+def _not_kept(runs: int) -> Event:
+    kept = f"(a job's history keeps its newest {HISTORY_KEPT} entries)"
+    if not runs:
+        return Event(None, "not-kept", f"older entries, if any, were not kept {kept}")
+    return Event(
+        None, "not-kept", f"at least {runs} earlier run{'s' if runs > 1 else ''} not kept {kept}"
+    )
 
 
 def _ends_a_run(entry: dict[str, Any]) -> bool:
