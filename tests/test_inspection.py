@@ -308,6 +308,23 @@ def test_cancel_only_failed_skips_a_failed_job_and_nothing_else(client: Client) 
         client.cancel(second, only_failed=1)  # type: ignore[arg-type]
 
 
+def test_get_names_the_failed_job_that_holds_a_queued_job_back(client: Client) -> None:
+    """``Job.blocked_by``: under the ``block`` policy (a queue's default), a queued
+    job behind its key's earliest failed job waits for an operator to replay or
+    skip that job; ``ahead`` counts unfinished jobs only, so it said 0."""
+    failed = _fail(client, "mail", "boom", key="k", seq=2)
+    before, behind = client.enqueue_many("mail", [{"n": 1}, {"n": 3}], key="k", seqs=[1, 3])
+    assert (client.get(behind).blocked_by, client.get(behind).ahead) == (failed, 1)
+    assert client.get(before).blocked_by is None  # it comes first: it runs
+    assert client.get(failed).blocked_by is None
+    client.configure_queue("mail", ordering_policy="continue")
+    assert client.get(behind).blocked_by is None
+    client.configure_queue("mail", ordering_policy="block")
+    assert client.get(behind).blocked_by == failed
+    assert client.cancel(failed, only_failed=True)  # skipped: the key moves on
+    assert client.get(behind).blocked_by is None
+
+
 def test_replay_never_restarts_a_running_job(client: Client) -> None:
     job_id = client.enqueue("mail", {})
     (claim,) = client.claim("mail")

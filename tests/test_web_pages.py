@@ -147,7 +147,8 @@ async def test_job_page_masks_secrets_and_shows_the_job(
     waiting = text_of((await browser.get(f"/jobs/{jobs.blocked_waiting[1]}")).text)
     assert "cust-1" in waiting
     assert "1 unfinished ahead of it" in waiting  # the failed head is finished
-    assert "queued behind 1 earlier job(s) of key 'cust-1'" in waiting
+    # Behind the failed head: held back by it, whatever is ahead of it.
+    assert f"queued: blocked by failed job #{jobs.blocked_head} (replay or skip it)" in waiting
 
 
 async def test_jobs_filters_and_keyset_pages(
@@ -407,6 +408,26 @@ async def test_the_timeline_numbers_runs_from_their_attempts_once_old_entries_ar
     assert events[3].endswith("run 11: failed, retried later boom 11"), events[:4]
     assert "run 60: failed, retried later boom 60" in events[-2]
     assert "run 61 running (attempt 61 of 100)" in events[-1]
+
+
+async def test_a_job_held_back_by_its_keys_failed_head_says_so(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """A job waiting behind its key's failed head (the ``block`` policy) runs only
+    once an operator replays or skips that head: its page said "0 unfinished ahead
+    of it" and "queued: claimable from here on" (failed jobs are not unfinished)."""
+    head, waiting = jobs.blocked_head, jobs.blocked_waiting[0]
+    html = (await browser.get(f"/jobs/{waiting}")).text
+    events = _events(html)
+    assert "claimable" not in events[-1], events
+    assert events[-1].endswith(f"queued: blocked by failed job #{head} (replay or skip it)")
+    assert text_of(html).count(f"blocked by failed job #{head} (replay or skip it)") == 2
+    assert len(re.findall(rf'<a href="/jobs/{head}">', html)) == 2  # the facts and the timeline
+    # The head itself, and a job of a queue whose policy lets keys continue, are not.
+    assert "blocked by" not in text_of((await browser.get(f"/jobs/{head}")).text)
+    queue.configure_queue("emails", ordering_policy="continue")
+    events = _events((await browser.get(f"/jobs/{waiting}")).text)
+    assert events[-1].endswith("queued: claimable from here on"), events
 
 
 async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:

@@ -148,6 +148,10 @@ class Job:
     timeout: float | None = None
     #: Its group (``enqueue(group=...)``); None: ungrouped.
     group: str | None = None
+    #: ``get()`` only: the failed job of its ordering key that holds this queued
+    #: job back (the key's earliest, before it, under the ``block`` policy) until
+    #: it is replayed or skipped; None otherwise.
+    blocked_by: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

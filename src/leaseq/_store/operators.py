@@ -182,7 +182,8 @@ class OperatorOperations(StoreBase):
         def decode(rows: list[Rows]) -> Job:
             if not rows[0]:
                 raise JobNotFound(f"no job {job_id}")
-            return decoding.job_from_row(schema, rows[0][0])
+            row = rows[0][0]
+            return decoding.job_from_row(schema, row, blocked_by=row[24])
 
         return Operation(
             (Statement(self.sql("get_job.sql"), {"job_id": operator_input.job_id(job_id)}),), decode

@@ -17,6 +17,8 @@ from typing import Any
 
 import leaseq
 
+from .views import blocked_by
+
 #: Entries a job's history keeps, the newest (``history_append``, migration 0001).
 HISTORY_KEPT = 50
 
@@ -45,6 +47,8 @@ class Event:
     text: str
     error: str | None = None
     actor: str | None = None
+    #: A path of the dashboard the line links to (the job that holds this one back).
+    href: str | None = None
 
 
 def timeline(job: leaseq.Job) -> list[Event]:
@@ -157,6 +161,17 @@ def _now(job: leaseq.Job, runs: int) -> list[Event]:
             Event(job.finished_at, "done", f"run {runs + 1}: done"),
         ]
     if status is leaseq.JobStatus.QUEUED:
+        if job.blocked_by is not None:
+            # No claim takes it until an operator acts; `ahead` counts unfinished
+            # jobs only, not the failed one that holds the key.
+            return [
+                Event(
+                    job.available_at,
+                    "blocked",
+                    f"queued: {blocked_by(job.blocked_by)}",
+                    href=f"/jobs/{job.blocked_by}",
+                )
+            ]
         if job.ahead:
             waiting = f"queued behind {job.ahead} earlier job(s) of key {job.key!r}"
         else:

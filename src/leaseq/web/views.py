@@ -226,7 +226,13 @@ def group_digest(error: str | None) -> str:
     return hashlib.sha256((error or "").encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def blocked_by(job_id: int) -> str:
+    """What a queued job that failed job ``job_id`` holds back waits for."""
+    return f"blocked by failed job #{job_id} (replay or skip it)"
+
+
 FILTERS = {
+    "blocked_by": blocked_by,
     "group_digest": group_digest,
     "queue_path": queue_path,
     "age": age,
