@@ -149,6 +149,14 @@ def test_failed_groups_count_jobs_by_queue_and_error(client: Client) -> None:
     assert [(g.queue, g.count) for g in only_reports.groups] == [("reports", 1)]
 
 
+def test_failed_groups_take_an_empty_error_text_for_none(client: Client) -> None:
+    """An empty error text and none read alike ("no error text"): one group, not
+    two that no one can tell apart."""
+    _fail(client, "mail", "")
+    _fail(client, "mail", None)  # type: ignore[arg-type]
+    assert [(g.error, g.count) for g in client.failed_groups("mail").groups] == [(None, 2)]
+
+
 def test_blocked_keys_name_the_failed_head_and_what_waits(client: Client) -> None:
     head = client.enqueue("mail", {"n": 0}, key="user:1", max_attempts=1)
     waiting = [client.enqueue("mail", {"n": n}, key="user:1") for n in range(1, 4)]

@@ -172,6 +172,7 @@ class FailedGroup:
     """Failed jobs of one queue that ended with the same error text."""
 
     queue: str
+    #: Its first 300 characters; None for the jobs without one (or an empty one).
     error: str | None
     count: int
     newest_job_id: int
