@@ -59,9 +59,12 @@ class JobFilter:
         if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise leaseq.InvalidArgument("digest must be a failed group's 64 hexadecimal digits")
         return cls(
+            # (a queue name holds no spaces: stripping one typed with some is safe)
             queue=values.get("queue", "").strip(),
             state=state,
-            key=values.get("key", "").strip(),
+            # Not stripped: an ordering key matches exactly, and may start or end
+            # with spaces (its own links carry them).
+            key=values.get("key", ""),
             error=values.get("error", "").strip(),
             payload=values.get("payload", "").strip(),
             before=int(before) if before else None,
