@@ -191,3 +191,26 @@ async def test_cancel_of_a_queued_job_leaves_a_job_that_failed_meanwhile_alone(
     assert queue.get(job_id).status is JobStatus.FAILED, "a failed job was cancelled (skipped)"
     assert f"Job {job_id} cancelled" not in shown
     assert [e.action for e in _audit(queue)] == []
+
+
+async def test_cancel_running_job_of_a_job_queued_again_meanwhile_says_what_it_cancelled(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The Running page's Cancel of a job whose run ended meanwhile with a retry:
+    the queued job is cancelled (what the button is for: the job stops), but the
+    message, worded from the form's ``running=1``, said "Its worker is told to
+    stop": no worker held it."""
+    queue.configure_queue("r", max_attempts=5)
+    job_id = queue.enqueue("r", {})
+    (claim,) = queue.claim("r")
+    fields = _form_fields((await browser.get("/running")).text, f"/jobs/{job_id}/cancel")
+    assert fields["running"] == "1"
+    queue.retry(claim, delay=60, error="transient")  # its run ends: queued for a retry
+    response = await browser.post(f"/jobs/{job_id}/cancel", fields)
+    page = (await browser.follow(response)).text
+    flash = re.search(r'<p class="flash"[^>]*>(.*?)</p>', page, re.S)
+    assert flash is not None
+    assert queue.get(job_id).status is JobStatus.CANCELLED
+    assert text_of(flash[1]) == (
+        f"Job {job_id} cancelled: it was queued (its run had ended), no worker held it."
+    )

@@ -95,14 +95,39 @@ async def cancel(request: Request, ctx: Context) -> Response:
             "(Skip cancels a failed job and moves its ordering key on).",
         )
     if await client.cancel(job_id, running=running, actor=ctx.actor):
-        told = " Its worker is told to stop; whatever it reports now is refused." if running else ""
-        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} cancelled.{told}")
+        # Worded from what the job was when the cancel took it (its history entry,
+        # written from the locked row), not from the form: a run the Running page
+        # showed may have ended meanwhile, the job queued again with no worker.
+        was = _cancelled_from(await client.get(job_id))
+        return _done(ctx, form, f"/jobs/{job_id}", _cancelled(job_id, was, running))
     job = await client.get(job_id)
     if job.status is leaseq.JobStatus.RUNNING:
         message = f"Job {job_id} is running: use “Cancel running job” to stop it."
     else:
         message = f"Job {job_id} is {job.status.value}: nothing to cancel."
     return _done(ctx, form, f"/jobs/{job_id}", message)
+
+
+def _cancelled_from(job: leaseq.Job) -> str | None:
+    """The status the job's latest cancel took it from (None if none is kept)."""
+    for entry in reversed(job.history):
+        if entry.get("outcome") == "cancelled":
+            was = entry.get("previous_status")
+            return was if isinstance(was, str) else None
+    return None
+
+
+def _cancelled(job_id: int, was: str | None, running: bool) -> str:
+    """What a cancel of job ``job_id`` did, the job having been ``was``; ``running``:
+    the form was a running job's (the Running page, a running job's page)."""
+    if was == leaseq.JobStatus.RUNNING.value:
+        told = "Its worker is told to stop; whatever it reports now is refused."
+        return f"Job {job_id} cancelled. {told}"
+    if was == leaseq.JobStatus.FAILED.value:  # (between the check above and the cancel)
+        return f"Job {job_id} cancelled: it had failed just before the cancel took it."
+    if was == leaseq.JobStatus.QUEUED.value and running:
+        return f"Job {job_id} cancelled: it was queued (its run had ended), no worker held it."
+    return f"Job {job_id} cancelled."
 
 
 @handler(security.CANCEL, post=True)
