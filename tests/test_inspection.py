@@ -316,6 +316,33 @@ def test_cancel_only_failed_skips_a_failed_job_and_nothing_else(client: Client) 
         client.cancel(second, only_failed=1)  # type: ignore[arg-type]
 
 
+def test_cancel_with_a_lease_version_leaves_a_job_that_changed_since_alone(
+    client: Client,
+) -> None:
+    """A skip clicked on a page that showed a failure: since then the job was
+    replayed, ran and failed again (another failure, its lease_version moved on).
+    ``lease_version`` (as seen) leaves it failed, checked on the locked row."""
+    job_id = _fail(client, "mail", "first failure")
+    shown = client.get(job_id).lease_version
+    assert client.replay(job_id)
+    (claim,) = client.claim("mail")
+    client.fail(claim, "second failure")
+    assert not client.cancel(job_id, only_failed=True, lease_version=shown)
+    job = client.get(job_id)
+    assert (job.status, job.last_error) == (JobStatus.FAILED, "second failure")
+    assert not [e for e in client.audit_log() if e.action == "cancel"]
+    assert client.cancel(job_id, only_failed=True, lease_version=job.lease_version)
+    assert client.get(job_id).status is JobStatus.CANCELLED
+    # A running job's claim: only the run that was seen.
+    running = client.enqueue("mail", {})
+    (claim,) = client.claim("mail")
+    assert not client.cancel(running, running=True, lease_version=claim.lease_version - 1)
+    assert client.cancel(running, running=True, lease_version=claim.lease_version)
+    for bad in (-1, True, "1", 2**63):
+        with pytest.raises(leaseq.InvalidArgument):
+            client.cancel(running, lease_version=bad)  # type: ignore[arg-type]
+
+
 def test_get_names_the_failed_job_that_holds_a_queued_job_back(client: Client) -> None:
     """``Job.blocked_by``: under the ``block`` policy (a queue's default), a queued
     job behind its key's earliest failed job waits for an operator to replay or

@@ -199,6 +199,9 @@ class BlockedKey:
     #: Unfinished jobs waiting behind the head (counted up to a cap: ``waiting_capped``).
     waiting: int
     waiting_capped: bool
+    #: The head's lease_version as read: ``replay_many(lease_versions=)`` and
+    #: ``cancel(lease_version=)`` then leave it alone if it was replayed since.
+    head_lease_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

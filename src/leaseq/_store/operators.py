@@ -159,12 +159,16 @@ class OperatorOperations(StoreBase):
         *,
         running: bool = False,
         only_failed: bool = False,
+        lease_version: int | None = None,
         actor: str | None = None,
     ) -> Operation[bool]:
         params = {
             "job_id": operator_input.job_id(job_id),
             "running": validate.flag(running, "running"),
             "only_failed": validate.flag(only_failed, "only_failed"),
+            "lease_version": (
+                None if lease_version is None else operator_input.lease_version(lease_version)
+            ),
             "actor": operator_input.actor(actor),
             "channel": self._notify_channel,
         }
