@@ -149,6 +149,14 @@ def test_failed_groups_count_jobs_by_queue_and_error(client: Client) -> None:
     assert [(g.queue, g.count) for g in only_reports.groups] == [("reports", 1)]
 
 
+def test_failed_groups_take_an_empty_error_text_for_none(client: Client) -> None:
+    """An empty error text and none read alike ("no error text"): one group, not
+    two that no one can tell apart."""
+    _fail(client, "mail", "")
+    _fail(client, "mail", None)  # type: ignore[arg-type]
+    assert [(g.error, g.count) for g in client.failed_groups("mail").groups] == [(None, 2)]
+
+
 def test_blocked_keys_name_the_failed_head_and_what_waits(client: Client) -> None:
     head = client.enqueue("mail", {"n": 0}, key="user:1", max_attempts=1)
     waiting = [client.enqueue("mail", {"n": n}, key="user:1") for n in range(1, 4)]
@@ -306,6 +314,50 @@ def test_cancel_only_failed_skips_a_failed_job_and_nothing_else(client: Client) 
     assert client.get(second).status is JobStatus.CANCELLED
     with pytest.raises(leaseq.InvalidArgument):
         client.cancel(second, only_failed=1)  # type: ignore[arg-type]
+
+
+def test_cancel_with_a_lease_version_leaves_a_job_that_changed_since_alone(
+    client: Client,
+) -> None:
+    """A skip clicked on a page that showed a failure: since then the job was
+    replayed, ran and failed again (another failure, its lease_version moved on).
+    ``lease_version`` (as seen) leaves it failed, checked on the locked row."""
+    job_id = _fail(client, "mail", "first failure")
+    shown = client.get(job_id).lease_version
+    assert client.replay(job_id)
+    (claim,) = client.claim("mail")
+    client.fail(claim, "second failure")
+    assert not client.cancel(job_id, only_failed=True, lease_version=shown)
+    job = client.get(job_id)
+    assert (job.status, job.last_error) == (JobStatus.FAILED, "second failure")
+    assert not [e for e in client.audit_log() if e.action == "cancel"]
+    assert client.cancel(job_id, only_failed=True, lease_version=job.lease_version)
+    assert client.get(job_id).status is JobStatus.CANCELLED
+    # A running job's claim: only the run that was seen.
+    running = client.enqueue("mail", {})
+    (claim,) = client.claim("mail")
+    assert not client.cancel(running, running=True, lease_version=claim.lease_version - 1)
+    assert client.cancel(running, running=True, lease_version=claim.lease_version)
+    for bad in (-1, True, "1", 2**63):
+        with pytest.raises(leaseq.InvalidArgument):
+            client.cancel(running, lease_version=bad)  # type: ignore[arg-type]
+
+
+def test_get_names_the_failed_job_that_holds_a_queued_job_back(client: Client) -> None:
+    """``Job.blocked_by``: under the ``block`` policy (a queue's default), a queued
+    job behind its key's earliest failed job waits for an operator to replay or
+    skip that job; ``ahead`` counts unfinished jobs only, so it said 0."""
+    failed = _fail(client, "mail", "boom", key="k", seq=2)
+    before, behind = client.enqueue_many("mail", [{"n": 1}, {"n": 3}], key="k", seqs=[1, 3])
+    assert (client.get(behind).blocked_by, client.get(behind).ahead) == (failed, 1)
+    assert client.get(before).blocked_by is None  # it comes first: it runs
+    assert client.get(failed).blocked_by is None
+    client.configure_queue("mail", ordering_policy="continue")
+    assert client.get(behind).blocked_by is None
+    client.configure_queue("mail", ordering_policy="block")
+    assert client.get(behind).blocked_by == failed
+    assert client.cancel(failed, only_failed=True)  # skipped: the key moves on
+    assert client.get(behind).blocked_by is None
 
 
 def test_replay_never_restarts_a_running_job(client: Client) -> None:

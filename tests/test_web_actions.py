@@ -303,6 +303,20 @@ async def test_failed_groups_that_differ_only_in_line_breaks_are_replayed_apart(
     assert sorted(confirmed, key=min) == [set(crlf), set(lf)]
 
 
+async def test_jobs_failed_with_an_empty_error_text_or_none_are_one_group(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """Jobs failed with the error text '' and jobs failed without one were two
+    groups of the Failed page, both shown "(no error text)", and the replay of
+    either took the jobs of both (its digest and its matching read None as '')."""
+    empty, none = _failed(queue, 1, ""), _failed(queue, 2, None)
+    page = (await browser.get("/failed")).text
+    assert re.findall(r'<td class="num">(\d+)</td>', page) == ["3"]
+    (fields,) = _group_forms(page).values()
+    confirm = await browser.post("/replay", fields)
+    assert _confirmed_ids(confirm.text) == {*empty, *none}
+
+
 async def test_a_failed_groups_jobs_link_lists_that_group_only(
     browser: Browser, queue: leaseq.Queue
 ) -> None:

@@ -175,6 +175,9 @@ def test_every_page_stays_under_a_buffer_budget_over_a_million_finished_rows(
         assert table_pages > 10 * PAGE_BUDGET
         failed_job = queue.find_jobs(status="failed", queue="mail", limit=1).jobs[0].job_id
         running_job = queue.list_jobs("running", limit=1)[0].job_id
+        # Behind user:1's failed head: its page names the failed job holding it.
+        (blocked_job,) = queue.list_jobs("queued", queue="mail", limit=1)
+        assert queue.get(blocked_job.job_id).blocked_by is not None
         pages = [
             "/",
             "/live/overview",
@@ -184,6 +187,7 @@ def test_every_page_stays_under_a_buffer_budget_over_a_million_finished_rows(
             "/jobs?queue=mail&key=user:1",
             f"/jobs/{failed_job}",
             f"/jobs/{running_job}",
+            f"/jobs/{blocked_job.job_id}",
             "/failed",
             "/blocked",
             "/running",

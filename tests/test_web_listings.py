@@ -180,3 +180,31 @@ async def test_the_overview_counts_the_blocked_keys_of_every_queue_it_shows(
     assert busy is not None
     assert "100+ held by a failed head" in text_of(busy[1])
     assert "Blocked keys 2 held by a failed head" in text_of(quiet[1])
+
+
+# -- An ordering key is matched exactly ---------------------------------------------------
+
+
+async def test_a_keys_links_list_its_jobs_when_it_starts_or_ends_with_spaces(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """Ordering keys match exactly, and " cust-1 " is a valid key: the Jobs page
+    stripped its key filter, so the key's own links (on the Blocked keys page, on
+    its jobs' pages) listed none of its jobs, and a bulk replay filtered by it
+    found none."""
+    queue.configure_queue("a", max_attempts=1, ordering_policy="block")
+    head, waiting = queue.enqueue_many("a", [{"n": 1}, {"n": 2}], key=" cust-1 ", seqs=[1, 2])
+    (claim,) = queue.claim("a")
+    queue.fail(claim, "boom")
+    queue.enqueue("a", {"n": 3}, key="cust-1")  # another key: never listed with it
+    blocked = (await browser.get("/blocked")).text
+    on_job = (await browser.get(f"/jobs/{waiting}")).text
+    for page in (blocked, on_job):
+        link = re.search(r'<a href="(/jobs\?queue=a&amp;key=[^"]*)"', page)
+        assert link is not None
+        listed = (await browser.get(unescape(link[1]))).text
+        assert {int(i) for i in re.findall(r'href="/jobs/(\d+)">#', listed)} == {head, waiting}
+    confirm = (await browser.post("/replay", {"queue": "a", "key": " cust-1 "})).text
+    ids = re.search(r'name="ids" value="([^"]*)"', confirm)
+    assert ids is not None, text_of(confirm)
+    assert ids[1] == str(head)

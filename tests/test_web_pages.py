@@ -147,7 +147,8 @@ async def test_job_page_masks_secrets_and_shows_the_job(
     waiting = text_of((await browser.get(f"/jobs/{jobs.blocked_waiting[1]}")).text)
     assert "cust-1" in waiting
     assert "1 unfinished ahead of it" in waiting  # the failed head is finished
-    assert "queued behind 1 earlier job(s) of key 'cust-1'" in waiting
+    # Behind the failed head: held back by it, whatever is ahead of it.
+    assert f"queued: blocked by failed job #{jobs.blocked_head} (replay or skip it)" in waiting
 
 
 async def test_jobs_filters_and_keyset_pages(
@@ -355,6 +356,78 @@ async def test_the_timeline_numbers_runs_across_a_replay_and_shows_the_last_clai
     assert positions == sorted(positions), page
     assert "run 3" not in page
     assert "Last error (of an earlier run)" in page
+
+
+def _events(html: str) -> list[str]:
+    """The Job page's timeline, an entry's text each (its error included)."""
+    listed = re.search(r'<ol class="timeline">(.*?)</ol>', html, re.S)
+    assert listed is not None, html[:500]
+    return [text_of(item).strip() for item in re.findall(r"<li.*?</li>", listed[1], re.S)]
+
+
+async def test_the_timeline_tells_a_lease_lost_on_the_last_attempt_as_the_failure(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The reaper fails a job whose lease expired on its last attempt, its history
+    entry saying lease_expired: the timeline read it as "recovered by the next
+    claim" and never showed the failure (nothing claims a failed job again)."""
+    job_id = queue.enqueue("reports", {"n": 1}, max_attempts=1)
+    queue.claim("reports", lease=10)
+    leaseq.testing.set_clock_offset(queue, 20)
+    queue.reap()
+    job = queue.get(job_id)
+    assert job.status is leaseq.JobStatus.FAILED
+    assert job.last_error
+    events = _events((await browser.get(f"/jobs/{job_id}")).text)
+    assert not [e for e in events if "recovered" in e], events
+    assert events[-1].endswith(
+        f"run 1: lease expired on its last attempt (worker lost): failed {job.last_error}"
+    ), events
+
+
+async def test_the_timeline_numbers_runs_from_their_attempts_once_old_entries_are_gone(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """A job's history keeps its newest 50 entries: after 60 retries the oldest
+    kept run is run 11 (its entry says attempt 11), but the timeline numbered runs
+    from 1, called the run going on "run 51" beside "attempt 61", and did not say
+    that anything was left out."""
+    queue.configure_queue("retries", max_attempts=100, backoff_base=0, backoff_cap=0)
+    job_id = queue.enqueue("retries", {"n": 1})
+    for n in range(60):
+        (claim,) = queue.claim("retries")
+        queue.retry(claim, delay=0, error=f"boom {n + 1}")
+    queue.claim("retries")
+    job = queue.get(job_id)
+    assert (len(job.history), job.history[0]["attempt"]) == (50, 11)
+    events = _events((await browser.get(f"/jobs/{job_id}")).text)
+    assert events[1].endswith(
+        "at least 10 earlier runs not kept (a job's history keeps its newest 50 entries)"
+    ), events[:3]
+    assert events[2].endswith("run 11 claimed, lease version 11"), events[:3]
+    assert events[3].endswith("run 11: failed, retried later boom 11"), events[:4]
+    assert "run 60: failed, retried later boom 60" in events[-2]
+    assert "run 61 running (attempt 61 of 100)" in events[-1]
+
+
+async def test_a_job_held_back_by_its_keys_failed_head_says_so(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """A job waiting behind its key's failed head (the ``block`` policy) runs only
+    once an operator replays or skips that head: its page said "0 unfinished ahead
+    of it" and "queued: claimable from here on" (failed jobs are not unfinished)."""
+    head, waiting = jobs.blocked_head, jobs.blocked_waiting[0]
+    html = (await browser.get(f"/jobs/{waiting}")).text
+    events = _events(html)
+    assert "claimable" not in events[-1], events
+    assert events[-1].endswith(f"queued: blocked by failed job #{head} (replay or skip it)")
+    assert text_of(html).count(f"blocked by failed job #{head} (replay or skip it)") == 2
+    assert len(re.findall(rf'<a href="/jobs/{head}">', html)) == 2  # the facts and the timeline
+    # The head itself, and a job of a queue whose policy lets keys continue, are not.
+    assert "blocked by" not in text_of((await browser.get(f"/jobs/{head}")).text)
+    queue.configure_queue("emails", ordering_policy="continue")
+    events = _events((await browser.get(f"/jobs/{waiting}")).text)
+    assert events[-1].endswith("queued: claimable from here on"), events
 
 
 async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> None:

@@ -191,3 +191,89 @@ async def test_cancel_of_a_queued_job_leaves_a_job_that_failed_meanwhile_alone(
     assert queue.get(job_id).status is JobStatus.FAILED, "a failed job was cancelled (skipped)"
     assert f"Job {job_id} cancelled" not in shown
     assert [e.action for e in _audit(queue)] == []
+
+
+async def test_cancel_running_job_of_a_job_queued_again_meanwhile_says_what_it_cancelled(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """The Running page's Cancel of a job whose run ended meanwhile with a retry:
+    the queued job is cancelled (what the button is for: the job stops), but the
+    message, worded from the form's ``running=1``, said "Its worker is told to
+    stop": no worker held it."""
+    queue.configure_queue("r", max_attempts=5)
+    job_id = queue.enqueue("r", {})
+    (claim,) = queue.claim("r")
+    fields = _form_fields((await browser.get("/running")).text, f"/jobs/{job_id}/cancel")
+    assert fields["running"] == "1"
+    queue.retry(claim, delay=60, error="transient")  # its run ends: queued for a retry
+    response = await browser.post(f"/jobs/{job_id}/cancel", fields)
+    page = (await browser.follow(response)).text
+    flash = re.search(r'<p class="flash"[^>]*>(.*?)</p>', page, re.S)
+    assert flash is not None
+    assert queue.get(job_id).status is JobStatus.CANCELLED
+    assert text_of(flash[1]) == (
+        f"Job {job_id} cancelled: it was queued (its run had ended), no worker held it."
+    )
+
+
+# -- Skip and Replay: never a failure the page did not show ---------------------------------
+
+
+def _fails_again(queue: leaseq.Queue, job_id: int) -> None:
+    """Someone replays the failed job, and it runs and fails again: failed, but
+    another failure (its lease_version moved on)."""
+    before = queue.get(job_id).lease_version
+    assert queue.replay(job_id, actor="someone-else")
+    (claim,) = [c for c in queue.claim("emails", limit=5) if c.job_id == job_id]
+    queue.fail(claim, "second failure")
+    assert queue.get(job_id).lease_version != before
+
+
+@pytest.mark.parametrize(
+    ("page", "action"),
+    [
+        ("/blocked", "skip"),
+        ("/blocked", "replay"),
+        ("/jobs/{head}", "skip"),
+        ("/jobs/{head}", "replay"),
+    ],
+)
+async def test_skip_and_replay_leave_a_head_that_failed_again_since_alone(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue, page: str, action: str
+) -> None:
+    """Skip (Blocked keys page, job page) and Replay of a failed head checked only
+    that it is failed: one replayed since the page was shown, which ran and failed
+    again, was skipped (or replayed), a failure the operator never saw. The bulk
+    replay refuses exactly this (its lease_versions); these now do too, on the
+    locked row."""
+    head = jobs.blocked_head
+    shown = (await browser.get(page.format(head=head))).text
+    assert "smtp refused" in shown
+    fields = _form_fields(shown, f"/jobs/{head}/{action}")
+    _fails_again(queue, head)
+    response = await browser.post(f"/jobs/{head}/{action}", fields)
+    flash = re.search(r'<p class="flash"[^>]*>(.*?)</p>', (await browser.follow(response)).text)
+    assert flash is not None
+    job = queue.get(head)
+    assert (job.status, job.last_error) == (JobStatus.FAILED, "second failure")
+    assert f"Job {head} changed meanwhile" in text_of(flash[1])
+    assert [e.action for e in _audit(queue)] == []
+    # Shown again, the failure as it is now: the same click does it.
+    fields = _form_fields(
+        (await browser.get(page.format(head=head))).text, f"/jobs/{head}/{action}"
+    )
+    await browser.follow(await browser.post(f"/jobs/{head}/{action}", fields))
+    expected = JobStatus.CANCELLED if action == "skip" else JobStatus.QUEUED
+    assert queue.get(head).status is expected
+
+
+async def test_a_malformed_lease_version_is_refused(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    head = jobs.blocked_head
+    for action in ("skip", "replay"):
+        for bad in ("-1", "x", "1.0", "9" * 30):
+            response = await browser.post(f"/jobs/{head}/{action}", {"lease_version": bad})
+            assert response.status_code == 400, (action, bad)
+    assert queue.get(head).status is JobStatus.FAILED
+    assert _audit(queue) == []

@@ -11,6 +11,7 @@ import pytest
 import leaseq
 from leaseq.web.data import SharedCache
 from leaseq.web.forms import JobFilter, payload_filter, seconds
+from leaseq.web.timeline import timeline
 from leaseq.web.views import MASK, SecretMask, age, chart, duration, retention, size
 
 from .test_web_fixtures import AppFactory, Browser, Jobs, jobs, make_app
@@ -243,3 +244,49 @@ async def test_a_load_nobody_waits_for_any_more_is_cancelled() -> None:
         return 7
 
     assert await cache.get("k", quick) == 7
+
+
+def _job_with_history(*history: dict[str, object], **fields: object) -> leaseq.Job:
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    values: dict[str, object] = {
+        "job_id": 1,
+        "queue": "q",
+        "payload": {},
+        "payload_bytes": 2,
+        "status": leaseq.JobStatus.QUEUED,
+        "priority": 0,
+        "available_at": now,
+        "lease_until": None,
+        "lease_version": 0,
+        "attempts": 0,
+        "max_attempts": 20,
+        "key": None,
+        "seq": None,
+        "idempotency_key": "k",
+        "last_error": None,
+        "history": history,
+        "created_at": now,
+        "claimed_at": None,
+        "finished_at": None,
+    }
+    return leaseq.Job(**{**values, **fields})  # type: ignore[arg-type]
+
+
+def test_a_timeline_whose_oldest_entry_is_a_replay_counts_the_runs_before_it() -> None:
+    """The history keeps the newest 50 entries; when the oldest kept one is a replay,
+    its attempt (the attempts of the budget it ended) tells how many runs came
+    before: the next run is numbered after them."""
+    at = datetime(2025, 1, 2, tzinfo=UTC)
+    replay = {"outcome": "replayed", "attempt": 20, "at": at, "previous_status": "failed"}
+    run = {"outcome": "retry", "attempt": 1, "at": at, "claimed_at": at, "lease_version": 22}
+    history = (replay, *([run] * 49))
+    texts = [event.text for event in timeline(_job_with_history(*history, attempts=49))]
+    assert texts[1] == (
+        "at least 20 earlier runs not kept (a job's history keeps its newest 50 entries)"
+    )
+    assert texts[2] == "replayed"
+    assert texts[3] == "run 21 claimed, lease version 22"
+    assert texts[-1] == "queued: claimable from here on"
+    assert "run 69: failed, retried later" in texts
+    # A history that lost nothing (fewer than 50 entries) says nothing of the kind.
+    assert not [t for t in (e.text for e in timeline(_job_with_history(run))) if "kept" in t]

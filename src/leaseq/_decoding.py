@@ -49,7 +49,9 @@ def default_idempotency_key(schema: str, job_id: int) -> str:
     return f"{schema}:{job_id}"
 
 
-def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
+def job_from_row(schema: str, row: tuple[Any, ...], *, blocked_by: int | None = None) -> Job:
+    """A Job of a job row's first 24 columns (the statements' own columns follow);
+    ``blocked_by`` is get()'s alone."""
     (
         job_id,
         queue,
@@ -101,6 +103,7 @@ def job_from_row(schema: str, row: tuple[Any, ...]) -> Job:
         unique_key=unique_key,
         timeout=timeout,
         group=group,
+        blocked_by=blocked_by,
     )
 
 

@@ -93,6 +93,7 @@ class OperatorCalls:
         *,
         running: bool = False,
         only_failed: bool = False,
+        lease_version: int | None = None,
         actor: str | None = None,
     ) -> bool:
         """Cancel a queued job, or skip a failed one (which unblocks its ordering
@@ -102,9 +103,18 @@ class OperatorCalls:
         through a notification or at its next renewal, and whatever it reports
         afterwards is refused). ``only_failed``: a skip, nothing else (a job
         replayed meanwhile stays queued; the status is checked on the locked
-        row). Audited under ``actor``."""
+        row). ``lease_version``: the job's ``lease_version`` when it was looked
+        at; one that moved on since (replayed, maybe run and failed again: not
+        the failure that was seen) is left as it is, checked on the locked row
+        too. Audited under ``actor``."""
         return self._db.run(
-            self._store.cancel(job_id, running=running, only_failed=only_failed, actor=actor)
+            self._store.cancel(
+                job_id,
+                running=running,
+                only_failed=only_failed,
+                lease_version=lease_version,
+                actor=actor,
+            )
         )
 
     def prune(

@@ -148,6 +148,10 @@ class Job:
     timeout: float | None = None
     #: Its group (``enqueue(group=...)``); None: ungrouped.
     group: str | None = None
+    #: ``get()`` only: the failed job of its ordering key that holds this queued
+    #: job back (the key's earliest, before it, under the ``block`` policy) until
+    #: it is replayed or skipped; None otherwise.
+    blocked_by: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,7 @@ class FailedGroup:
     """Failed jobs of one queue that ended with the same error text."""
 
     queue: str
+    #: Its first 300 characters; None for the jobs without one (or an empty one).
     error: str | None
     count: int
     newest_job_id: int
@@ -194,6 +199,9 @@ class BlockedKey:
     #: Unfinished jobs waiting behind the head (counted up to a cap: ``waiting_capped``).
     waiting: int
     waiting_capped: bool
+    #: The head's lease_version as read: ``replay_many(lease_versions=)`` and
+    #: ``cancel(lease_version=)`` then leave it alone if it was replayed since.
+    head_lease_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,13 @@ def job_id(value: object, what: str = "job id") -> int:
     return int(value)
 
 
+def lease_version(value: object) -> int:
+    """A job's lease_version as someone saw it: a bigint >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidArgument(f"a lease version must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def lease_versions(values: object, job_ids: list[int]) -> list[int]:
     """The lease_version seen of each of ``job_ids`` (distinct then): one per id, each
     a bigint >= 0."""
@@ -35,12 +42,10 @@ def lease_versions(values: object, job_ids: list[int]) -> list[int]:
             f"lease_versions must hold one version per job id: {len(versions)} for "
             f"{len(job_ids)} ids"
         )
-    for version in versions:
-        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
-            raise InvalidArgument(f"a lease version must be an integer >= 0, got {version!r}")
+    checked = [lease_version(version) for version in versions]
     if len(set(job_ids)) != len(job_ids):
         raise InvalidArgument("with lease_versions, each job id may be given once")
-    return [int(version) for version in versions]
+    return checked
 
 
 def schedule_name(value: object) -> str:

@@ -146,6 +146,7 @@ class InspectionOperations(StoreBase):
                     failed_at=r[4],
                     waiting=min(r[5], WAITING_CAP),
                     waiting_capped=r[5] > WAITING_CAP,
+                    head_lease_version=r[6],
                 )
                 for r in rows[0]
             ]

@@ -159,12 +159,16 @@ class OperatorOperations(StoreBase):
         *,
         running: bool = False,
         only_failed: bool = False,
+        lease_version: int | None = None,
         actor: str | None = None,
     ) -> Operation[bool]:
         params = {
             "job_id": operator_input.job_id(job_id),
             "running": validate.flag(running, "running"),
             "only_failed": validate.flag(only_failed, "only_failed"),
+            "lease_version": (
+                None if lease_version is None else operator_input.lease_version(lease_version)
+            ),
             "actor": operator_input.actor(actor),
             "channel": self._notify_channel,
         }
@@ -182,7 +186,8 @@ class OperatorOperations(StoreBase):
         def decode(rows: list[Rows]) -> Job:
             if not rows[0]:
                 raise JobNotFound(f"no job {job_id}")
-            return decoding.job_from_row(schema, rows[0][0])
+            row = rows[0][0]
+            return decoding.job_from_row(schema, row, blocked_by=row[24])
 
         return Operation(
             (Statement(self.sql("get_job.sql"), {"job_id": operator_input.job_id(job_id)}),), decode

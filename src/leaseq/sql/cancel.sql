@@ -1,6 +1,9 @@
 -- Cancel a queued job, or skip a failed one (which unblocks its ordering key);
 -- with %(running)s, also end a running job's claim through the lease fence;
--- with %(only_failed)s, only skip a failed job (re-checked on the locked row).
+-- with %(only_failed)s, only skip a failed job (re-checked on the locked row);
+-- with %(lease_version)s, only while the job's lease_version is still that one
+-- (as someone saw it: a job replayed since, maybe run and failed again, is left
+-- as it is; re-checked on the locked row too).
 -- A running job: status cancelled at once and lease_version moved on, so every
 -- later write of the claim (renew, complete, retry, fail, release) is refused,
 -- and its worker learns at its next renewal -- sooner, through a notification
@@ -30,6 +33,7 @@ cancelled AS (
     WHERE j.job_id = t.job_id
       AND (j.status IN ('queued', 'failed') OR (%(running)s AND j.status = 'running'))
       AND (j.status = 'failed' OR NOT %(only_failed)s)
+      AND (%(lease_version)s::bigint IS NULL OR j.lease_version = %(lease_version)s::bigint)
     -- The status the row had when this UPDATE took it (its new history entry
     -- says), not the statement snapshot's: a claim that committed while the
     -- cancel waited for the row made a running job of a queued one.

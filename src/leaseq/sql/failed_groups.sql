@@ -1,6 +1,6 @@
 -- Failed jobs grouped by queue and error text (its first 300 characters: the
--- same failure with a different detail at the end still groups), largest group
--- first. Per queue only its newest %(cap)s failed jobs are read (a backward
+-- same failure with a different detail at the end still groups; an empty text
+-- is none, NULL: both read "no error text"), largest group first. Per queue only its newest %(cap)s failed jobs are read (a backward
 -- range of job_failed_idx (queue, finished_at, job_id) each), so the cost is
 -- bounded on any table; `capped` tells that a queue had more (then its counts
 -- describe its newest failures, which is what an operator looks for first).
@@ -23,11 +23,11 @@ newest AS MATERIALIZED (
 read AS (
     SELECT n.* FROM newest AS n WHERE n.position <= %(cap)s
 )
-SELECT r.queue, left(r.last_error, 300) AS error, count(*) AS jobs,
+SELECT r.queue, nullif(left(r.last_error, 300), '') AS error, count(*) AS jobs,
        max(r.job_id) AS newest_job_id, max(r.finished_at) AS newest_at,
        (SELECT count(*) FROM read) AS scanned,
        EXISTS (SELECT 1 FROM newest AS n WHERE n.position > %(cap)s) AS capped
 FROM read AS r
-GROUP BY r.queue, left(r.last_error, 300)
+GROUP BY r.queue, nullif(left(r.last_error, 300), '')
 ORDER BY jobs DESC, newest_job_id DESC
 LIMIT %(limit)s

@@ -41,6 +41,25 @@ def _done(ctx: Context, form: dict[str, str], default: str, message: str) -> Res
     return ctx.redirect(form.get("next") or default, message)
 
 
+def _shown_version(form: dict[str, str]) -> int | None:
+    """The job's lease_version as the page showed it (its form's ``lease_version``);
+    None from a form without one (an older page, a script): status checks only."""
+    text = form.get("lease_version")
+    if text is None:
+        return None
+    if not digits(text) or int(text) > MAX_JOB_ID:
+        raise leaseq.InvalidArgument("lease_version must be the job's lease version as shown")
+    return int(text)
+
+
+def _changed(job_id: int, job: leaseq.Job, undone: str) -> str:
+    """The refusal of an action on a job whose lease_version moved on since the page."""
+    return (
+        f"Job {job_id} changed meanwhile: replayed since the page was shown, it is "
+        f"{job.status.value} now (lease version {job.lease_version}). {undone}; look at it again."
+    )
+
+
 @handler(security.REPLAY, post=True)
 async def replay(request: Request, ctx: Context) -> Response:
     job_id: int = request.path_params["job_id"]
@@ -48,32 +67,49 @@ async def replay(request: Request, ctx: Context) -> Response:
     client = ctx.dashboard.client
     # A page that showed the job failed (its page, a blocked key's head) says so:
     # one skipped (cancelled) since then is left alone, checked on the locked row. A
-    # replay would undo that skip, and put the job back in front of its key.
+    # replay would undo that skip, and put the job back in front of its key. The
+    # lease_version it showed: one replayed since (run again, maybe failed again:
+    # a failure the operator never saw) is left alone too, on the locked row.
     only_failed = form.get("only_failed") == "1"
+    shown = _shown_version(form)
     try:
-        if only_failed:
-            replayed = bool(await client.replay_many([job_id], actor=ctx.actor, only_failed=True))
+        if only_failed or shown is not None:
+            versions = None if shown is None else [shown]
+            replayed = bool(
+                await client.replay_many(
+                    [job_id], actor=ctx.actor, only_failed=only_failed, lease_versions=versions
+                )
+            )
         else:
             replayed = await client.replay(job_id, actor=ctx.actor)
     except (leaseq.BacklogFull, leaseq.UniqueKeyHeld) as exc:
         # Refusals of this job, not outages: said on the job's page, like any outcome.
-        why = "its queue is full (admission limits)" if only_failed else str(exc)
+        full = isinstance(exc, leaseq.BacklogFull)  # (its text counts jobs of a batch)
+        why = "its queue is full (admission limits)" if full else str(exc)
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {why}")
     if replayed:
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} replayed: it is queued again.")
     job = await client.get(job_id)
+    return _done(ctx, form, f"/jobs/{job_id}", _not_replayed(job_id, job, only_failed, shown))
+
+
+def _not_replayed(job_id: int, job: leaseq.Job, only_failed: bool, shown: int | None) -> str:
+    """Why a replay of ``job_id`` (now ``job``) changed nothing."""
+    replayable = {leaseq.JobStatus.FAILED} | (
+        set() if only_failed else {leaseq.JobStatus.CANCELLED}
+    )
     if only_failed and job.status is leaseq.JobStatus.CANCELLED:
-        message = f"Job {job_id} was cancelled (skipped) meanwhile: not replayed."
-    elif only_failed and job.status is leaseq.JobStatus.FAILED:
-        message = f"Job {job_id} not replayed: another job of its queue holds its unique key."
-    elif job.status is leaseq.JobStatus.RUNNING:
-        message = (
+        return f"Job {job_id} was cancelled (skipped) meanwhile: not replayed."
+    if shown is not None and job.lease_version != shown:
+        return _changed(job_id, job, "Not replayed")
+    if job.status in replayable:
+        return f"Job {job_id} not replayed: another job of its queue holds its unique key."
+    if job.status is leaseq.JobStatus.RUNNING:
+        return (
             f"Job {job_id} is running: retrying it now would start a second run beside "
             "the first. Cancel it (its claim ends through the lease fence), then replay it."
         )
-    else:
-        message = f"Job {job_id} is {job.status.value}: only failed or cancelled jobs replay."
-    return _done(ctx, form, f"/jobs/{job_id}", message)
+    return f"Job {job_id} is {job.status.value}: only failed or cancelled jobs replay."
 
 
 @handler(security.CANCEL, post=True)
@@ -95,8 +131,11 @@ async def cancel(request: Request, ctx: Context) -> Response:
             "(Skip cancels a failed job and moves its ordering key on).",
         )
     if await client.cancel(job_id, running=running, actor=ctx.actor):
-        told = " Its worker is told to stop; whatever it reports now is refused." if running else ""
-        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} cancelled.{told}")
+        # Worded from what the job was when the cancel took it (its history entry,
+        # written from the locked row), not from the form: a run the Running page
+        # showed may have ended meanwhile, the job queued again with no worker.
+        was = _cancelled_from(await client.get(job_id))
+        return _done(ctx, form, f"/jobs/{job_id}", _cancelled(job_id, was, running))
     job = await client.get(job_id)
     if job.status is leaseq.JobStatus.RUNNING:
         message = f"Job {job_id} is running: use “Cancel running job” to stop it."
@@ -105,21 +144,52 @@ async def cancel(request: Request, ctx: Context) -> Response:
     return _done(ctx, form, f"/jobs/{job_id}", message)
 
 
+def _cancelled_from(job: leaseq.Job) -> str | None:
+    """The status the job's latest cancel took it from (None if none is kept)."""
+    for entry in reversed(job.history):
+        if entry.get("outcome") == "cancelled":
+            was = entry.get("previous_status")
+            return was if isinstance(was, str) else None
+    return None
+
+
+def _cancelled(job_id: int, was: str | None, running: bool) -> str:
+    """What a cancel of job ``job_id`` did, the job having been ``was``; ``running``:
+    the form was a running job's (the Running page, a running job's page)."""
+    if was == leaseq.JobStatus.RUNNING.value:
+        told = "Its worker is told to stop; whatever it reports now is refused."
+        return f"Job {job_id} cancelled. {told}"
+    if was == leaseq.JobStatus.FAILED.value:  # (between the check above and the cancel)
+        return f"Job {job_id} cancelled: it had failed just before the cancel took it."
+    if was == leaseq.JobStatus.QUEUED.value and running:
+        return f"Job {job_id} cancelled: it was queued (its run had ended), no worker held it."
+    return f"Job {job_id} cancelled."
+
+
 @handler(security.CANCEL, post=True)
 async def skip(request: Request, ctx: Context) -> Response:
     """Skip a blocked key's failed head: it becomes cancelled and the key moves on."""
     job_id: int = request.path_params["job_id"]
     form = await _form(request)
+    shown = _shown_version(form)
     client = ctx.dashboard.client
     job = await client.get(job_id)
     if job.status is not leaseq.JobStatus.FAILED:
         return _done(
             ctx, form, "/blocked", f"Job {job_id} is {job.status.value}, not a failed head."
         )
-    # Only while it is failed, checked on the locked row: a job someone replayed
-    # since the look above stays queued.
-    if not await client.cancel(job_id, only_failed=True, actor=ctx.actor):
-        return _done(ctx, form, "/blocked", f"Job {job_id} changed meanwhile: nothing skipped.")
+    # Only while it is failed, and (from a page) the failure the page showed: its
+    # lease_version. Both checked on the locked row: a job someone replayed since
+    # the look above stays queued, and one that ran and failed again since stays
+    # failed (its new failure was never shown).
+    if not await client.cancel(job_id, only_failed=True, lease_version=shown, actor=ctx.actor):
+        now = await client.get(job_id)
+        message = (
+            _changed(job_id, now, "Nothing skipped")
+            if shown is not None and now.lease_version != shown
+            else f"Job {job_id} changed meanwhile: nothing skipped."
+        )
+        return _done(ctx, form, "/blocked", message)
     if job.key is None:  # (no key to move on: a hand-made request; cancelled all the same)
         message = f"Cancelled failed job {job_id} (it has no ordering key)."
     else:

@@ -17,7 +17,8 @@ from .views import SecretMask, group_digest, retention
 
 STATES = tuple(state.value for state in leaseq.JobStatus)
 #: ``failed_groups()`` groups failed jobs by the first this many characters of
-#: their last error (its SQL): a group's replay selects exactly those.
+#: their last error (its SQL; an empty one with those without one, as
+#: ``failed_group`` matches them): a group's replay selects exactly those.
 FAILED_GROUP_CHARS = 300
 
 
@@ -58,9 +59,12 @@ class JobFilter:
         if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise leaseq.InvalidArgument("digest must be a failed group's 64 hexadecimal digits")
         return cls(
+            # (a queue name holds no spaces: stripping one typed with some is safe)
             queue=values.get("queue", "").strip(),
             state=state,
-            key=values.get("key", "").strip(),
+            # Not stripped: an ordering key matches exactly, and may start or end
+            # with spaces (its own links carry them).
+            key=values.get("key", ""),
             error=values.get("error", "").strip(),
             payload=values.get("payload", "").strip(),
             before=int(before) if before else None,
@@ -220,10 +224,11 @@ def _lines(text: str) -> str:
 def failed_group(error: str, digest: str = "") -> Callable[[leaseq.Job], bool]:
     """Whether a job is in the Failed page's group of ``error``: the first
     FAILED_GROUP_CHARS characters of its last error are the group's text, exactly
-    (empty: jobs without an error text); ``find_jobs``' error filter is a
-    substring. The page sends the text's ``digest`` (``group_digest``), which
-    keeps apart texts that differ only in line breaks; without it, the text as a
-    browser sends it back, line breaks aside."""
+    (empty: jobs whose error text is empty or none, one group as in the SQL);
+    ``find_jobs``' error filter is a substring. The page sends the text's
+    ``digest`` (``group_digest``), which keeps apart texts that differ only in
+    line breaks; without it, the text as a browser sends it back, line breaks
+    aside."""
     if digest:
         return lambda job: group_digest((job.last_error or "")[:FAILED_GROUP_CHARS]) == digest
     wanted = _lines(error)

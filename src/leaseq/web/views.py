@@ -222,11 +222,18 @@ def group_digest(error: str | None) -> str:
     """A Failed page group's identity, exactly its error text: the text itself
     cannot make the round trip through a form (a browser's HTML parser reads a CR
     as LF, and it sends line breaks as CRLF), so two groups whose texts differ
-    only in line breaks would be one."""
+    only in line breaks would be one. An empty text and none are one group (the
+    SQL's ``nullif``), "(no error text)"."""
     return hashlib.sha256((error or "").encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def blocked_by(job_id: int) -> str:
+    """What a queued job that failed job ``job_id`` holds back waits for."""
+    return f"blocked by failed job #{job_id} (replay or skip it)"
+
+
 FILTERS = {
+    "blocked_by": blocked_by,
     "group_digest": group_digest,
     "queue_path": queue_path,
     "age": age,
