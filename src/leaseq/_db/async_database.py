@@ -133,13 +133,12 @@ class AsyncDatabase:
 
     @asynccontextmanager
     async def lend(self) -> AsyncIterator[AsyncConnection]:
-        """A connection of the pool for the caller's own SQL (the clients'
-        ``connection()``, ``job.connection()``, ``job.transaction()`` and
-        ``job.atransaction()``). Taking and returning it fail with leaseq's typed
-        errors; the caller's statements fail with the driver's own, as on a
-        connection of their own: a handler's ``fail_on`` names ``UniqueViolation``,
-        which a translation made a DatabaseError (and a check violation an
-        InvalidArgument, failed at once)."""
+        """A connection of the pool for the caller's own SQL (``AsyncQueue.connection()``,
+        ``job.connection()``, ``job.atransaction()``). Taking and returning it fail
+        with leaseq's typed errors; the caller's statements fail with the driver's
+        own, as on a connection of their own: a handler's ``fail_on`` names
+        ``UniqueViolation``, which a translation made a DatabaseError (and a check
+        violation an InvalidArgument, failed at once)."""
         with translated_errors():
             pool, conn = await self._checkout()
         self._lent += 1

@@ -133,13 +133,12 @@ class Database:
 
     @contextmanager
     def lend(self) -> Iterator[Connection]:
-        """A connection of the pool for the caller's own SQL (the clients'
-        ``connection()``, ``job.connection()``, ``job.transaction()`` and
-        ``job.atransaction()``). Taking and returning it fail with leaseq's typed
-        errors; the caller's statements fail with the driver's own, as on a
-        connection of their own: a handler's ``fail_on`` names ``UniqueViolation``,
-        which a translation made a DatabaseError (and a check violation an
-        InvalidArgument, failed at once)."""
+        """A connection of the pool for the caller's own SQL (``Queue.connection()``,
+        ``job.connection()``, ``job.transaction()``). Taking and returning it fail
+        with leaseq's typed errors; the caller's statements fail with the driver's
+        own, as on a connection of their own: a handler's ``fail_on`` names
+        ``UniqueViolation``, which a translation made a DatabaseError (and a check
+        violation an InvalidArgument, failed at once)."""
         with translated_errors():
             pool, conn = self._checkout()
         with self._lent_lock:
