@@ -15,7 +15,7 @@ from psycopg.rows import dict_row, namedtuple_row
 
 import leaseq
 from leaseq import DatabaseError, InvalidArgument, JobStatus, LeaseLost
-from leaseq.testing import adrain, drain
+from leaseq.testing import adrain
 
 from .clients import Client, ClientConnect, ClientConnection
 from .conftest import Clock
@@ -356,61 +356,3 @@ def test_a_rolled_back_first_use_of_a_queue_leaves_other_producers_unblocked(
         client.enqueue("fresh", {"n": 1}, conn=producer)
         other.enqueue("fresh", {"n": 2})  # waited for `producer` (lock_timeout)
     assert client.stats("fresh")[0].queued == 2
-
-
-# -- the caller's own SQL on leaseq's connections fails with the driver's errors ----------
-
-
-def test_the_errors_of_a_handlers_own_sql_keep_their_type_for_its_error_policy(
-    queue: leaseq.Queue, database_url: str, schema: str
-) -> None:
-    """README: an exception in `fail_on` fails the job now, any other is retried.
-    Inside job.transaction() (and on job.connection(), queue.connection()) the
-    handler's own statements' errors were translated as if leaseq's: a duplicate
-    key became a DatabaseError (so `fail_on=UniqueViolation` retried it), a check
-    violation an InvalidArgument (failed at once, though the policy retries it)."""
-    with queue.connection() as conn:
-        conn.execute(f'CREATE TABLE "{schema}".biz (id int PRIMARY KEY CHECK (id > 0))')
-        conn.execute(f'INSERT INTO "{schema}".biz VALUES (1)')
-    app = leaseq.App(schema=schema)
-    seen: dict[str, str] = {}
-
-    @app.task("dup", fail_on=psycopg.errors.UniqueViolation, max_attempts=5)
-    def dup(job: leaseq.JobContext) -> None:
-        try:
-            with job.transaction() as conn:
-                conn.execute(f'INSERT INTO "{schema}".biz VALUES (1)')
-        except Exception as exc:
-            seen["dup"] = type(exc).__name__
-            raise
-
-    @app.task("check", max_attempts=5, backoff=(600, 600))
-    def check(job: leaseq.JobContext) -> None:
-        try:
-            with job.connection() as conn:
-                conn.execute(f'INSERT INTO "{schema}".biz VALUES (-1)')
-        except Exception as exc:
-            seen["check"] = type(exc).__name__
-            raise
-
-    failed = queue.enqueue("dup", {})
-    retried = queue.enqueue("check", {})
-    drain(app, dsn=database_url)
-    assert seen == {"dup": "UniqueViolation", "check": "CheckViolation"}
-    assert queue.get(failed).status is JobStatus.FAILED  # fail_on: at once
-    assert queue.get(retried).status is JobStatus.QUEUED  # any other error: retried
-    with pytest.raises(psycopg.errors.UndefinedTable), queue.connection() as conn:
-        conn.execute(f'SELECT * FROM "{schema}".no_such_table')
-
-
-def test_leaseqs_own_statements_on_a_callers_block_still_fail_typed(
-    queue: leaseq.Queue, database_url: str, schema: str
-) -> None:
-    """Only the caller's statements keep the driver's errors: leaseq's own, run
-    on the same connection, are still leaseq's (a second completion of a job in
-    its transaction: AlreadyCompleted, a LeaseLost)."""
-    queue.enqueue("reports", {})
-    (claim,) = queue.claim("reports")
-    queue.complete(claim)
-    with pytest.raises(LeaseLost), queue.connection() as conn, conn.transaction():
-        queue.complete(claim, conn=conn)

@@ -115,10 +115,8 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
         """A connection of the queue's pool, for your own SQL (autocommit: open a
-        transaction with ``conn.transaction()``); back in the pool afterwards.
-        Your statements' errors are the driver's own (``psycopg.errors``), as on a
-        connection of yours; taking the connection fails with leaseq's."""
-        async with self._db.lend() as conn:
+        transaction with ``conn.transaction()``); back in the pool afterwards."""
+        async with self._db.connection() as conn:
             yield conn
 
     async def migrate(self) -> list[int]:

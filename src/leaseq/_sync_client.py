@@ -104,10 +104,8 @@ class Queue(OperatorCalls, ClientBase):
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A connection of the queue's pool, for your own SQL (autocommit: open a
-        transaction with ``conn.transaction()``); back in the pool afterwards.
-        Your statements' errors are the driver's own (``psycopg.errors``), as on a
-        connection of yours; taking the connection fails with leaseq's."""
-        with self._db.lend() as conn:
+        transaction with ``conn.transaction()``); back in the pool afterwards."""
+        with self._db.connection() as conn:
             yield conn
 
     def migrate(self) -> list[int]:

@@ -125,58 +125,42 @@ class AsyncDatabase:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """A connection of the pool (autocommit), back in the pool afterwards; for
-        leaseq's own statements: every error of the block is translated."""
+        """A connection of the pool (autocommit), back in the pool afterwards."""
         with translated_errors():
-            async with self.lend() as conn:
-                yield conn
-
-    @asynccontextmanager
-    async def lend(self) -> AsyncIterator[AsyncConnection]:
-        """A connection of the pool for the caller's own SQL (``AsyncQueue.connection()``,
-        ``job.connection()``, ``job.atransaction()``). Taking and returning it fail
-        with leaseq's typed errors; the caller's statements fail with the driver's
-        own, as on a connection of their own: a handler's ``fail_on`` names
-        ``UniqueViolation``, which a translation made a DatabaseError (and a check
-        violation an InvalidArgument, failed at once)."""
-        with translated_errors():
-            pool, conn = await self._checkout()
-        self._lent += 1
-        try:
-            async with conn:  # as psycopg's pool.connection(): ends a transaction left open
-                yield conn
-        except Exception as exc:
-            if (read_only := read_only_server(exc)) is None:
-                raise
-            await conn.close()  # as Database's: a new pool on the next use
-            self._drop(pool)
-            raise read_only from exc
-        finally:
-            self._lent -= 1
-            await pool.putconn(conn)
-
-    async def _checkout(self) -> tuple[AsyncConnectionPool, AsyncConnection]:
-        deadline = time.monotonic() + self.open_timeout
-        while True:
-            pool = await self._open_pool(deadline)
+            deadline = time.monotonic() + self.open_timeout
+            while True:
+                pool = await self._open_pool(deadline)
+                try:
+                    conn = await pool.getconn(attempt_timeout(deadline, self._lent > 0))
+                except PoolClosed:  # closed by close() once this caller had it: a new one
+                    self._forget(pool)
+                    continue
+                except PoolTimeout:
+                    if time.monotonic() >= deadline:
+                        raise
+                    self._drop_if_failing(pool)
+                    continue
+                if not closed_by_server(conn):
+                    # As the pool made it (autocommit, writable), whatever its last
+                    # user set: here, not as the pool's reset=, which psycopg_pool
+                    # runs in a worker thread, the connection away meanwhile (+100 us
+                    # an enqueue, measured).
+                    await areset_state(conn, self._options)
+                    break
+                await pool.putconn(conn)  # discarded: the pool makes another
+            self._lent += 1
             try:
-                conn = await pool.getconn(attempt_timeout(deadline, self._lent > 0))
-            except PoolClosed:  # closed by close() once this caller had it: a new one
-                self._forget(pool)
-                continue
-            except PoolTimeout:
-                if time.monotonic() >= deadline:
+                async with conn:  # as psycopg's pool.connection(): ends a transaction left open
+                    yield conn
+            except Exception as exc:
+                if (read_only := read_only_server(exc)) is None:
                     raise
-                self._drop_if_failing(pool)
-                continue
-            if not closed_by_server(conn):
-                # As the pool made it (autocommit, writable), whatever its last
-                # user set: here, not as the pool's reset=, which psycopg_pool
-                # runs in a worker thread, the connection away meanwhile (+100 us
-                # an enqueue, measured).
-                await areset_state(conn, self._options)
-                return pool, conn
-            await pool.putconn(conn)  # discarded: the pool makes another
+                await conn.close()  # as Database's: a new pool on the next use
+                self._drop(pool)
+                raise read_only from exc
+            finally:
+                self._lent -= 1
+                await pool.putconn(conn)
 
     def _forget(self, pool: AsyncConnectionPool) -> None:
         if self._pool is pool:

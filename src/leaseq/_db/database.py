@@ -126,61 +126,46 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A connection of the pool (autocommit), back in the pool afterwards; for
-        leaseq's own statements: every error of the block is translated."""
-        with translated_errors(), self.lend() as conn:
-            yield conn
-
-    @contextmanager
-    def lend(self) -> Iterator[Connection]:
-        """A connection of the pool for the caller's own SQL (``Queue.connection()``,
-        ``job.connection()``, ``job.transaction()``). Taking and returning it fail
-        with leaseq's typed errors; the caller's statements fail with the driver's
-        own, as on a connection of their own: a handler's ``fail_on`` names
-        ``UniqueViolation``, which a translation made a DatabaseError (and a check
-        violation an InvalidArgument, failed at once)."""
+        """A connection of the pool (autocommit), back in the pool afterwards."""
         with translated_errors():
-            pool, conn = self._checkout()
-        with self._lent_lock:
-            self._lent += 1
-        try:
-            with conn:  # as psycopg's pool.connection(): ends a transaction left open
-                yield conn
-        except Exception as exc:
-            if (read_only := read_only_server(exc)) is None:
-                raise
-            # Every connection of the pool reaches the read-only server: the
-            # next call opens a new pool, which may reach one that writes.
-            conn.close()
-            self._drop(pool)
-            raise read_only from exc
-        finally:
+            deadline = time.monotonic() + self.open_timeout
+            while True:
+                pool = self._open_pool(deadline)
+                try:
+                    conn = pool.getconn(attempt_timeout(deadline, self._lent > 0))
+                except PoolClosed:  # closed by close() once this caller had it: a new one
+                    self._forget(pool)
+                    continue
+                except PoolTimeout:
+                    if time.monotonic() >= deadline:
+                        raise
+                    self._drop_if_failing(pool)
+                    continue
+                if not closed_by_server(conn):
+                    # As the pool made it (autocommit, writable), whatever its last
+                    # user set: here, not as the pool's reset=, which psycopg_pool
+                    # runs in a worker thread, the connection away meanwhile (+100 us
+                    # an enqueue, measured).
+                    reset_state(conn, self._options)
+                    break
+                pool.putconn(conn)  # discarded: the pool makes another
             with self._lent_lock:
-                self._lent -= 1
-            pool.putconn(conn)
-
-    def _checkout(self) -> tuple[ConnectionPool, Connection]:
-        deadline = time.monotonic() + self.open_timeout
-        while True:
-            pool = self._open_pool(deadline)
+                self._lent += 1
             try:
-                conn = pool.getconn(attempt_timeout(deadline, self._lent > 0))
-            except PoolClosed:  # closed by close() once this caller had it: a new one
-                self._forget(pool)
-                continue
-            except PoolTimeout:
-                if time.monotonic() >= deadline:
+                with conn:  # as psycopg's pool.connection(): ends a transaction left open
+                    yield conn
+            except Exception as exc:
+                if (read_only := read_only_server(exc)) is None:
                     raise
-                self._drop_if_failing(pool)
-                continue
-            if not closed_by_server(conn):
-                # As the pool made it (autocommit, writable), whatever its last
-                # user set: here, not as the pool's reset=, which psycopg_pool
-                # runs in a worker thread, the connection away meanwhile (+100 us
-                # an enqueue, measured).
-                reset_state(conn, self._options)
-                return pool, conn
-            pool.putconn(conn)  # discarded: the pool makes another
+                # Every connection of the pool reaches the read-only server: the
+                # next call opens a new pool, which may reach one that writes.
+                conn.close()
+                self._drop(pool)
+                raise read_only from exc
+            finally:
+                with self._lent_lock:
+                    self._lent -= 1
+                pool.putconn(conn)
 
     def _forget(self, pool: ConnectionPool) -> None:
         with self._lent_lock:

@@ -102,8 +102,7 @@ class Scheduler:
 
     async def _handle(self, schedule: Schedule) -> int:
         store = self._queue._store
-        # (leaseq's statements only: their errors, the commit's too, translated)
-        async with self._queue._db.connection() as conn, conn.transaction():
+        async with self._queue.connection() as conn, conn.transaction():
             taken = await self._queue._run(
                 store.lock_schedule(
                     schedule.name, queue=schedule.queue, spec=schedule.spec, tz=schedule.tz
