@@ -3,6 +3,7 @@ form the README gives them."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 import leaseq
@@ -70,3 +71,36 @@ def test_a_periodic_job_with_a_bad_name_is_refused(name: object) -> None:
     with pytest.raises(leaseq.InvalidArgument):
         app.periodic(name, queue="reports", every=60)  # type: ignore[arg-type]
     assert app.schedules == {}
+
+
+def test_fail_on_and_retry_on_name_the_driver_errors_of_a_handlers_own_sql(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """The handler's own SQL on leaseq's connections (job.transaction(),
+    job.connection()) fails with leaseq's DatabaseError, raised from the driver's
+    error; `fail_on=psycopg.errors.UniqueViolation` never matched it, so a
+    duplicate the task said to fail at once was retried (and `retry_on` naming
+    it failed the job at once)."""
+    with queue.connection() as conn:
+        conn.execute(f'CREATE TABLE "{schema}".biz (id int PRIMARY KEY)')
+        conn.execute(f'INSERT INTO "{schema}".biz VALUES (1)')
+    app = leaseq.App(schema=schema)
+    seen: list[BaseException] = []
+
+    def duplicate(job: leaseq.JobContext) -> None:
+        try:
+            with job.transaction() as conn:
+                conn.execute(f'INSERT INTO "{schema}".biz VALUES (1)')
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    app.task("fails", fail_on=psycopg.errors.UniqueViolation, max_attempts=5)(duplicate)
+    app.task("retries", retry_on=psycopg.errors.UniqueViolation, backoff=(600, 600))(duplicate)
+    failed = queue.enqueue("fails", {})
+    retried = queue.enqueue("retries", {})
+    drain(app, dsn=database_url)
+    assert all(isinstance(exc.__cause__, psycopg.errors.UniqueViolation) for exc in seen), seen
+    assert queue.get(failed).status is JobStatus.FAILED  # fail_on: at once
+    job = queue.get(retried)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 1)  # retry_on: again later

@@ -96,8 +96,32 @@ class ErrorPolicy:
         return classes
 
     def classify(self, error: BaseException) -> Verdict:
-        if isinstance(error, (PermanentError, InvalidArgument, InvalidResult, *self.fail_on)):
+        if isinstance(error, (PermanentError, InvalidArgument, InvalidResult)):
             return Verdict.FAIL
-        if self.retry_on and not isinstance(error, self.retry_on):
+        if _raised_as(error, self.fail_on):
+            return Verdict.FAIL
+        if self.retry_on and not _raised_as(error, self.retry_on):
             return Verdict.FAIL
         return Verdict.RETRY
+
+
+#: How far down an error's causes a task's classes are looked for (a cycle ends too).
+_CAUSES_LOOKED_AT = 8
+
+
+def _raised_as(error: BaseException, classes: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``error``, or an error it was raised from, is one of ``classes``.
+
+    leaseq's errors keep the driver's as their cause: the handler's own SQL on a
+    connection of leaseq's (``job.transaction()``, ``job.connection()``) fails
+    with ``DatabaseError`` from ``psycopg.errors.UniqueViolation``, which is what
+    a task's ``fail_on`` names. (Explicit causes only: an error raised while
+    another was being handled is not that error.)"""
+    cause: BaseException | None = error
+    for _ in range(_CAUSES_LOOKED_AT):
+        if cause is None:
+            return False
+        if isinstance(cause, classes):
+            return True
+        cause = cause.__cause__
+    return False
