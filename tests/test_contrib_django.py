@@ -469,7 +469,9 @@ def test_a_failing_task_ends_failed_with_its_error(
     assert failed.status == "FAILED"
     (error,) = failed.errors
     assert error.exception_class is ValueError
-    assert "out of paper" in error.traceback
+    # The message is the task's argument: masked, as any payload value (contract 7).
+    assert "builtins.ValueError: ***\n" in error.traceback
+    assert "out of paper" not in error.traceback
     assert "Traceback (most recent call last)" in error.traceback
     with pytest.raises(ValueError, match="failed"):
         _ = failed.return_value

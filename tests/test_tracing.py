@@ -345,3 +345,34 @@ async def test_a_handlers_error_is_exported_without_the_secrets_it_quotes(
     )
     assert "Traceback" in str(attributes["exception.stacktrace"])
     assert secret not in repr(process.to_json())
+
+
+async def test_a_handlers_error_is_exported_without_the_payload_it_quotes(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Contract 7 for the span's exception event too: a validator's error quoting
+    the job's input (``input_value={...}``) leaves no payload value in the trace."""
+    app = leaseq.App(schema=schema)
+    payload = {"customer": "acme-7731", "card_number": "4111111111111111", "amount": 129900}
+
+    @app.task("charges", max_attempts=1)
+    async def failing(job: leaseq.JobContext) -> None:
+        raise ValueError(f"amount: field required [input_value={job.payload!r}]")
+
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /charges") as request:
+        await aqueue.enqueue("charges", payload)
+    await adrain(app, dsn=database_url, timeout=30)
+    (process,) = [
+        s for s in _spans_of(request.get_span_context().trace_id) if s.name == "process charges"
+    ]
+    (event,) = process.events
+    attributes = dict(event.attributes or {})
+    assert attributes["exception.type"] == "ValueError"
+    assert attributes["exception.message"] == (
+        "amount: field required [input_value={'amount': ***, 'customer': '***', "
+        "'card_number': '***'}]"
+    )
+    exported = repr(process.to_json())
+    for value in ("acme-7731", "4111111111111111", "129900"):
+        assert value not in exported

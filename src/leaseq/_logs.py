@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ._redact import redact
+from ._redact import PayloadFree, redact, without_payload
 from ._types import Claim
 
 _TRACEBACKS = logging.Formatter()
@@ -76,6 +76,20 @@ def job_fields(claim: Claim, **context: object) -> dict[str, object]:
         "lease_version": claim.lease_version,
         **context,
     }
+
+
+def error_repr(error: object, payload: object) -> str:
+    """``repr(error)`` for a record about a job: without the job's payload values
+    (contract 7, as in its stored error), its type's name kept whole; never raises."""
+    name = type(error).__name__
+    try:
+        text = repr(error)
+    except Exception:
+        return f"{name} (its text could not be rendered)"
+    if isinstance(error, PayloadFree):
+        return text
+    head = name if isinstance(error, BaseException) and text.startswith(name) else ""
+    return head + without_payload(text[len(head) :], payload)
 
 
 class JsonFormatter(logging.Formatter):

@@ -32,7 +32,7 @@ try:
 except ImportError:  # the otel extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
-from ._redact import redact
+from ._redact import PayloadValues, redact, without_payload
 from ._types import Claim
 
 SYSTEM = "leaseq"
@@ -105,8 +105,10 @@ def send(queue: str, count: int = 1) -> Iterator[Send]:
 class Process:
     """The ``process`` span of one attempt: told how the attempt ended."""
 
-    def __init__(self, span: Any) -> None:
+    def __init__(self, span: Any, payload: object = None) -> None:
         self._span = span
+        #: The job's payload, whose values the exported error texts leave out.
+        self._payload = payload
 
     def ended(
         self, outcome: str, error: BaseException | None = None, description: str | None = None
@@ -117,16 +119,19 @@ class Process:
             return
         self._span.set_attribute("leaseq.outcome", outcome)
         if description is not None:
-            self._span.set_status(Status(StatusCode.ERROR, redact(description)))
+            text = redact(without_payload(description, self._payload))
+            self._span.set_status(Status(StatusCode.ERROR, text))
         if error is not None:
             # Not span.record_exception(): it exports the error's text and traceback
-            # as they are, and a handler's error may quote a DSN with its password.
-            self._span.add_event("exception", _exception_attributes(error))
+            # as they are, and a handler's error may quote a DSN with its password,
+            # or the job's payload (contract 7).
+            self._span.add_event("exception", _exception_attributes(error, self._payload))
             self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
 
 
-def _exception_attributes(error: BaseException) -> dict[str, str]:
-    """The semantic conventions' exception event, its texts scrubbed of secrets."""
+def _exception_attributes(error: BaseException, payload: object) -> dict[str, str]:
+    """The semantic conventions' exception event, its texts scrubbed of secrets and
+    of the job's payload values."""
     kind, module = type(error), type(error).__module__
     attributes = {
         "exception.type": kind.__qualname__
@@ -135,11 +140,18 @@ def _exception_attributes(error: BaseException) -> dict[str, str]:
         "exception.escaped": "False",
     }
     try:
-        attributes["exception.message"] = redact(str(error))
-        attributes["exception.stacktrace"] = redact("".join(traceback.format_exception(error)))
+        attributes["exception.message"] = redact(without_payload(str(error), payload))
+        attributes["exception.stacktrace"] = redact(_stacktrace(error, payload))
     except Exception:  # an error whose text cannot be rendered still gets its event
         attributes.setdefault("exception.message", f"({kind.__qualname__}: no text)")
     return attributes
+
+
+def _stacktrace(error: BaseException, payload: object) -> str:
+    """The traceback, each of its parts without the payload's values: searched part
+    by part, a long traceback is not cut where one long text would be."""
+    values = PayloadValues(payload)
+    return "".join(values.mask(part) for part in traceback.format_exception(error))
 
 
 def current() -> TraceContext | None:
@@ -213,7 +225,7 @@ def _process_span(claim: Claim, trace_context: Mapping[str, str] | None) -> Iter
         record_exception=False,  # the attempt reports its own outcome (ended())
         set_status_on_exception=False,
     ) as span:
-        yield Process(span)
+        yield Process(span, claim.payload)
 
 
 def _carrier(stored: object) -> TraceContext | None:

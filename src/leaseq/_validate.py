@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ._errors import InvalidArgument, InvalidJob
-from ._redact import redact
+from ._redact import PayloadFree, redact, without_payload
 from ._types import Claim, JobStatus
 
 T = TypeVar("T")
@@ -261,29 +261,44 @@ def claim_limit(value: object, what: str = "limit") -> int:
     return int(value)  # a plain int: psycopg dumps a subclass by its own rules
 
 
-def error_text(error: object) -> str | None:
+def error_texts(errors: Sequence[object] | None, claims: Sequence[Claim]) -> list[str | None]:
+    """Per claim, the stored text of its error, without that claim's payload values."""
+    return [
+        error_text(error, claim.payload)
+        for error, claim in zip(aligned(errors, claims, "errors"), claims, strict=True)
+    ]
+
+
+def error_text(error: object, payload: object = None) -> str | None:
     """Short, sanitized text for the job's last_error and history; never raises.
+
+    No value of the job's ``payload`` shows in it (contract 7): an error raised on
+    a job's input often quotes it, secret fields and all. The error's type name is
+    kept whole (a value that happens to be part of it hides nothing).
 
     A worker flushes the outcomes of many jobs in one statement: one error that
     cannot be rendered must still give a text, not fail the whole batch.
     """
     if error is None:
         return None
-    return sanitize(_describe(error))
+    name, message = _describe(error)
+    if not isinstance(error, PayloadFree):
+        message = without_payload(message, payload)
+    return sanitize(f"{name}: {message}" if name and message else name or message)
 
 
-def _describe(error: object) -> str:
+def _describe(error: object) -> tuple[str, str]:
+    """The error's type name (none for a text) and its message."""
     try:
         if isinstance(error, BaseException):
-            message = str(error)
-            return f"{type(error).__name__}: {message}" if message else type(error).__name__
-        return str(error)
+            return type(error).__name__, str(error)
+        return "", str(error)
     except Exception:
         pass
     try:
-        return repr(error)
+        return "", repr(error)
     except Exception:
-        return f"{type(error).__name__} (its text could not be rendered)"
+        return f"{type(error).__name__} (its text could not be rendered)", ""
 
 
 def sanitize(text: str) -> str:

@@ -94,13 +94,13 @@ def test_request_fail_fix_and_replay_a_report(page: Any, database_url: str) -> N
             return "failed" in page.locator("table").inner_text()
 
         wait_for(failed, timeout=30, what="the broken report failing")
-        assert "template 'broken' is missing" in page.locator("table").inner_text()
+        assert "the report template is missing" in page.locator("table").inner_text()
         page.get_by_role("link", name=re.compile(r"job #\d+ in the dashboard")).click()
         page.wait_for_url(re.compile(r"/dashboard/jobs/\d+$"))
         job_url = page.url
         assert _state(page) == "failed"
         page.get_by_role("navigation").get_by_role("link", name="Failed", exact=True).click()
-        assert page.locator("tr", has_text="template 'broken' is missing").count() == 1
+        assert page.locator("tr", has_text="the report template is missing").count() == 1
         # Replaying before the fix fails again: fix the template on the demo's page first.
         page.goto(f"{url}/")
         page.get_by_test_id("template-form").get_by_role("button", name="Fix the template").click()

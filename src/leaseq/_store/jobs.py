@@ -146,7 +146,7 @@ class JobOperations(StoreBase):
                 None if d is None else validate.seconds(d, "delay", validate.MAX_DELAY_SECONDS)
                 for d in validate.aligned(delays, claims, "delays")
             ],
-            "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
+            "errors": validate.error_texts(errors, claims),
             "results_channel": self.results_channel if self._notify_channel else None,
         }
         return self._fenced(
@@ -164,7 +164,7 @@ class JobOperations(StoreBase):
         claims = validate.claims(claims)
         extra = {
             "strict": strict,
-            "errors": [validate.error_text(e) for e in validate.aligned(errors, claims, "errors")],
+            "errors": validate.error_texts(errors, claims),
             "results_channel": self.results_channel if self._notify_channel else None,
         }
         return self._fenced("fail.sql", claims, extra, lambda row: bool(row[2]))

@@ -35,8 +35,9 @@ from typing import Any
 from .. import _tracing
 from .. import _validate_payloads as payload_checks
 from .._errors import InvalidResult, LeaseLost
-from .._logs import get_logger, job_fields
+from .._logs import error_repr, get_logger, job_fields
 from .._metrics import Metrics
+from .._redact import PayloadFree
 from .._retry import Retry, Verdict
 from .._types import Claim
 from .._waiting import cancelling
@@ -289,11 +290,12 @@ def _raised(task: Task, context: JobContext, exc: BaseException) -> Outcome | No
     """The outcome of a handler that raised ``exc``: its task's ErrorPolicy says."""
     claim = context.claim
     if context.completed:  # the job's transaction already completed it
+        error = error_repr(exc, claim.payload)
         log.warning(
-            "job %d raised after completing: %r",
+            "job %d raised after completing: %s",
             claim.job_id,
-            exc,
-            extra=job_fields(claim, error=repr(exc)),
+            error,
+            extra=job_fields(claim, error=error),
         )
         return None
     if task.errors.classify(exc) is Verdict.FAIL:
@@ -318,10 +320,11 @@ def _exception(error: object) -> BaseException | None:
     return error if isinstance(error, BaseException) else None
 
 
-class WorkerError(str):
+class WorkerError(PayloadFree):
     """The worker's own account of a failed attempt that raised nothing (a timeout,
     no attempts left): a text, as the job's last error and the on_failure hooks
-    take it, but an error, where the reason of a requested retry is not."""
+    take it, but an error, where the reason of a requested retry is not. It quotes
+    no payload: none of its words is masked as a payload value."""
 
 
 def _description(label: str, error: object) -> str | None:
@@ -329,7 +332,9 @@ def _description(label: str, error: object) -> str | None:
     the reason of a retry requested with no attempt left (the job failed)."""
     if error is None or isinstance(error, BaseException):
         return None
-    if isinstance(error, WorkerError) or label == "failed":
+    if isinstance(error, WorkerError):
+        return error  # as it is: a PayloadFree text
+    if label == "failed":
         return str(error)
     return None
 
@@ -342,7 +347,11 @@ def _log_finished(claim: Claim, label: str, elapsed: float, outcome: Outcome | N
     level = logging.DEBUG if label in ("done", "released") else logging.INFO
     if not log.isEnabledFor(level):
         return
-    error = None if outcome is None or outcome.error is None else repr(outcome.error)
+    error = (
+        None
+        if outcome is None or outcome.error is None
+        else error_repr(outcome.error, claim.payload)
+    )
     fields = job_fields(
         claim, task=claim.queue, outcome=label, duration_seconds=round(elapsed, 6), error=error
     )

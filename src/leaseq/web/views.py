@@ -13,21 +13,12 @@ from typing import Any
 from urllib.parse import quote
 
 from .._durations import duration_text
-from .._redact import redact
+from .._redact import SECRET_NAMES, redact
 
 #: Payload fields whose values are never shown: a field whose name, lowercased and
-#: without separators, contains one of these.
-SECRET_FIELDS: tuple[str, ...] = (
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "api_key",
-    "apikey",
-    "authorization",
-    "credential",
-    "private_key",
-)
+#: without separators, contains one of these. The names whose values leaseq also
+#: masks in error texts and logs (``key=value``): one list.
+SECRET_FIELDS: tuple[str, ...] = SECRET_NAMES
 MASK = "••••••"
 _SEPARATORS = re.compile(r"[^a-z0-9]")
 
