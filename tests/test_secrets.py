@@ -22,6 +22,7 @@ import string
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Iterator
@@ -1171,3 +1172,45 @@ def test_a_url_libpq_cannot_parse_is_said_without_its_password(dsn: str) -> None
     assert isinstance(refused.value, leaseq.DatabaseUnavailable)  # as it was before its type
     assert "invalid database URL" in str(refused.value)
     assert "Sekr1t" not in _exception_text(refused.value)
+
+
+def test_a_payload_a_handler_made_a_loop_in_is_looked_through_once() -> None:
+    """job.payload is the handler's to change; one that linked a child back to its
+    parent and then raised had the worker's look for payload values walk the loop
+    for ever, on the worker's event loop."""
+    from leaseq._validate import error_text
+
+    payload: dict[str, object] = {"customer": "acme-4411", "items": []}
+    child = {"parent": payload, "sku": "SKU-99812"}
+    payload["items"] = [child, child]
+    answers: list[str | None] = []
+    looking = threading.Thread(
+        target=lambda: answers.append(
+            error_text(ValueError("no stock for SKU-99812 of acme-4411"), payload)
+        ),
+        daemon=True,
+    )
+    looking.start()
+    looking.join(10)
+    assert answers == ["ValueError: no stock for *** of ***"]
+
+
+def test_a_long_message_without_spaces_keeps_what_is_stored_of_it() -> None:
+    """Past what is searched for payload values, a text was cut at its last
+    whitespace: a message with none (a long URL, compact JSON, a blob) was stored
+    as "ValueError: …", one with a space only near its start as those few words."""
+    from leaseq._redact import without_payload
+    from leaseq._validate import MAX_ERROR_CHARS, error_text
+
+    blob = "upstream returned " + "A1b2C3d4" * 2_000
+    stored = error_text(ValueError(blob), {"report_id": "r-1"})
+    assert stored is not None
+    assert stored.startswith("ValueError: upstream returned A1b2C3d4A1b2")
+    assert len(stored) >= MAX_ERROR_CHARS - 10, len(stored)
+    # What is searched (the log line's text too) cut inside a word: a payload value
+    # across the cut is masked, not shown in part.
+    secret = "tok_" + "Zy9" * 3_000
+    searched = without_payload("x" * 7_000 + secret, {"api": secret})
+    assert searched.startswith("x" * 7_000)
+    assert "Zy9" not in searched
+    assert "tok_" not in searched

@@ -206,11 +206,29 @@ class PayloadValues:
         return _masked(scanned, spans) + "…"
 
 
+#: More strings and numbers than a payload at the size cap can hold: a payload
+#: past it (a handler's own objects added to ``job.payload``) is not walked on.
+_MAX_NODES = 2_000_000
+
+
 def _values(payload: object) -> Iterator[str]:
-    """The text of each string and number of ``payload`` worth hiding."""
+    """The text of each string and number of ``payload`` worth hiding.
+
+    Each container once: a stored payload is JSON (a tree), but ``job.payload``
+    is the handler's to change, and one that made a loop in it (a child linked
+    to its parent) had this walk run for ever on the worker's loop."""
     pending = [payload]
+    seen: set[int] = set()
+    walked = 0
     while pending:  # a loop, not recursion: a payload nests up to 256 levels
         value = pending.pop()
+        walked += 1
+        if walked > _MAX_NODES:
+            raise ValueError("a payload too large to look through")  # WITHHELD
+        if isinstance(value, dict | list | tuple):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
         if isinstance(value, dict):
             pending.extend(value.values())
         elif isinstance(value, list | tuple):
@@ -276,12 +294,16 @@ def _quoted(value: str) -> set[str]:
 
 def _cut(text: str) -> int:
     """Where the search ends: the whole text, or a whitespace at most SCANNED_CHARS
-    in. Never inside a word: a URL's password, a token or a ``key=value`` that ran
-    on past the cut would lose what marks it as one (its '@', its end)."""
+    in. Not inside a word where one can: a URL's password, a token or a
+    ``key=value`` that ran on past the cut would lose what marks it as one (its
+    '@', its end). A text with no whitespace in the second half of the window (a
+    long URL, compact JSON, a blob) is cut at SCANNED_CHARS itself: cut at its
+    last whitespace, it lost all or most of its message ("ValueError: …")."""
     if len(text) <= SCANNED_CHARS:
         return len(text)
     window = text[:SCANNED_CHARS]
-    return max(0, *(window.rfind(space) for space in _SPACES))
+    at = max(window.rfind(space) for space in _SPACES)
+    return at if at >= SCANNED_CHARS // 2 else SCANNED_CHARS
 
 
 def _across(text: str, end: int, values: list[str]) -> list[tuple[int, int]]:
@@ -289,8 +311,9 @@ def _across(text: str, end: int, values: list[str]) -> list[tuple[int, int]]:
     (a whitespace) runs through, masked too rather than shown in part. Only one
     with a whitespace can; each is looked for near the cut only: linear in all."""
     needles = {secret for secret in _secrets if len(secret) > 1}
+    in_a_word = text[end] not in _SPACES  # (a text cut where it had no whitespace)
     for value in values:
-        if any(space in value for space in _SPACES):
+        if in_a_word or any(space in value for space in _SPACES):
             core, reach = _core(value), 16 * len(value)  # no form is 16 times longer
             if core is None or text.find(core, max(end - reach, 0), end + reach) >= 0:
                 needles.update(_forms(value))
