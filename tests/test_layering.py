@@ -38,7 +38,7 @@ LAYERS: list[set[str]] = [
         "_waiting",
         "_durations",
     },
-    {"_json_text"},
+    {"_json_text", "_payload_masking"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
     {"_validate_payloads"},
     {"_embedded", "_retry", "_gauges", "_validate_settings", "_validate_operators"},

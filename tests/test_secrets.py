@@ -1137,7 +1137,8 @@ def test_a_payload_value_across_the_end_of_the_scanned_text_is_masked_whole() ->
     """An error text longer than what is scanned is cut first: a value (or a
     remembered secret, or a URL's password) the cut runs through shows no part,
     even where masked values before it leave room for it in the stored text."""
-    from leaseq._redact import SCANNED_CHARS, remember
+    from leaseq._payload_masking import SCANNED_CHARS
+    from leaseq._redact import remember
     from leaseq._validate import error_text
 
     value = " ".join(_random(10) for _ in range(40))
@@ -1199,7 +1200,7 @@ def test_a_long_message_without_spaces_keeps_what_is_stored_of_it() -> None:
     """Past what is searched for payload values, a text was cut at its last
     whitespace: a message with none (a long URL, compact JSON, a blob) was stored
     as "ValueError: …", one with a space only near its start as those few words."""
-    from leaseq._redact import without_payload
+    from leaseq._payload_masking import without_payload
     from leaseq._validate import MAX_ERROR_CHARS, error_text
 
     blob = "upstream returned " + "A1b2C3d4" * 2_000

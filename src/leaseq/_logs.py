@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ._redact import PayloadFree, redact, without_payload
+from ._payload_masking import PayloadFree, without_payload
+from ._redact import redact
 from ._types import Claim
 
 _TRACEBACKS = logging.Formatter()

@@ -32,7 +32,8 @@ try:
 except ImportError:  # the otel extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
-from ._redact import PayloadValues, redact, without_payload
+from ._payload_masking import PayloadValues, without_payload
+from ._redact import redact
 from ._types import Claim
 
 SYSTEM = "leaseq"

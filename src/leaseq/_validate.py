@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from ._errors import InvalidArgument, InvalidJob
-from ._redact import PayloadFree, redact, without_payload
+from ._payload_masking import PayloadFree, without_payload
+from ._redact import redact
 from ._types import Claim, JobStatus
 
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from .. import _validate_payloads as payload_checks
 from .._errors import InvalidResult, LeaseLost
 from .._logs import error_repr, get_logger, job_fields
 from .._metrics import Metrics
-from .._redact import PayloadFree
+from .._payload_masking import PayloadFree
 from .._retry import Retry, Verdict
 from .._types import Claim
 from .._waiting import cancelling
