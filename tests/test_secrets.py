@@ -493,6 +493,59 @@ async def test_a_handlers_error_quoting_its_payload_is_stored_and_logged_without
     assert f"RuntimeError('charge declined', {masked})" in logs.text()
 
 
+async def test_a_hooks_failure_quoting_the_payload_is_logged_without_it(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, logs: CapturedLogs
+) -> None:
+    """Contract 7 for the app's hooks: a hook that fails is logged with its traceback,
+    and what it raised may quote the job's payload (an error reporter's own error,
+    an ``on_failure`` hook raising the handler's error on). No payload value is
+    logged; that the hook failed, and where, still is."""
+    app = leaseq.App(schema=schema)
+
+    @app.before_job
+    def before(job: leaseq.JobContext) -> None:
+        raise RuntimeError(f"before saw {job.payload}")
+
+    @app.on_success
+    async def succeeded(job: leaseq.JobContext, result: Any) -> None:
+        raise LookupError(json.dumps(job.payload))
+
+    @app.on_failure
+    def failed(job: leaseq.JobContext, error: Any, will_retry: bool) -> None:
+        raise RuntimeError("reporting failed") from error
+
+    @app.task("fine", max_attempts=1)
+    async def fine(job: leaseq.JobContext) -> None:
+        return None
+
+    @app.task("broken", max_attempts=1)
+    async def broken(job: leaseq.JobContext) -> None:
+        raise ValueError(repr(job.payload))
+
+    payloads = {name: _payload() for name in ("fine", "broken")}
+    for name, payload in payloads.items():
+        await aqueue.enqueue(name, payload)
+    # A handler that would dump every attribute of a record (JSON loggers do).
+    records: list[logging.LogRecord] = []
+    everything = logging.Handler()
+    everything.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("leaseq").addHandler(everything)
+    try:
+        await adrain(app, dsn=database_url, timeout=60)
+    finally:
+        logging.getLogger("leaseq").removeHandler(everything)
+    assert any(getattr(record, "job_id", None) for record in records)
+    for record in records:
+        assert_clean(repr(vars(record)), _payload_forms(payloads["fine"]))
+        assert_clean(repr(vars(record)), _payload_forms(payloads["broken"]))
+    text = logs.text()
+    for name in ("before", "succeeded", "failed"):
+        assert f"<locals>.{name} failed on job" in text, text
+    assert "Traceback" in text  # the tracebacks are logged, masked
+    for payload in payloads.values():
+        assert_clean(text, _payload_forms(payload))
+
+
 async def test_the_workers_own_error_text_is_kept_whole(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:

@@ -5,7 +5,11 @@ its children's), so each module takes its logger from :func:`get_logger`, which
 attaches :class:`RedactingFilter`. The filter renders the message and the
 traceback itself, scrubbed, and drops the live exception: a handler that would
 render ``exc_info`` on its own (rich's tracebacks show local variables, a DSN
-among them) gets the scrubbed text instead.
+among them) gets the scrubbed text instead. A record about a job (``extra=
+job_fields(claim)``) hands the filter the job's payload too, and its traceback is
+rendered without the payload's values (contract 7): a hook's or the runtime's
+exception may quote them. The filter takes the payload off the record before any
+handler sees it.
 """
 
 from __future__ import annotations
@@ -22,22 +26,35 @@ from ._types import Claim
 
 _TRACEBACKS = logging.Formatter()
 
+#: The record attribute :func:`job_fields` hands a job's payload to the filter in;
+#: the filter removes it, so that no handler or formatter (one that dumps every
+#: ``extra`` field) ever sees it.
+_PAYLOAD_FIELD = "_leaseq_payload"
+_NO_PAYLOAD = object()
+
 
 class RedactingFilter(logging.Filter):
     """Replace a record's message, traceback and stack with scrubbed text."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        payload = record.__dict__.pop(_PAYLOAD_FIELD, _NO_PAYLOAD)
         record.msg = redact(_message(record))
         record.args = ()
         if record.exc_info:
             if isinstance(record.exc_info, tuple) and record.exc_info[0] is not None:
                 record.exc_text = record.exc_text or _traceback(record)
             record.exc_info = None
+        # (The message is the caller's own wording: texts about a job in it are
+        # masked where they are made, error_repr; a traceback is not theirs.)
         if record.exc_text:
-            record.exc_text = redact(record.exc_text)
+            record.exc_text = redact(_without(record.exc_text, payload))
         if record.stack_info:
-            record.stack_info = redact(record.stack_info)
+            record.stack_info = redact(_without(record.stack_info, payload))
         return True
+
+
+def _without(text: str, payload: object) -> str:
+    return text if payload is _NO_PAYLOAD else without_payload(text, payload)
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -69,12 +86,14 @@ CONTEXT_FIELDS = ("task", "outcome", "duration_seconds", "error")
 
 
 def job_fields(claim: Claim, **context: object) -> dict[str, object]:
-    """``extra=`` of a record about one attempt of a job: who it is about."""
+    """``extra=`` of a record about one attempt of a job: who it is about (and,
+    for the filter only, what its traceback must not show: the payload)."""
     return {
         "queue": claim.queue,
         "job_id": claim.job_id,
         "attempt": claim.attempts,
         "lease_version": claim.lease_version,
+        _PAYLOAD_FIELD: claim.payload,
         **context,
     }
 
