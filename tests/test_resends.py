@@ -27,6 +27,7 @@ from leaseq._worker.context import JobContext
 from leaseq._worker.outcomes import Answer, Kind, Outcome, Outcomes
 
 from .clients import Client, ClientConnect, ClientConnection
+from .conftest import AsyncClock
 
 #: Seconds a statement may take to start waiting for a lock, or to end once the
 #: lock is gone, before the test fails instead of hanging (a busy shared server).
@@ -323,3 +324,144 @@ async def test_worker_acknowledgements_resent_after_an_ambiguous_commit_are_acce
         JobStatus.QUEUED,
         JobStatus.FAILED,
     ]
+
+
+# -- a resend after retention moved the job to the archive ---------------------------------
+
+
+def _archive_at_once(client: Client, queue: str) -> None:
+    client.configure_queue(
+        queue, retention_mode="archive", retain_done=0, retain_failed=0, retain_cancelled=0
+    )
+
+
+def _pruned(client: Client, job_id: int) -> None:
+    client.prune()
+    with pytest.raises(leaseq.JobNotFound):
+        client.get(job_id)
+
+
+def test_resent_acknowledgements_of_an_archived_job_report_what_they_did(
+    client: Client,
+) -> None:
+    """Retention may run between the first COMMIT (whose answer was lost) and the
+    resend: the archive still says what this claim did, so the resend reports it,
+    never a lost lease."""
+    _archive_at_once(client, "work")
+    client.enqueue("work", {})
+    (done,) = client.claim("work")
+    client.complete(done)
+    _pruned(client, done.job_id)
+    assert client.complete_many([done]) == [(done, True)]
+
+    client.enqueue("work", {})
+    (failed,) = client.claim("work")
+    client.fail(failed, "for good")
+    _pruned(client, failed.job_id)
+    assert client.fail_many([failed], ["for good"]) == [(failed, True)]
+
+    client.enqueue("work", {}, max_attempts=1)
+    (exhausted,) = client.claim("work")
+    assert client.retry(exhausted, error="boom") is JobStatus.FAILED
+    _pruned(client, exhausted.job_id)
+    assert client.retry_many([exhausted], delays=[0]) == [(exhausted, JobStatus.FAILED)]
+
+    client.enqueue("work", {})
+    (released,) = client.claim("work")
+    assert client.release_many([released]) == [(released, True)]
+    (retried,) = client.claim("work")  # the released job, claimed again
+    assert client.retry(retried, delay=0) is JobStatus.QUEUED
+    (last,) = client.claim("work")
+    client.complete(last)  # and then finished by a later claim
+    _pruned(client, last.job_id)
+    assert client.release_many([released]) == [(released, True)]
+    assert client.retry_many([retried], delays=[0]) == [(retried, JobStatus.QUEUED)]
+
+    # What is no resend stays lost: another claim's write, another kind of write.
+    assert client.complete_many([released]) == [(released, False)]
+    assert client.fail_many([done], ["late"]) == [(done, False)]
+    assert client.release_many([last]) == [(last, False)]
+    assert [row[0] for row in _archived(client)] == [
+        done.job_id,
+        failed.job_id,
+        exhausted.job_id,
+        last.job_id,
+    ]
+
+
+def _archived(client: Client) -> list[Any]:
+    with client.connection() as conn:
+        return list(
+            conn.execute(
+                f'SELECT job_id, status, lease_version FROM "{client.schema}".job_archive'
+                " ORDER BY job_id"
+            ).fetchall()
+        )
+
+
+def test_rerun_of_a_committed_completion_of_an_archived_job_is_refused_as_already_completed(
+    client: Client, client_connect: ClientConnect
+) -> None:
+    table = _counter(client)
+    _archive_at_once(client, "reports")
+    client.enqueue("reports", {})
+    (claim,) = client.claim("reports")
+    conn = client_connect()
+
+    def effect_and_completion() -> None:
+        with conn.transaction():
+            conn.execute(f"UPDATE {table} SET n = n + 1")
+            client.complete(claim, conn=conn)
+
+    effect_and_completion()
+    _pruned(client, claim.job_id)
+    with pytest.raises(AlreadyCompleted):
+        effect_and_completion()
+    assert _count(client, table) == 1
+
+
+class _CommitPruneThenDrop(_CommitThenDrop):
+    """The completion commits, retention removes the job at once (delete mode,
+    retain_done=0), then the connection 'drops' before the answer arrives."""
+
+    async def complete_many(self, claims: Any, **kwargs: Any) -> Any:
+        result = await leaseq.AsyncQueue.complete_many(self, claims, **kwargs)
+        await self.prune()
+        return await self._drop_once("complete", result)
+
+
+async def test_a_resend_whose_job_retention_deleted_says_so_not_that_the_lease_was_lost(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, aclock: AsyncClock
+) -> None:
+    """Deleted, the job leaves nothing that says whether the first send committed:
+    the answer says the job is gone (never a success nobody can vouch for, and not
+    a lease lost, which it most likely was not)."""
+    await aqueue.configure_queue("work", retain_done=0)
+    await aqueue.enqueue("work", {})
+    (claim,) = await aqueue.claim("work")
+    async with _CommitPruneThenDrop(database_url, schema=schema) as flaky:
+        outcomes = Outcomes(flaky)
+        flusher = __import__("asyncio").create_task(outcomes.run())
+        try:
+            answer = await outcomes.report(Outcome(Kind.COMPLETE, claim))
+        finally:
+            flusher.cancel()
+    assert flaky.dropped == ["complete"]
+    with pytest.raises(leaseq.JobNotFound):
+        await aqueue.get(claim.job_id)
+    assert answer is Answer.GONE
+
+    # Sent once (nothing ambiguous): a claim whose lease expired, and whose job
+    # another claim finished and retention removed, lost its lease, as it says.
+    await aqueue.enqueue("work", {})
+    (expired,) = await aqueue.claim("work", lease=1)
+    await aclock.advance(5)
+    (recovered,) = await aqueue.claim("work")
+    await aqueue.complete(recovered)
+    await aqueue.prune()
+    outcomes = Outcomes(aqueue)
+    flusher = __import__("asyncio").create_task(outcomes.run())
+    try:
+        assert await outcomes.report(Outcome(Kind.COMPLETE, expired)) is Answer.LOST
+    finally:
+        flusher.cancel()

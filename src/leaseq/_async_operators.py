@@ -234,7 +234,7 @@ class AsyncOperatorCalls:
         ``next_before`` as ``before`` for the next. Only the newest ``window`` job
         ids are searched, so a search costs the same on any table (``window_end``
         tells when older jobs were left out); failed jobs (``status="failed"``),
-        kept until replayed, are found however old: older ones through their
+        kept until replayed or their retention ends, are found however old: older ones through their
         index, the newest ``window`` failures of each queue."""
         operation = self._store.find_jobs(
             queue=queue,

@@ -155,8 +155,8 @@ class AttemptRunner:
         if outcome is not None:
             self._attempts.handler_returned(attempt)
             answer = await self._outcomes.report(outcome)
-            if answer is Answer.LOST:
-                reason = f"{outcome.kind.value} refused: lease no longer held"
+            if answer in (Answer.LOST, Answer.GONE):  # GONE: never a success unvouched for
+                reason = f"{outcome.kind.value} {REFUSED[answer]}"
                 self._attempts.lose(attempt, reason)  # counted there, as lease_lost
                 return LOST_HERE
             _count(self._stats, answer)
@@ -381,9 +381,16 @@ OUTCOME_OF = {
     Answer.FAILED: "failed",
     Answer.RELEASED: "released",
     Answer.LOST: "lease_lost",
+    Answer.GONE: "lease_lost",
 }
 #: The labels counted here, once per attempt.
-FINISHED = frozenset(label for answer, label in OUTCOME_OF.items() if answer is not Answer.LOST)
+FINISHED = frozenset(label for answer, label in OUTCOME_OF.items() if label != LOST_HERE)
+#: Why an acknowledgement the database did not take loses its attempt.
+REFUSED = {
+    Answer.LOST: "refused: lease no longer held",
+    Answer.GONE: "not confirmed: retention deleted the job before a resend after a "
+    "connection error was answered (its first send most likely committed)",
+}
 
 
 def _count(stats: WorkerStats, answer: Answer) -> None:
@@ -397,5 +404,5 @@ def _count(stats: WorkerStats, answer: Answer) -> None:
             stats.failed += 1
         case Answer.RELEASED:
             stats.released += 1
-        case Answer.LOST:
+        case Answer.LOST | Answer.GONE:
             pass  # counted where the attempt is lost (AttemptRegistry.lose)

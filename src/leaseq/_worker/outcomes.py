@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._async_client import AsyncQueue
-from .._errors import TransientError
+from .._errors import JobNotFound, LeaseqError, TransientError
 from .._logs import get_logger
 from .._types import Claim, JobStatus
 from .._validate_payloads import EncodedPayload
@@ -53,6 +53,10 @@ class Answer(enum.Enum):
     FAILED = "failed"  # a fail, or a retry of a job with no attempts left
     RELEASED = "released"
     LOST = "lost"  # this claim no longer owned the job: nothing was written
+    #: Resent after a connection error, and the job no longer exists: retention
+    #: deleted it (it had finished). Nothing was written; whether the first send
+    #: committed (most likely) or the lease was lost meanwhile, nothing left says.
+    GONE = "gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +182,7 @@ class Outcomes:
 
     async def _flush_group(self, kind: Kind, write: Write, group: list[_Pending]) -> None:
         try:
-            results = await self._send_until_delivered(kind, write, group)
+            results, resent = await self._send_until_delivered(kind, write, group)
         except Exception as exc:
             if len(group) == 1:
                 _settle(group[0], exc)
@@ -195,19 +199,42 @@ class Outcomes:
             for pending in group:
                 await self._flush_group(kind, write, [pending])
             return
-        for pending, (_, value) in zip(group, results, strict=True):
-            _settle(pending, write.answer(value))
+        answers = [write.answer(value) for _, value in results]
+        if resent and Answer.LOST in answers:
+            answers = await self._gone_or_lost(group, answers)
+        for pending, answer in zip(group, answers, strict=True):
+            _settle(pending, answer)
+
+    async def _gone_or_lost(self, group: list[_Pending], answers: list[Answer]) -> list[Answer]:
+        """After a resend, a "lost" whose job no longer exists is GONE: retention
+        (in delete mode; the archive answers the resend itself) removed the job
+        between the first send's commit and the resend, or after the lease was
+        lost; a lost lease is not what to report when nothing says which."""
+        said = list(answers)
+        for i, pending in enumerate(group):
+            if said[i] is not Answer.LOST:
+                continue
+            try:
+                await self._queue.get(pending.outcome.claim.job_id)
+            except JobNotFound:
+                said[i] = Answer.GONE
+            except LeaseqError:  # cannot tell now: the refusal stands as it was
+                pass
+        return said
 
     async def _send_until_delivered(
         self, kind: Kind, write: Write, group: list[_Pending]
-    ) -> Sequence[tuple[Claim, Any]]:
-        """Send, retrying connection errors (resending a committed write is accepted)."""
+    ) -> tuple[Sequence[tuple[Claim, Any]], bool]:
+        """Send, retrying connection errors (resending a committed write is accepted);
+        also say whether it was resent."""
         outcomes = [p.outcome for p in group]
         delay = 0.05
+        resent = False
         while True:
             try:
-                return await write.send(self._queue, outcomes)
+                return await write.send(self._queue, outcomes), resent
             except TransientError as exc:
+                resent = True
                 log.warning(
                     "flushing %d %s outcomes failed (%s); retrying", len(group), kind.value, exc
                 )

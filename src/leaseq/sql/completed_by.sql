@@ -8,8 +8,14 @@
 -- (In REPEATABLE READ and SERIALIZABLE the waiting UPDATE fails instead, with
 -- a serialization failure: the transaction is tried again, and the next run's
 -- snapshot shows the job done.)
+-- A job that retention has moved to the archive since is found there.
 SELECT EXISTS (
     SELECT FROM {schema}.job
+    WHERE job_id = %(job_id)s
+      AND lease_version = %(lease_version)s
+      AND status = 'done'
+) OR EXISTS (
+    SELECT FROM {schema}.job_archive
     WHERE job_id = %(job_id)s
       AND lease_version = %(lease_version)s
       AND status = 'done'
