@@ -78,6 +78,27 @@ def test_the_command_refuses_a_public_host_without_auth(
     assert served == []
 
 
+def test_the_command_says_why_a_short_token_is_refused(
+    served: list[dict[str, Any]], database_url: str
+) -> None:
+    """docs/dashboard.md: off loopback without valid auth it refuses to start
+    with one line saying why; a token too short must be that line's reason
+    (never scrubbed into "LEASEQ_DASHBOARD_TOKEN: ***"), and never echoed."""
+    short = "hunter2-secret"  # 14 characters
+    result = CliRunner().invoke(
+        cli,
+        ["dashboard", "--host", "0.0.0.0", "--database-url", database_url],
+        env={"LEASEQ_DASHBOARD_TOKEN": short},
+    )
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: ")
+    assert "LEASEQ_DASHBOARD_TOKEN" in line
+    assert "at least 16 characters" in line
+    assert short not in result.output
+    assert served == []
+
+
 def test_the_command_starts_with_auth(
     served: list[dict[str, Any]], database_url: str, schema: str
 ) -> None:

@@ -49,15 +49,17 @@ def auth_from_environment(host: str, environ: Mapping[str, str]) -> Any:
     token = environ.get(TOKEN_VARIABLE, "")
     user = environ.get(USER_VARIABLE, "")
     password = environ.get(PASSWORD_VARIABLE, "")
-    try:
-        if token:
+    if token:
+        try:
             return TokenAuth(token)
-        if user or password:
-            if not (user and password):
-                raise CommandError(f"set both {USER_VARIABLE} and {PASSWORD_VARIABLE}")
-            return BasicAuth(user, password)
-    except ValueError as exc:
-        raise CommandError(f"{TOKEN_VARIABLE}: {exc}") from None
+        except ValueError as exc:
+            # Not "NAME: reason": that is the shape of a secret, and the scrubbing
+            # of everything the CLI prints would leave "LEASEQ_DASHBOARD_TOKEN: ***".
+            raise CommandError(f"{TOKEN_VARIABLE} is refused: {exc}") from None
+    if user or password:
+        if not (user and password):
+            raise CommandError(f"set both {USER_VARIABLE} and {PASSWORD_VARIABLE}")
+        return BasicAuth(user, password)
     if not is_loopback(host):
         raise CommandError(
             f"refusing to serve the dashboard on {host} without auth: set {TOKEN_VARIABLE}, "

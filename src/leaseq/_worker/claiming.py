@@ -231,7 +231,7 @@ class ClaimLoop:
         except asyncio.CancelledError:
             if cancelling():
                 raise  # the worker's own task: a second signal, or its caller
-            return Claims([])  # abandoned at the stop (_abandon_claim)
+            return Claims([])  # abandoned at the stop (abandon_after)
         finally:
             self._claiming = None
         elapsed = time.perf_counter() - started
