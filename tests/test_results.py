@@ -129,7 +129,8 @@ def test_results_follow_the_jobs_retention(client: Client, clock: Clock) -> None
     clock.advance(61)
     client.prune()
     assert client.result(kept) == {"kept": True}
-    with pytest.raises(leaseq.JobNotFound):
+    # The waiter is told why a job it saw enqueued may be gone.
+    with pytest.raises(leaseq.JobNotFound, match="removed by retention"):
         client.result(dropped)
 
 

@@ -200,7 +200,12 @@ class OperatorOperations(StoreBase):
 
         def decode(rows: list[Rows]) -> Any:
             if not rows[0]:
-                raise JobNotFound(f"no job {checked}")
+                # Say the likelier reason of the two: a short retain_done removes
+                # a finished job before a slow waiter reads its result.
+                raise JobNotFound(
+                    f"no job {checked}: never enqueued in this schema, or finished and "
+                    "removed by retention (the queue's retain_done)"
+                )
             ((status, value, error),) = rows[0]
             if status == JobStatus.DONE:
                 return value
