@@ -3,6 +3,7 @@ writes one JSON object per line, scrubbed."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -150,3 +151,43 @@ def test_log_format_json_holds_when_the_app_configures_logging_at_import(
         except ValueError:
             pytest.fail(f"not a JSON line: {line!r}\n{process.stderr}")
     assert any(r.get("job_id") == job_id and r.get("outcome") == "failed" for r in records)
+
+
+async def test_a_failing_hooks_traceback_holds_no_payload_value(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, json_lines: io.StringIO
+) -> None:
+    """A hook that fails while the handler's error is on its way out (an around_job
+    exit whose metrics call fails) logs a traceback that chains that error: the
+    handler's error quoting its input must be masked there as in the line about the
+    attempt (README: the worker's log lines never hold the job's payload values)."""
+    app = leaseq.App(schema=schema)
+    secret = "card-4111-1111-1111-1111"
+
+    @app.around_job
+    @contextlib.contextmanager
+    def timed(job: leaseq.JobContext) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            raise ConnectionError("the metrics service hung up")
+
+    @app.on_failure
+    def report(job: leaseq.JobContext, error: object, will_retry: bool) -> None:
+        raise RuntimeError("the error tracker refused it") from (
+            error if isinstance(error, BaseException) else None
+        )
+
+    @app.task("payments", max_attempts=1)
+    async def charge(job: leaseq.JobContext) -> None:
+        raise ValueError(f"card declined: input_value={job.payload!r}")
+
+    await aqueue.enqueue("payments", {"card": secret})
+    worker = Running(leaseq.Worker(app, dsn=database_url, concurrency=1, maintenance=False))
+    await _until(lambda: _all_finished(aqueue, "payments"))
+    await worker.stop()
+
+    text = json_lines.getvalue()
+    hooks = [r for r in _records(json_lines) if "hook" in str(r["message"])]
+    assert len(hooks) == 2, text
+    assert all("card declined" in str(r.get("traceback")) for r in hooks), hooks
+    assert secret not in text

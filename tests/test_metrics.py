@@ -622,3 +622,42 @@ async def test_the_jobs_of_periodic_ticks_are_counted_enqueued(
     samples = _samples(metrics.text())
     assert len(jobs.jobs) >= 2
     assert _value(samples, "leaseq_jobs_enqueued_total", queue="ticks") == len(jobs.jobs)
+
+
+@pytest.mark.asyncio
+async def test_a_job_its_crashed_workers_left_failed_is_counted_failed(
+    database_url: str, schema: str
+) -> None:
+    """Repeated crashes end in `failed` (contract 8), by the maintenance leader's
+    hand: the jobs-fail alert must see it. No worker counted these jobs (their
+    workers died), so the leader that failed them does, and only it."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("crashy")
+    async def crashy(job: leaseq.JobContext) -> None:
+        return None
+
+    metrics = leaseq.Metrics()
+    async with leaseq.AsyncQueue(database_url, schema=schema, metrics=None) as producer:
+        await producer.migrate()
+        crashed = await producer.enqueue("crashy", {}, max_attempts=1)
+        (claim,) = await producer.claim("crashy", lease=1)  # the worker that died with it
+        assert claim.job_id == crashed
+        await aset_clock_offset(producer, 5)  # its lease is over, with no attempt left
+        worker = leaseq.Worker(
+            app, dsn=database_url, poll_interval=0.1, maintenance_interval=0.1, metrics=metrics
+        )
+        task = asyncio.create_task(worker.run())
+
+        async def failed() -> bool:
+            return (await producer.get(crashed)).status is JobStatus.FAILED
+
+        await _until(failed)
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+    samples = _samples(metrics.text())
+    outcomes = {
+        o: _value(samples, "leaseq_jobs_finished_total", queue="crashy", outcome=o)
+        for o in leaseq._metrics.OUTCOMES
+    }
+    assert outcomes == {"done": 0, "retried": 0, "failed": 1, "released": 0, "lease_lost": 0}

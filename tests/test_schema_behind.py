@@ -138,3 +138,27 @@ def test_the_maintenance_command_says_to_migrate(
     assert f"is at migration {behind}" in result.output
     assert "leaseq migrate" in result.output
     assert "Traceback" not in result.output
+
+
+def test_health_says_a_schema_behind_its_code_must_be_migrated(
+    database_url: str, schema: str, behind: int
+) -> None:
+    """Every worker of this code refuses the schema and `status` fails on it: a
+    health check that reported it healthy (exit 0, no warning) would be a lie."""
+    with leaseq.Queue(database_url, schema=schema, metrics=None) as queue:
+        report = queue.health()
+        assert any(
+            f"is at migration {behind}" in w and "leaseq migrate" in w for w in report.warnings
+        ), report.warnings
+        assert report.table("job") is not None  # the rest of the report is still there
+        options = ["--database-url", database_url, "--schema", schema]
+        for extra in ([], ["--json"]):
+            result = CliRunner().invoke(cli, ["health", *extra, *options])
+            assert result.exit_code != 0, result.output
+            assert "leaseq migrate" in result.output
+            assert "Traceback" not in result.output
+        queue.migrate()
+        report = queue.health()
+        assert not any("leaseq migrate" in w for w in report.warnings), report.warnings
+        result = CliRunner().invoke(cli, ["health", *options])
+        assert result.exit_code == 0, result.output

@@ -305,8 +305,11 @@ class AsyncOperatorCalls:
         """The schema's tables and indexes (sizes, live and dead rows, last vacuum and
         analyze), what holds back their cleanup, whether autovacuum runs, and
         warnings in plain language; a transaction open for ``long_transaction``
-        seconds that holds back cleanup is warned about."""
-        return await self._db.run(self._store.health(long_transaction=long_transaction))
+        seconds that holds back cleanup is warned about; so is a schema that misses
+        migrations this code needs (``Health.migrations_missing``)."""
+        return await self._db.run_steps(
+            _steps.health(self._store, long_transaction=long_transaction)
+        )
 
     async def explain_claim(self, queue: str) -> ClaimPlan:
         """The plan the server picks now for a claim of ``queue`` (EXPLAIN; the

@@ -1,5 +1,6 @@
-"""Reading the schema's health (no I/O): plain-language warnings, and the rule by
-which the maintenance leader vacuums the job table when autovacuum is off."""
+"""Reading the schema's health (no I/O): plain-language warnings, whether the
+schema has every migration this code needs, and the rule by which the
+maintenance leader vacuums the job table when autovacuum is off."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import enum
 from collections.abc import Sequence
 
 from ._health_types import CleanupHolder, TableHealth
+from ._statement import migration_files
 
 #: The job table's own autovacuum settings (migration 0001): vacuum once its dead
 #: rows pass 1000 + 1% of its rows. The leader applies the same rule by itself
@@ -23,6 +25,26 @@ READY_INDEX = "job_ready_idx"
 #: of its rows (the server's default threshold, the migration's scale factor).
 ANALYZE_THRESHOLD = 50
 ANALYZE_SCALE_FACTOR = 0.02
+
+
+def migrations_missing(applied: set[int]) -> tuple[int, ...]:
+    """The migrations this code ships that the schema lacks (those a newer leaseq
+    applied, which this code does not know, are no lack)."""
+    return tuple(version for version, _, _ in migration_files() if version not in applied)
+
+
+def schema_behind(schema: str, applied: set[int]) -> str | None:
+    """What to do when the schema misses migrations this code needs (None: it has
+    them all): the code was deployed before `leaseq migrate` ran, and its workers
+    refuse the schema until then."""
+    if not migrations_missing(applied):
+        return None
+    latest = max(version for version, _, _ in migration_files())
+    return (
+        f"schema {schema} is at migration {max(applied, default=0)} and this leaseq "
+        f"needs migration {latest}: run `leaseq migrate` (workers of the "
+        "older leaseq work on the migrated schema meanwhile)"
+    )
 
 
 def vacuum_due(dead_tuples: int, rows: int) -> bool:

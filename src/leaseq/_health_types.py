@@ -63,6 +63,9 @@ class Health:
     #: Whether this role sees other roles' transactions (superuser, or a member of
     #: pg_read_all_stats); if not, ``holders`` may miss what holds back cleanup.
     sees_all_sessions: bool = True
+    #: The migrations this leaseq needs that the schema lacks (its workers refuse
+    #: the schema until `leaseq migrate` ran; a warning says so): () when current.
+    migrations_missing: tuple[int, ...] = ()
 
     def table(self, name: str) -> TableHealth | None:
         return next((t for t in self.tables if t.name == name), None)

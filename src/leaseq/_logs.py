@@ -5,56 +5,46 @@ its children's), so each module takes its logger from :func:`get_logger`, which
 attaches :class:`RedactingFilter`. The filter renders the message and the
 traceback itself, scrubbed, and drops the live exception: a handler that would
 render ``exc_info`` on its own (rich's tracebacks show local variables, a DSN
-among them) gets the scrubbed text instead. A record about a job (``extra=
-job_fields(claim)``) hands the filter the job's payload too, and its traceback is
-rendered without the payload's values (contract 7): a hook's or the runtime's
-exception may quote them. The filter takes the payload off the record before any
-handler sees it.
+among them) gets the scrubbed text instead. A record about a job carries its
+payload for the filter alone (:data:`PAYLOAD`, dropped before any handler sees
+it): its traceback is rendered without the payload's values, as the job's stored
+error is (a hook's error chained to the handler's, which quoted its input).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import traceback
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ._payload_masking import PayloadFree, without_payload
+from ._payload_masking import PayloadFree, PayloadValues, without_payload
 from ._redact import redact
 from ._types import Claim
 
 _TRACEBACKS = logging.Formatter()
-
-#: The record attribute :func:`job_fields` hands a job's payload to the filter in;
-#: the filter removes it, so that no handler or formatter (one that dumps every
-#: ``extra`` field) ever sees it.
-_PAYLOAD_FIELD = "_leaseq_payload"
-_NO_PAYLOAD = object()
 
 
 class RedactingFilter(logging.Filter):
     """Replace a record's message, traceback and stack with scrubbed text."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        payload = record.__dict__.pop(_PAYLOAD_FIELD, _NO_PAYLOAD)
+        # Taken off the record first: no handler (an app's JSON logger that dumps
+        # every extra field) ever gets the payload itself.
+        payload = record.__dict__.pop(PAYLOAD, None)
         record.msg = redact(_message(record))
         record.args = ()
         if record.exc_info:
             if isinstance(record.exc_info, tuple) and record.exc_info[0] is not None:
-                record.exc_text = record.exc_text or _traceback(record)
+                record.exc_text = record.exc_text or _traceback(record, payload)
             record.exc_info = None
-        # (The message is the caller's own wording: texts about a job in it are
-        # masked where they are made, error_repr; a traceback is not theirs.)
         if record.exc_text:
-            record.exc_text = redact(_without(record.exc_text, payload))
+            record.exc_text = redact(record.exc_text)
         if record.stack_info:
-            record.stack_info = redact(_without(record.stack_info, payload))
+            record.stack_info = redact(record.stack_info)
         return True
-
-
-def _without(text: str, payload: object) -> str:
-    return text if payload is _NO_PAYLOAD else without_payload(text, payload)
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -68,10 +58,16 @@ def _message(record: logging.LogRecord) -> str:
             return "(a log message that could not be rendered)"
 
 
-def _traceback(record: logging.LogRecord) -> str:
+def _traceback(record: logging.LogRecord, payload: object = None) -> str:
     assert record.exc_info is not None
     try:
-        return _TRACEBACKS.formatException(record.exc_info)
+        if payload is None:
+            return _TRACEBACKS.formatException(record.exc_info)
+        # Part by part, as a span's stacktrace: a long traceback masked as one text
+        # would be cut (PayloadValues.mask cuts a long text).
+        values = PayloadValues(payload)
+        parts = traceback.format_exception(*record.exc_info)
+        return "".join(values.mask(part) for part in parts).rstrip("\n")
     except Exception:
         return f"(a traceback of {record.exc_info[0]!r} that could not be rendered)"
 
@@ -83,17 +79,20 @@ _FILTER = RedactingFilter()
 JOB_FIELDS = ("queue", "job_id", "attempt", "lease_version")
 #: Further context some records carry.
 CONTEXT_FIELDS = ("task", "outcome", "duration_seconds", "error")
+#: The job's payload on a record about it: for :class:`RedactingFilter` only, which
+#: renders the record's traceback without the payload's values and drops it.
+PAYLOAD = "leaseq_payload"
 
 
 def job_fields(claim: Claim, **context: object) -> dict[str, object]:
-    """``extra=`` of a record about one attempt of a job: who it is about (and,
-    for the filter only, what its traceback must not show: the payload)."""
+    """``extra=`` of a record about one attempt of a job: who it is about (and its
+    payload, whose values its traceback, if any, is rendered without)."""
     return {
         "queue": claim.queue,
         "job_id": claim.job_id,
         "attempt": claim.attempts,
         "lease_version": claim.lease_version,
-        _PAYLOAD_FIELD: claim.payload,
+        PAYLOAD: claim.payload,
         **context,
     }
 

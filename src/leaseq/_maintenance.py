@@ -10,6 +10,10 @@ Each round reaps, then applies the queues' retention (``AsyncQueue.prune``) one
 bounded batch at a time, ``prune_pause`` seconds apart so that autovacuum keeps
 up, for at most one ``interval``: a large backlog of finished jobs is worked off
 over many rounds and never delays the next reaping by more than that.
+
+The jobs the reaper fails are counted (``leaseq_jobs_finished_total``, outcome
+``failed``) on the leader's metrics: no worker counts them, theirs died with
+them, and only the leader fails them, so a fleet counts each once.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import asyncio
 import math
 import time
 
-from . import _migrate
+from . import _metrics, _migrate
 from . import _validate as validate
 from . import _validate_settings as validate_settings
 from ._async_client import AsyncQueue
@@ -26,6 +30,7 @@ from ._db import Session
 from ._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, TransientError
 from ._health import TableCare
 from ._logs import get_logger
+from ._metrics import Metrics
 from ._types import PruneResult, ReapResult
 from ._waiting import pause
 
@@ -58,6 +63,7 @@ class Maintenance:
         retention: bool = True,
         prune_pause: float = 0.1,
         vacuum: bool = True,
+        metrics: Metrics | None = _metrics.DEFAULT,
     ) -> None:
         if not isinstance(queue, AsyncQueue):
             raise InvalidArgument(f"Maintenance runs on a leaseq.AsyncQueue, got {queue!r}")
@@ -70,6 +76,8 @@ class Maintenance:
         validate.seconds(prune_pause, "prune_pause", MAX_PRUNE_PAUSE_SECONDS)
         validate.flag(retention, "retention")
         validate.flag(vacuum, "vacuum")
+        #: Where the jobs it fails are counted (None: nowhere).
+        self.metrics = _metrics.checked(metrics)
         self.queue = queue
         self.interval = interval
         self.batch = batch
@@ -126,6 +134,9 @@ class Maintenance:
             result: ReapResult = await session.run(self.queue._store.reap(limit=self.batch))
             if result:
                 self.reaped += len(result)
+                if self.metrics is not None:
+                    for queue, count in result.by_queue.items():
+                        self.metrics.queue(queue).finished["failed"].inc(count)
                 log.info("reaper failed %d exhausted jobs: %s", len(result), list(result.failed))
             if len(result) < self.batch:
                 return

@@ -9,6 +9,7 @@ and the later ones find nothing left to do.
 from __future__ import annotations
 
 from ._errors import InvalidArgument, NotMigrated
+from ._health import schema_behind
 from ._statement import Plan, migration_files
 from ._store import Store
 
@@ -48,13 +49,9 @@ def require_current(schema: str, applied: set[int]) -> None:
     needed the newer one, the jobs it held left running to their leases' end.
     Migrations this code does not know (a newer leaseq migrated first, as a
     rollout should) are no reason to refuse."""
-    missing = [version for version, _, _ in migration_files() if version not in applied]
-    if missing:
-        raise NotMigrated(
-            f"schema {schema} is at migration {max(applied, default=0)} and this leaseq "
-            f"needs migration {latest_version()}: run `leaseq migrate` (workers of the "
-            "older leaseq work on the migrated schema meanwhile)"
-        )
+    behind = schema_behind(schema, applied)
+    if behind is not None:
+        raise NotMigrated(behind)
 
 
 def _foreign(store: Store, what: str) -> InvalidArgument:

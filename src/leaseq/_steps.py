@@ -8,9 +8,12 @@ call cannot drift between the two.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, TypeVar
 
+from . import _health
 from ._errors import AlreadyCompleted, BacklogFull, LeaseLost
+from ._health_types import Health
 from ._statement import Operation, Rows, Steps
 from ._store import Claimed, ReplayBatch, Store
 from ._types import Claim, Claims
@@ -147,3 +150,21 @@ def replay_failed(
             )
         if result.exhausted:
             return replayed
+
+
+def health(store: Store, *, long_transaction: float) -> Steps[Health]:
+    """The schema's health, and whether it has every migration this code needs:
+    a schema behind the code (deployed before `leaseq migrate` ran) is one that
+    every worker of this code refuses, whatever its tables look like."""
+    report: Health = yield store.health(long_transaction=long_transaction)
+    if report.table("job") is None or report.table("migration") is None:
+        return report  # not migrated at all: its warning says so already
+    applied: set[int] = yield store.migrations_applied()
+    behind = _health.schema_behind(store.schema, applied)
+    if behind is None:
+        return report
+    return dataclasses.replace(
+        report,
+        warnings=(behind, *report.warnings),
+        migrations_missing=_health.migrations_missing(applied),
+    )

@@ -309,6 +309,8 @@ class ReapResult:
 
     exhausted_queued: tuple[int, ...] = field(default=())
     expired_running: tuple[int, ...] = field(default=())
+    #: How many of them each queue had.
+    by_queue: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def failed(self) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ class OperatorOperations(StoreBase):
             return ReapResult(
                 exhausted_queued=tuple(r[0] for r in rows[0] if r[1] == "queued"),
                 expired_running=tuple(r[0] for r in rows[0] if r[1] == "running"),
+                by_queue=dict(Counter(r[2] for r in rows[0])),
             )
 
         return Operation(

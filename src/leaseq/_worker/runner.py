@@ -354,7 +354,11 @@ class Worker:
             scheduler = Scheduler(self._clients.handlers_async, self.app.schedules, self.metrics)
             services["schedules"] = scheduler.run()
         if self.maintenance:
-            reaper = Maintenance(self._clients.handlers_async, interval=self.maintenance_interval)
+            reaper = Maintenance(
+                self._clients.handlers_async,
+                interval=self.maintenance_interval,
+                metrics=self.metrics,
+            )
             services["maintenance"] = reaper.run()
         return services
 

@@ -43,7 +43,7 @@ reaped AS (
       AND j.attempts >= j.max_attempts
       AND (j.status = 'queued'
            OR (j.status = 'running' AND j.lease_until <= {schema}.clock()))
-    RETURNING j.job_id, doomed.was, j.result_awaited
+    RETURNING j.job_id, doomed.was, j.result_awaited, j.queue
 ),
 -- A job someone waits for (wait_result) is named on the results channel.
 notified AS (
@@ -51,4 +51,6 @@ notified AS (
     FROM reaped
     WHERE reaped.result_awaited AND %(results_channel)s::text IS NOT NULL
 )
-SELECT job_id, was FROM reaped CROSS JOIN notified ORDER BY job_id
+-- Each job's queue: the leader counts what it failed per queue (no worker does:
+-- theirs died with the jobs).
+SELECT job_id, was, queue FROM reaped CROSS JOIN notified ORDER BY job_id
