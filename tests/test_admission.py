@@ -373,3 +373,24 @@ def test_overlapping_producers_are_counted_once_they_commit(
     client.complete_many(list(claims))
     client.enqueue("reports", {"n": 21})
     assert _job_count(client) == 21
+
+
+@pytest.mark.parametrize("unique", [False, True], ids=["plain", "unique"])
+def test_an_empty_batch_is_never_refused_and_writes_nothing(
+    client: Client, client_connect: ClientConnect, unique: bool
+) -> None:
+    """A batch of no jobs adds nothing to a queue: a full queue (a limit lowered
+    below what is queued) refused it with BacklogFull, which aborted the caller's
+    transaction, and on a queue never used it made the queue's row."""
+    keys: dict[str, Any] = {"unique_keys": []} if unique else {}
+    assert client.enqueue_many("unused", [], **keys) == []
+    assert client.queue_names() == []
+    client.enqueue_many("reports", [{}, {}], **({"unique_keys": ["a", "b"]} if unique else {}))
+    client.configure_queue("reports", max_queued_jobs=1)
+    assert client.enqueue_many("reports", [], **keys) == []
+    conn = client_connect()
+    with conn.transaction():
+        assert client.enqueue_many("reports", [], conn=conn, **keys) == []
+        conn.execute("SELECT 1")  # the transaction goes on
+    assert _job_count(client) == 2
+    assert client.queue_names() == ["reports"]

@@ -560,3 +560,33 @@ def test_a_size_past_postgresqls_own_limits_is_bad_input_not_transient(
         conn.execute("SELECT array_fill(0, ARRAY[200000000])")
     assert not isinstance(refused.value, leaseq.TransientError)
     assert "exceeds the maximum" in str(refused.value)
+
+
+SWAPPED_ARGUMENTS: list[tuple[str, Any]] = [
+    ("payload as the queue", lambda c, p: c.enqueue(p, "reports")),
+    ("payload as the ordering key", lambda c, p: c.enqueue("reports", {}, key=p)),
+    ("payload as the unique key", lambda c, p: c.enqueue("reports", {}, unique_key=p)),
+    ("payload as the idempotency key", lambda c, p: c.enqueue("reports", {}, idempotency_key=p)),
+    ("payload as the group", lambda c, p: c.enqueue("reports", {}, group=p)),
+    ("payload as the delay", lambda c, p: c.enqueue("reports", {}, delay=p)),
+    ("payload as a batch's queue", lambda c, p: c.enqueue_many(p, [{}])),
+    ("payloads as unique keys", lambda c, p: c.enqueue_many("reports", [p], unique_keys=[p])),
+]
+
+
+@pytest.mark.parametrize(
+    "call", [s[1] for s in SWAPPED_ARGUMENTS], ids=[s[0] for s in SWAPPED_ARGUMENTS]
+)
+def test_a_payload_given_in_place_of_a_name_stays_out_of_the_error(
+    client: Client, call: Any
+) -> None:
+    """Arguments swapped by mistake: the refusal quoted the whole payload (its
+    secret fields too, a megabyte of it) in its text, which ends in logs and
+    error trackers. It names what it got, without the payload's values."""
+    payload = {"api_key": "sk_live_51Hx9s3cr3tV4lu3", "rows": ["r" * 100] * 20}
+    with pytest.raises(InvalidJob) as refused:
+        call(client, payload)
+    text = str(refused.value)
+    assert "sk_live_51Hx9s3cr3tV4lu3" not in text
+    assert len(text) < 500, len(text)
+    _nothing_written(client)

@@ -609,6 +609,28 @@ def test_bad_tasks_and_arguments_are_refused_and_write_nothing(
             type(backend)("bad", {"OPTIONS": options})
 
 
+def test_arguments_nested_past_what_json_encodes_are_refused_as_the_others(
+    shop: leaseq.Queue, database_url: str
+) -> None:
+    """Arguments nested thousands deep: the round trip through JSON raised a bare
+    RecursionError (no TypeError like any other argument JSON cannot take); and
+    arguments nested past leaseq's bound are refused by the task framework's
+    error, not written."""
+    from tests.django_project.shop import tasks
+
+    deep: Any = 0
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(TypeError, match="JSON"):
+        tasks.add.enqueue(deep, 2)
+    nested: Any = 0
+    for _ in range(300):
+        nested = [nested]
+    with pytest.raises(InvalidTaskError, match="nests deeper"):
+        tasks.add.enqueue(1, b=nested)
+    assert _count_jobs(database_url, shop.schema) == 0
+
+
 def test_a_task_enqueued_in_a_rolled_back_block_is_not_there(shop: leaseq.Queue) -> None:
     from tests.django_project.shop import tasks
     from tests.django_project.shop.models import Order

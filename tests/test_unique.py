@@ -242,6 +242,43 @@ def test_admission_counts_only_what_is_inserted(client: Client) -> None:
     assert client.enqueue("invoices", {}, unique_key="k").existing
 
 
+def test_a_full_unique_batch_reports_the_jobs_really_queued(client: Client) -> None:
+    """The refusal of a unique batch said "queue is full: 5 unfinished jobs" with one
+    job queued: it counted the rows of the batch itself, which the refusal rolled
+    back. The text must say what is queued, as a plain batch's does."""
+    client.configure_queue("invoices", max_queued_jobs=5)
+    client.enqueue("invoices", {}, unique_key="held")
+    with pytest.raises(leaseq.BacklogFull) as refused:
+        client.enqueue_many("invoices", [{}] * 6, unique_keys=["held", *"abcde"])
+    assert "1 unfinished jobs" in str(refused.value), str(refused.value)
+    assert client.queue_settings("invoices").backlog_jobs == 1  # type: ignore[union-attr]
+    assert client.stats("invoices")[0].queued == 1
+    # At the boundary: four new keys (and two duplicates) fill it exactly.
+    ids = client.enqueue_many("invoices", [{}] * 6, unique_keys=["held", *"abca", "d"])
+    assert ids.existing == (True, False, False, False, True, False)
+    assert client.queue_settings("invoices").backlog_jobs == 5  # type: ignore[union-attr]
+    # Full: a batch of duplicates only still answers, a new key is refused.
+    assert client.enqueue_many("invoices", [{}, {}], unique_keys=["a", "held"]).existing == (
+        True,
+        True,
+    )
+    with pytest.raises(leaseq.BacklogFull, match="5 unfinished jobs"):
+        client.enqueue_many("invoices", [{}, {}], unique_keys=["a", "e"])
+
+
+def test_a_unique_batch_over_a_lowered_limit_still_answers_its_duplicates(
+    client: Client,
+) -> None:
+    """A limit set below what is queued refuses new jobs; a batch whose every key is
+    held inserts nothing, takes no room, and gets its holders' ids."""
+    held = client.enqueue_many("invoices", [{}, {}, {}], unique_keys=["a", "b", "c"])
+    client.configure_queue("invoices", max_queued_jobs=1)
+    again = client.enqueue_many("invoices", [{}, {}], unique_keys=["c", "a"])
+    assert list(again) == [held[2], held[0]]
+    with pytest.raises(leaseq.BacklogFull, match="3 unfinished jobs"):
+        client.enqueue_many("invoices", [{}, {}], unique_keys=["c", "z"])
+
+
 def test_inside_the_callers_transaction_it_commits_and_rolls_back_with_it(
     client: Client, client_connect: ClientConnect
 ) -> None:

@@ -76,8 +76,11 @@ def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operati
     Only a row seen committed makes the queue known: one made in the caller's
     transaction rolls back with it, and a queue taken for known then had its row
     made by a later enqueue inside its caller's transaction (admit()), so that
-    every other producer of the queue waited for that one to commit."""
-    if queue not in known_queues:
+    every other producer of the queue waited for that one to commit.
+
+    An operation of no statements (an empty batch) writes nothing, the queue's
+    row included."""
+    if queue not in known_queues and operation.statements:
         one_snapshot: bool = yield store.reads_one_snapshot()
         if not one_snapshot:
             ensure = store.ensure_queue(queue)

@@ -46,10 +46,26 @@ def schema_name(name: str) -> str:
     return name
 
 
+#: How much of a refused value an error quotes.
+SHOWN_CHARS = 80
+
+
+def shown(value: object) -> str:
+    """A refused argument as its error quotes it. A text or a number as written
+    (secrets redacted: a DSN given as the queue by mistake), cut short; any other
+    value by its type only: a payload passed in the wrong place (arguments
+    swapped) put all of it, secret fields included, in the error's text, and
+    from there in logs and error trackers."""
+    if value is None or isinstance(value, str | int | float):
+        text = redact(repr(value))
+        return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+    return f"a {type(value).__name__}"
+
+
 def queue_name(name: object) -> str:
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
-        raise InvalidJob(  # (a DSN given as the queue by mistake is no place for its password)
-            f"queue name must be 1-128 characters of A-Z a-z 0-9 _ . : -, got {redact(repr(name))}"
+        raise InvalidJob(
+            f"queue name must be 1-128 characters of A-Z a-z 0-9 _ . : -, got {shown(name)}"
         )
     return name
 
@@ -65,7 +81,7 @@ def ordering(key: object, seq: object) -> tuple[str | None, int | None]:
 
 def text_key(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
-        raise InvalidJob(f"{what} must be a non-empty string, got {value!r}")
+        raise InvalidJob(f"{what} must be a non-empty string, got {shown(value)}")
     if "\x00" in value:
         raise InvalidJob(f"{what} must not contain NUL bytes")
     try:
@@ -97,7 +113,7 @@ def within(value: object, allowed: range) -> bool:
 def _number_of_seconds(value: object, what: str) -> float:
     """An int or float (not a bool, not text) as a float; ±inf for an int too large."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
+        raise InvalidArgument(f"{what} must be a number of seconds, got {shown(value)}")
     try:
         return float(value)
     except OverflowError:  # an int too large for a float: out of range all the same
@@ -110,7 +126,7 @@ def seconds(value: object, what: str, maximum: float, *, allow_zero: bool = True
     if not math.isfinite(number) or not low_ok or number > maximum:
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidArgument(
-            f"{what} must be {bound} and at most {maximum:g} seconds, got {value!r}"
+            f"{what} must be {bound} and at most {maximum:g} seconds, got {shown(value)}"
         )
     return number
 
@@ -120,7 +136,7 @@ def signed_seconds(value: object, what: str, maximum: float) -> float:
     number = _number_of_seconds(value, what)
     if not math.isfinite(number) or abs(number) > maximum:
         raise InvalidArgument(
-            f"{what} must be between -{maximum:g} and {maximum:g} seconds, got {value!r}"
+            f"{what} must be between -{maximum:g} and {maximum:g} seconds, got {shown(value)}"
         )
     return number
 

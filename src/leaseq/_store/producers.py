@@ -112,6 +112,8 @@ class ProducerOperations(StoreBase):
                 "total_bytes": total_bytes,
                 "largest_bytes": max((e.size for e in encoded), default=0),
             }
+            if not encoded:  # (admission would refuse it from a full queue)
+                return Operation((), lambda _: JobIds([]))
             return Operation(
                 (Statement(self.sql("enqueue_many.sql"), params),),
                 lambda r: JobIds(sorted(row[0] for row in r[0])),

@@ -16,8 +16,35 @@ locked AS MATERIALIZED (
                                        hashtext(%(queue)s || E'\x1f' || k.unique_key))) AS keys
     FROM (SELECT DISTINCT unique_key FROM input ORDER BY unique_key) AS k
 ),
+-- The rows the batch will insert, its keys locked: the first row of each key
+-- that no job holds.
+fresh AS MATERIALIZED (
+    SELECT count(*) AS jobs, coalesce(sum(k.payload_bytes), 0) AS bytes,
+           coalesce(max(k.payload_bytes), 0) AS largest
+    FROM (SELECT DISTINCT ON (unique_key) unique_key, payload_bytes
+          FROM input ORDER BY unique_key, position) AS k
+    CROSS JOIN locked
+    WHERE {schema}.unique_holder(%(queue)s, k.unique_key) IS NULL
+),
+-- The batch's admission, checked whole before any row: each enqueue_unique()
+-- below admits its own row again, and one refused there counted the rows of
+-- the batch before it, which the refusal rolls back, as queued ("5 unfinished
+-- jobs" with one queued). admit() counts what it admits: the second call takes
+-- the batch's count back out (the same shard of the counter, in this same
+-- transaction), so that only the rows' own admissions remain.
+admitted AS MATERIALIZED (
+    SELECT f.jobs, f.bytes
+    FROM (SELECT * FROM fresh WHERE fresh.jobs > 0) AS f  -- (duplicates only: nothing
+    --  to admit, even past a limit lowered below what is queued)
+    CROSS JOIN LATERAL {schema}.admit(%(queue)s, f.jobs, f.bytes, f.largest) AS a
+),
+checked AS MATERIALIZED (
+    SELECT count(*) AS checks
+    FROM admitted  -- (scanned, so admitted, before the count goes back out)
+    CROSS JOIN LATERAL {schema}.admit(%(queue)s, -admitted.jobs, -admitted.bytes, 0) AS back
+),
 ordered AS MATERIALIZED (
-    SELECT i.* FROM input AS i CROSS JOIN locked ORDER BY i.position
+    SELECT i.* FROM input AS i CROSS JOIN locked CROSS JOIN checked ORDER BY i.position
 )
 SELECT i.position, u.job_id, u.existing
 FROM ordered AS i

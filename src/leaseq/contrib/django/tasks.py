@@ -92,7 +92,9 @@ def to_json(value: Any, what: str) -> Any:
     enqueue refuses such a payload."""
     try:
         returned = json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
+    # RecursionError: nested past what the encoder's recursion takes (leaseq's own
+    # bound on nesting, far below, is its enqueue's to say).
+    except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(f"the task's {what} must be JSON-serializable: {exc}") from None
     if _lost_keys(value, returned):
         raise TypeError(
