@@ -62,6 +62,45 @@ def test_find_jobs_pages_by_keyset_without_gaps_or_repeats(client: Client) -> No
     assert pages == 5
 
 
+def test_find_jobs_pages_through_one_window_while_jobs_are_enqueued(client: Client) -> None:
+    """Paging on while producers enqueue must neither skip nor repeat a job of the
+    window the first page searched: each page measured its window from the newest
+    job id of its own time, so every new job pushed one job of the first page's
+    window, not shown yet, out of the next page's (a busy queue's pages ran dry)."""
+    for status in (None, "failed"):
+        first = [_fail(client, "mail", "boom") for _ in range(3)] if status else []
+        first += client.enqueue_many("mail", [{"n": n} for n in range(20)])
+        seen: list[int] = []
+        page = client.find_jobs(queue="mail", status=status, limit=4, window=30)
+        while True:
+            seen += [j.job_id for j in page.jobs]
+            client.enqueue_many("mail", [{"n": n} for n in range(6)])  # between pages
+            if page.next_before is None:
+                break
+            page = client.find_jobs(
+                queue="mail",
+                status=status,
+                limit=4,
+                window=30,
+                before=page.next_before,
+                window_top=page.window_top,
+            )
+        expected = [i for i in first if status is None or client.get(i).status.value == status]
+        assert seen[: len(expected)] == sorted(expected, reverse=True)[: len(seen)], status
+        assert set(expected) <= set(seen), status
+        assert len(seen) == len(set(seen)), status
+
+
+def test_find_jobs_window_top_never_widens_the_window(client: Client) -> None:
+    """A ``window_top`` below the newest job id moves the window down, never wider:
+    ids above it are not read, however far below it ``before`` lies."""
+    ids = client.enqueue_many("reports", [{"n": n} for n in range(30)])
+    page = client.find_jobs(window=10, window_top=ids[19], before=ids[-1])
+    assert [j.job_id for j in page.jobs] == ids[10:20][::-1]
+    assert page.window_end
+    assert client.find_jobs(window=10).window_top == ids[-1]
+
+
 def test_find_jobs_searches_only_the_newest_window(client: Client) -> None:
     old = client.enqueue("reports", {"needle": True})
     client.enqueue_many("reports", [{"n": n} for n in range(30)])

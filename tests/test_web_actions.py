@@ -446,6 +446,27 @@ async def test_replaying_a_job_whose_unique_key_is_held_says_why(
     assert queue.get(holder).status is JobStatus.QUEUED
 
 
+async def test_a_bulk_replay_says_which_jobs_a_unique_key_held_back(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """A confirmed job that nobody touched, left failed because another job holds
+    its unique key, was reported as one that "had changed meanwhile": the operator
+    is told to look for a change that never happened, not why it stays failed."""
+    held = queue.enqueue("invoices", {"n": 1}, unique_key="invoice-7", max_attempts=1)
+    free = queue.enqueue("invoices", {"n": 2}, max_attempts=1)
+    for claim in queue.claim("invoices", limit=2):
+        queue.fail(claim, "boom")
+    queue.enqueue("invoices", {"n": 3}, unique_key="invoice-7")  # holds the key now
+    confirm = await browser.post("/replay", {"queue": "invoices", "next": "/failed"})
+    assert _confirmed_ids(confirm.text) == {held, free}
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', confirm.text))
+    page = text_of((await browser.follow(await browser.post("/replay/confirm", fields))).text)
+    assert "Replayed 1 of 2 jobs" in page
+    assert "changed meanwhile" not in page
+    assert "1 not replayed: another job of their queue holds their unique key" in page
+    assert queue.get(held).status is JobStatus.FAILED
+
+
 @pytest.mark.parametrize("ids", ["²", "٣", "0", "4,x", "99999999999999999999", "1;2"])
 async def test_a_malformed_list_of_jobs_to_replay_is_refused(
     browser: Browser, jobs: Jobs, queue: leaseq.Queue, ids: str

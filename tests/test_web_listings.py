@@ -208,3 +208,35 @@ async def test_a_keys_links_list_its_jobs_when_it_starts_or_ends_with_spaces(
     ids = re.search(r'name="ids" value="([^"]*)"', confirm)
     assert ids is not None, text_of(confirm)
     assert ids[1] == str(head)
+
+
+def _as_a_browser_sends(value: str) -> str:
+    """A hidden field's value as a browser submits it: its HTML parser reads CRLF and
+    CR as LF, and the form's submission sends every line break as CRLF."""
+    return value.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "\r\n")
+
+
+async def test_a_bulk_replay_from_the_jobs_of_a_key_with_a_line_break_takes_that_keys_only(
+    browser: Browser, queue: leaseq.Queue
+) -> None:
+    """An ordering key may hold line breaks ("a\\nb" and "a\\r\\nb" are two keys). The
+    Jobs page of one sent its key back in a hidden field, which a browser returns
+    with its line breaks as CRLF: the bulk replay it offered confirmed the failed
+    jobs of the other key, never listed on that page."""
+    keys: dict[str, list[int]] = {"a\nb": [], "a\r\nb": [], "a\rb": []}
+    for key in keys:
+        keys[key] = queue.enqueue_many("work", [{"n": 1}], key=key, max_attempts=1)
+    keys["ab"] = queue.enqueue_many("work", [{"n": 1}], key="ab", max_attempts=1)
+    for claim in queue.claim("work", limit=10):
+        queue.fail(claim, "boom")
+    for key, ids in keys.items():
+        listed = (
+            await browser.get("/jobs", params={"queue": "work", "state": "failed", "key": key})
+        ).text
+        assert {int(i) for i in re.findall(r'href="/jobs/(\d+)">#', listed)} == set(ids)
+        fields = _form_fields(listed, "/replay")
+        sent = {name: _as_a_browser_sends(value) for name, value in fields.items()}
+        confirm = (await browser.post("/replay", sent)).text
+        found = re.search(r'name="ids" value="([^"]*)"', confirm)
+        assert found is not None, text_of(confirm)
+        assert {int(i) for i in found[1].split(",") if i} == set(ids), repr(key)

@@ -151,6 +151,30 @@ async def test_job_page_masks_secrets_and_shows_the_job(
     assert f"queued: blocked by failed job #{jobs.blocked_head} (replay or skip it)" in waiting
 
 
+async def test_the_jobs_pages_show_every_job_of_their_window_while_jobs_are_enqueued(
+    make_app: AppFactory, queue: leaseq.Queue
+) -> None:
+    """Paging "older →" through the Jobs list while producers enqueue must neither
+    skip nor repeat a job: each page measured the search window from the newest job
+    of its own time, so the jobs enqueued meanwhile pushed the older jobs of the
+    first page's window, not shown yet, out of the next page (here all of them:
+    the second page was empty, "older jobs were not searched")."""
+    browser = Browser(make_app(search_window=100))
+    try:
+        window = queue.enqueue_many("work", [{"n": n} for n in range(150)])[-100:]
+        shown: list[int] = []
+        path: str | None = "/jobs"
+        while path is not None:
+            page = (await browser.get(path)).text
+            shown += [int(i) for i in re.findall(r'href="/jobs/(\d+)">#', page)]
+            queue.enqueue_many("work", [{"n": n} for n in range(60)])  # between pages
+            older = re.search(r'<a href="([^"]*)">older →</a>', page)
+            path = unescape(older[1]) if older else None
+        assert shown == sorted(window, reverse=True)
+    finally:
+        await browser.close()
+
+
 async def test_jobs_filters_and_keyset_pages(
     browser: Browser, jobs: Jobs, queue: leaseq.Queue
 ) -> None:

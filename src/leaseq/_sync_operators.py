@@ -224,6 +224,7 @@ class OperatorCalls:
         before: int | None = None,
         limit: int = 50,
         window: int = 10_000,
+        window_top: int | None = None,
     ) -> JobPage:
         """One page of the jobs matching every filter given, newest first: ``error``
         a case-insensitive substring of the last error, ``payload`` fields the
@@ -232,7 +233,10 @@ class OperatorCalls:
         ids are searched, so a search costs the same on any table (``window_end``
         tells when older jobs were left out); failed jobs (``status="failed"``),
         kept until replayed or their retention ends, are found however old: older ones through their
-        index, the newest ``window`` failures of each queue."""
+        index, the newest ``window`` failures of each queue. ``window_top``: the
+        page's ``window_top`` with its ``next_before``, so that the next page searches
+        the same window (jobs enqueued meanwhile would otherwise push older jobs of
+        it, not shown yet, out of the next page's)."""
         operation = self._store.find_jobs(
             queue=queue,
             status=status,
@@ -242,6 +246,7 @@ class OperatorCalls:
             before=before,
             limit=limit,
             window=window,
+            window_top=window_top,
         )
         return self._db.run(operation)
 

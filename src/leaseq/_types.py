@@ -165,6 +165,10 @@ class JobPage:
     #: failed jobs, the newest ``window`` older failures of each queue): older
     #: jobs were not searched.
     window_end: bool = False
+    #: The newest job id of the window searched (None: no job at all). Pass it back
+    #: as ``window_top`` with ``next_before``: the next page searches the same window,
+    #: not one that jobs enqueued meanwhile moved up past the jobs not shown yet.
+    window_top: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

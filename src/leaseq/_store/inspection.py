@@ -62,6 +62,7 @@ class InspectionOperations(StoreBase):
         before: int | None = None,
         limit: int = 50,
         window: int = 10_000,
+        window_top: int | None = None,
     ) -> Operation[JobPage]:
         limit = _page_limit(limit)
         params = {
@@ -73,6 +74,7 @@ class InspectionOperations(StoreBase):
             "before": None if before is None else operator_input.job_id(before),
             "limit": limit,
             "window": operator_input.search_window(window),
+            "top": None if window_top is None else operator_input.job_id(window_top, "window_top"),
         }
         schema = self.schema
         # Failed jobs are kept however old (until replayed), and newer jobs of any
@@ -86,8 +88,8 @@ class InspectionOperations(StoreBase):
 
         def decode(rows: list[Rows]) -> JobPage:
             # find_jobs.sql: the window's floor; find_failed_jobs.sql: whether a queue
-            # had more failures than the window.
-            edge = rows[-1][0][-1]
+            # had more failures than the window. Then the window's top, for the next page.
+            *_, edge, top = rows[-1][0]
             found = [row for row in rows[-1] if row[0] is not None]
             jobs = tuple(decoding.job_from_row(schema, row) for row in found[:limit])
             more = len(found) > limit
@@ -96,6 +98,7 @@ class InspectionOperations(StoreBase):
                 next_before=jobs[-1].job_id if more else None,
                 # The search reached the window's edge and jobs may lie beyond it.
                 window_end=not more and (bool(edge) if failed else edge > 0),
+                window_top=top or None,
             )
 
         search = Statement(sql, params)

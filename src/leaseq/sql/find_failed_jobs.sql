@@ -12,8 +12,12 @@
 -- The cost is the window per queue, whatever the table holds. Always one row at
 -- least (NULL job columns when nothing matched) carrying whether a queue had
 -- more old failures than the window (left unsearched).
+-- The window hangs from the newest job id, or from %(top)s (a later page's: the
+-- first page's top), as in find_jobs.sql.
 WITH edge AS (
-    SELECT coalesce(max(j.job_id), 0) - %(window)s AS floor FROM {schema}.job AS j
+    SELECT t.top, t.top - %(window)s AS floor
+    FROM (SELECT least(coalesce(max(j.job_id), 0), %(top)s::bigint) AS top
+          FROM {schema}.job AS j) AS t
 ),
 queues AS (
     SELECT q.name FROM {schema}.queue AS q
@@ -41,7 +45,7 @@ recent AS MATERIALIZED (
            j.claimed_at, j.finished_at, j.unique_key, j.timeout_seconds, j.group_key
     FROM {schema}.job AS j
     -- (a subquery: the floor is then an index condition of the primary key's range)
-    WHERE j.job_id > (SELECT edge.floor FROM edge)
+    WHERE j.job_id > (SELECT edge.floor FROM edge) AND j.job_id <= (SELECT edge.top FROM edge)
       AND (%(before)s::bigint IS NULL OR j.job_id < %(before)s::bigint)
       AND j.status = 'failed'
       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
@@ -79,7 +83,7 @@ past AS (
 capped AS (
     SELECT EXISTS (SELECT 1 FROM older AS o WHERE o.position > %(window)s) AS capped
 )
-SELECT found.*, capped.capped
+SELECT found.*, capped.capped, (SELECT edge.top FROM edge)
 FROM capped
 LEFT JOIN LATERAL (
     SELECT f.job_id, f.queue, f.payload, f.payload_bytes, f.status, f.priority, f.available_at,

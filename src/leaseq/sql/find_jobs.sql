@@ -6,11 +6,17 @@
 -- the page is asked for, to tell whether another page follows. Error text
 -- matches case-insensitively as a substring; payload fields by containment.
 -- Always one row at least (NULL job columns when nothing matched) carrying the
--- window's floor, so the caller can tell whether older jobs were left unsearched.
+-- window's floor, so the caller can tell whether older jobs were left unsearched,
+-- and its top. A later page passes the top back (%(top)s): its window is the
+-- first page's, however many jobs came since (else each new job would push one
+-- of that window, not shown yet, out of the next page's). Never above the
+-- newest job id, and ids above it are not read: %(window)s ids at most still.
 WITH edge AS (
-    SELECT coalesce(max(j.job_id), 0) - %(window)s AS floor FROM {schema}.job AS j
+    SELECT t.top, t.top - %(window)s AS floor
+    FROM (SELECT least(coalesce(max(j.job_id), 0), %(top)s::bigint) AS top
+          FROM {schema}.job AS j) AS t
 )
-SELECT found.*, edge.floor
+SELECT found.*, edge.floor, edge.top
 FROM edge
 LEFT JOIN LATERAL (
     SELECT j.job_id, j.queue, j.payload, j.payload_bytes, j.status, j.priority, j.available_at,
@@ -22,7 +28,7 @@ LEFT JOIN LATERAL (
            END AS lease_remaining,
            NULL::bigint AS ahead, j.unique_key, j.timeout_seconds, j.group_key
     FROM {schema}.job AS j
-    WHERE j.job_id > edge.floor
+    WHERE j.job_id > edge.floor AND j.job_id <= edge.top
       AND (%(before)s::bigint IS NULL OR j.job_id < %(before)s::bigint)
       AND (%(status)s::text IS NULL OR j.status = %(status)s::text)
       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,6 +28,8 @@ COLLECT_PAGE = 100
 #: find_jobs' largest page, for a search whose pages hold candidates only (a Failed
 #: group's jobs).
 FULL_PAGE = 1000
+#: The fields of a Jobs page's filter that a bulk replay reads.
+FILTER_FIELDS = ("queue", "key", "error", "payload", "digest")
 #: Job ids are PostgreSQL bigints.
 MAX_JOB_ID = 2**63 - 1
 
@@ -202,7 +205,7 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
     """Step one of a bulk replay: find the failed jobs matching the filter, or those
     of a Failed page's group (``group=1``: its exact error text), at most
     ``bulk_limit``, and ask for confirmation, showing exactly how many."""
-    form = await _form(request)
+    form = _filter_fields(await _form(request))
     dashboard = ctx.dashboard
     try:
         found = JobFilter.read({**form, "state": "failed", "before": ""})
@@ -234,6 +237,19 @@ async def replay_matching(request: Request, ctx: Context) -> Response:
     )
 
 
+def _filter_fields(form: dict[str, str]) -> dict[str, str]:
+    """The form with its filter: a Jobs page sends its filter as a query string
+    (``filter``), which comes back exactly as the page had it. Its fields sent one
+    by one as hidden fields, a browser would change their line breaks: its HTML
+    parser reads a CR as LF and it sends LF as CRLF, and the ordering key "a\\nb"
+    would come back as "a\\r\\nb", another key, whose jobs the replay would take."""
+    if "filter" not in form:
+        return form  # (a Failed page's group: its digest keeps its text exact)
+    shown = dict(parse_qsl(form["filter"], keep_blank_values=True))
+    kept = {name: value for name, value in form.items() if name not in FILTER_FIELDS}
+    return {**kept, **{name: shown.get(name, "") for name in FILTER_FIELDS}}
+
+
 async def _failed_jobs(
     dashboard: Dashboard, arguments: dict[str, Any], member: Callable[[leaseq.Job], bool] | None
 ) -> tuple[list[leaseq.Job], bool, bool]:
@@ -243,14 +259,16 @@ async def _failed_jobs(
     limit = dashboard.bulk_limit
     found: list[leaseq.Job] = []
     before: int | None = None
+    top: int | None = None
     window_end = False
     while True:
         page = await dashboard.client.find_jobs(
-            **{**arguments, "before": before},
+            **{**arguments, "before": before, "window_top": top},
             limit=FULL_PAGE if member else min(COLLECT_PAGE, limit - len(found)),
             window=dashboard.search_window,
         )
         window_end = window_end or page.window_end
+        top = top or page.window_top  # (one window for all the pages read)
         matching = [job for job in page.jobs if member is None or member(job)]
         room = limit - len(found)
         found += matching[:room]
@@ -286,9 +304,47 @@ async def replay_confirmed(request: Request, ctx: Context) -> Response:
     except leaseq.BacklogFull as exc:
         message = f"Replayed {len(exc.replayed):,} of {len(ids):,} jobs, then: {exc}"
         return _done(ctx, form, back, message)
-    skipped = len(ids) - len(replayed)
-    tail = f" ({skipped:,} had changed meanwhile and were left alone)" if skipped else ""
+    done = set(replayed)
+    left = [job_id for job_id in ids if job_id not in done]
+    tail = await _left_alone(ctx.dashboard.client, left, ids, versions)
     return _done(ctx, form, back, f"Replayed {len(replayed):,} of {len(ids):,} jobs{tail}.")
+
+
+#: The jobs a bulk replay left alone that are read again to say why (one read each).
+WHY_LEFT_READS = 100
+
+
+async def _left_alone(
+    client: leaseq.AsyncQueue, left: list[int], ids: list[int], versions: list[int] | None
+) -> str:
+    """Why a bulk replay left ``left`` alone, as the tail of its message. A job
+    still failed as shown was not replayed because another job of its queue holds
+    its unique key (a queue without room raises BacklogFull instead); the others
+    changed meanwhile (replayed, skipped, run again)."""
+    if not left:
+        return ""
+    if len(left) > WHY_LEFT_READS:
+        return (
+            f" ({len(left):,} were left alone: changed meanwhile, or another job of "
+            "their queue holds their unique key)"
+        )
+    shown = dict(zip(ids, versions, strict=True)) if versions is not None else {}
+    held = 0
+    for job_id in left:
+        try:
+            job = await client.get(job_id)
+        except leaseq.JobNotFound:
+            continue  # (removed meanwhile: changed)
+        if job.status is leaseq.JobStatus.FAILED and shown.get(job_id, job.lease_version) == (
+            job.lease_version
+        ):
+            held += 1
+    parts = []
+    if len(left) > held:
+        parts.append(f"{len(left) - held:,} had changed meanwhile and were left alone")
+    if held:
+        parts.append(f"{held:,} not replayed: another job of their queue holds their unique key")
+    return f" ({'; '.join(parts)})"
 
 
 def _numbers(text: str) -> list[int] | None:

@@ -43,6 +43,9 @@ class JobFilter:
     error: str = ""
     payload: str = ""  # ``customer:acme region:"eu west"``
     before: int | None = None
+    #: The window's top of the search's first page (``JobPage.window_top``), with
+    #: ``before``: its later pages search that same window, however many jobs come.
+    top: int | None = None
     #: A Failed page group's ``group_digest``: its jobs only (exactly its error text;
     #: ``error`` is a substring, and a case-insensitive one).
     digest: str = ""
@@ -55,6 +58,9 @@ class JobFilter:
         before = values.get("before", "").strip()
         if before and not digits(before):
             raise leaseq.InvalidArgument("before must be a job id")
+        top = values.get("top", "").strip() if before else ""
+        if top and not digits(top):
+            raise leaseq.InvalidArgument("top must be a job id")
         digest = values.get("digest", "").strip()
         if digest and not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise leaseq.InvalidArgument("digest must be a failed group's 64 hexadecimal digits")
@@ -68,6 +74,7 @@ class JobFilter:
             error=values.get("error", "").strip(),
             payload=values.get("payload", "").strip(),
             before=int(before) if before else None,
+            top=int(top) if top else None,
             digest=digest,
         )
 
@@ -80,6 +87,7 @@ class JobFilter:
             "error": self.error or None,
             "payload": payload_filter(self.payload, mask),
             "before": self.before,
+            "window_top": self.top,
         }
 
     def query(self, **changes: Any) -> str:
@@ -92,6 +100,7 @@ class JobFilter:
             "error": values.error,
             "payload": values.payload,
             "before": "" if values.before is None else str(values.before),
+            "top": "" if values.top is None or values.before is None else str(values.top),
             "digest": values.digest,
         }
         return urlencode({name: value for name, value in fields.items() if value})

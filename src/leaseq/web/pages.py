@@ -214,21 +214,24 @@ async def _group_page(
     Failed page group's, whose error text ``find_jobs`` matches as a substring only
     (its own search narrows, this keeps the group's)."""
     found: list[leaseq.Job] = []
-    before = arguments["before"]
+    before, top = arguments["before"], arguments["window_top"]
     window_end = False
     while True:
         page = await ctx.dashboard.client.find_jobs(
-            **{**arguments, "before": before},
+            **{**arguments, "before": before, "window_top": top},
             limit=GROUP_SEARCH_PAGE,
             window=ctx.dashboard.search_window,
         )
         window_end = window_end or page.window_end
+        top = top or page.window_top  # (one window for all the pages read)
         found += [job for job in page.jobs if member(job)]
         if len(found) > PAGE_SIZE:
             shown = tuple(found[:PAGE_SIZE])
-            return leaseq.JobPage(jobs=shown, next_before=shown[-1].job_id)
+            return leaseq.JobPage(jobs=shown, next_before=shown[-1].job_id, window_top=top)
         if page.next_before is None:
-            return leaseq.JobPage(jobs=tuple(found), next_before=None, window_end=window_end)
+            return leaseq.JobPage(
+                jobs=tuple(found), next_before=None, window_end=window_end, window_top=top
+            )
         before = page.next_before
 
 
