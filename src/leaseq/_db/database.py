@@ -4,6 +4,7 @@ connections (:mod:`.execution`), the driver's errors typed (:mod:`.errors`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from .._statement import Operation, Plan, Statement, Steps
+from .._statement import Operation, Plan, Rows, Statement, Steps
 from . import forks
 from .errors import malformed_dsn, read_only_server, translated_errors
 from .execution import Connection, callers, drive, execute, retryable
@@ -195,26 +196,52 @@ class Database:
         threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
-        """Run one operation on ``conn`` (the caller's), else on a pool connection."""
+        """Run one operation on ``conn`` (the caller's), else on a pool connection.
+        One that committed there although its caller was interrupted meanwhile (a
+        task cancelled, Ctrl-C) is undone (``Operation.undo``) before the
+        interruption propagates."""
         if conn is not None:
             return execute(callers(conn, psycopg.Connection), operation)
         attempt = 0
-        while True:
-            with self.connection() as own:
-                try:
-                    return execute(own, operation)
-                except Exception as exc:
-                    if not retryable(operation, exc, attempt):
-                        raise
-            attempt += 1
+        answered: list[Rows] = []
+        try:
+            while True:
+                with self.connection() as own:
+                    try:
+                        return execute(own, operation, answered)
+                    except Exception as exc:
+                        if not retryable(operation, exc, attempt):
+                            raise
+                attempt += 1
+        except BaseException:
+            if answered:
+                self._undo(operation, answered)
+            raise
+
+    def _undo(self, operation: Operation[T], answered: list[Rows]) -> None:
+        """Undo ``operation``, which ``answered`` although its caller was interrupted
+        (asyncio: within UNDO_SECONDS); a failure is left to what it undoes (a
+        claim's leases end): the interruption is what propagates."""
+        if operation.undo is None:
+            return
+        with contextlib.suppress(Exception):
+            undo = operation.undo(operation.decode(answered))
+            if undo is not None:
+                self.run(undo)
 
     def run_steps(self, steps: Steps[T], conn: Connection | None = None) -> T:
-        """Run each operation the steps yield, sending back its result."""
+        """Run each operation the steps yield, sending back its result. An error is
+        raised into the steps, which may act on it (an interrupted claim gives back
+        what it took: asyncio, each operation within UNDO_SECONDS)."""
         callers(conn, psycopg.Connection)
         try:
             operation = next(steps)
             while True:
-                result = self.run(operation, None if operation.detached else conn)
+                try:
+                    result = self.run(operation, None if operation.detached else conn)
+                except BaseException as exc:
+                    operation = steps.throw(exc)
+                    continue
                 operation = steps.send(result)
         except StopIteration as done:
             value: T = done.value
