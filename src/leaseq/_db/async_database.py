@@ -26,6 +26,7 @@ from .pool_rules import (
     READY_SECONDS,
     ConnectWatch,
     OpenFailures,
+    areset_session,
     areset_state,
     attempt_timeout,
     bounded_attempts,
@@ -129,8 +130,9 @@ class AsyncDatabase:
                 raise self._failures.record(watch.unavailable(self.open_timeout)) from None
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """A connection of the pool (autocommit), back in the pool afterwards."""
+    async def connection(self, reset: Statement | None = None) -> AsyncIterator[AsyncConnection]:
+        """A connection of the pool (autocommit), back in the pool afterwards; with
+        ``reset`` (a caller's own SQL ran on it), its session reset first."""
         with translated_errors():
             deadline = time.monotonic() + self.open_timeout
             while True:
@@ -165,7 +167,11 @@ class AsyncDatabase:
                 raise read_only from exc
             finally:
                 self._lent -= 1
-                await pool.putconn(conn)
+                try:
+                    if reset is not None:
+                        await areset_session(conn, reset.sql)
+                finally:
+                    await pool.putconn(conn)
 
     def _forget(self, pool: AsyncConnectionPool) -> None:
         if self._pool is pool:

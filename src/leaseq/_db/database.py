@@ -28,6 +28,7 @@ from .pool_rules import (
     closed_by_server,
     failing,
     pool_settings,
+    reset_session,
     reset_state,
 )
 
@@ -126,8 +127,9 @@ class Database:
                 raise self._failures.record(watch.unavailable(self.open_timeout)) from None
 
     @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        """A connection of the pool (autocommit), back in the pool afterwards."""
+    def connection(self, reset: Statement | None = None) -> Iterator[Connection]:
+        """A connection of the pool (autocommit), back in the pool afterwards; with
+        ``reset`` (a caller's own SQL ran on it), its session reset first."""
         with translated_errors():
             deadline = time.monotonic() + self.open_timeout
             while True:
@@ -166,7 +168,11 @@ class Database:
             finally:
                 with self._lent_lock:
                     self._lent -= 1
-                pool.putconn(conn)
+                try:
+                    if reset is not None:
+                        reset_session(conn, reset.sql)
+                finally:
+                    pool.putconn(conn)
 
     def _forget(self, pool: ConnectionPool) -> None:
         with self._lent_lock:
