@@ -55,6 +55,11 @@ def callers(conn: Any, kind: type[Any]) -> Any:
         raise InvalidArgument(
             f"conn must be a psycopg.{wanted} for {client}, got {type(conn).__name__}"
         )
+    if conn is not None and conn.closed and not conn.broken:
+        # Closed by the caller's own code: no retry mends that (it was a
+        # TransientError, "try again"). One the server ended (broken) is: a new
+        # connection, the transaction again.
+        raise InvalidArgument("conn is closed: pass an open connection (your transaction's)")
     if conn is not None and conn.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
         # Its results come at the pipeline's sync: leaseq reads each statement's
         # (an id, a fence's answer) before the next. It read none, failed with an
