@@ -13,6 +13,8 @@ from psycopg.conninfo import make_conninfo
 
 import leaseq
 
+from .clients import Client
+
 
 def _named(database_url: str) -> tuple[str, str]:
     """``database_url`` under an application_name of its own, to find its sessions."""
@@ -115,3 +117,46 @@ async def test_the_next_async_call_after_the_servers_end_of_idle_sessions_works(
         assert _terminate(database_url, name) >= 3
         for n in range(5):
             assert await queue.enqueue("reports", {"n": n}) > 0
+
+
+# -- a connection given back with session state ------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_what_a_connection_user_sets_in_its_session_stays_with_that_user(
+    client_class: type[Client], database_url: str, schema: str
+) -> None:
+    """README: `connection()` is "a connection of the queue's pool ... for your own
+    SQL". What that SQL set for its session (a `SET`, a `LISTEN`, a session
+    advisory lock) must not reach leaseq's next statements on that pooled
+    connection, nor the next caller of `connection()`: a
+    `SET statement_timeout = '1ms'` failed the next enqueue with
+    StatementTimeout, a `SET default_transaction_read_only` made leaseq take
+    the database for a standby, a `SET search_path` sent the next caller's
+    unqualified SQL elsewhere."""
+    with client_class(database_url, schema=schema, pool_size=1, statement_timeout=30) as queue:
+        queue.migrate()
+        for _ in range(6):  # leaseq's own statements prepared on the connection
+            queue.enqueue("reports", {"n": 1})
+        with queue.connection() as conn:
+            conn.execute("SET statement_timeout = '1ms'")
+            conn.execute("SET default_transaction_read_only = on")
+            conn.execute("SET search_path = nowhere")
+            conn.execute("LISTEN someone_elses_channel")
+            conn.execute("SELECT pg_advisory_lock(4242)")
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+        for n in range(8):
+            queue.enqueue("reports", {"n": n, "pad": "x" * 50_000})
+            with queue.connection() as conn:  # the reset, again and again
+                conn.execute("SELECT 1")
+        with queue.connection() as conn:
+            assert conn.execute("SELECT pg_backend_pid()").fetchone() == pid  # the same session
+            # (the client's own settings, sent at connect, hold again)
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("30s",)
+            assert conn.execute("SHOW default_transaction_read_only").fetchone() == ("off",)
+            assert conn.execute("SHOW search_path").fetchone() != ("nowhere",)
+            assert conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
+            assert conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = pg_backend_pid()"
+            ).fetchone() == (0,)

@@ -234,6 +234,30 @@ def test_a_connection_in_pipeline_mode_is_refused_before_anything_is_written(
     assert queue.stats() == []  # nothing written, not even the queue's settings row
 
 
+def test_a_connection_the_caller_closed_is_refused_before_anything_is_written(
+    queue: leaseq.Queue, database_url: str
+) -> None:
+    """A connection closed by its own code is a mistake no retry mends: it was a
+    TransientError ("try again"), whose retries failed for ever, and the queue's
+    settings row was written first all the same."""
+
+    async def async_client() -> None:
+        async with leaseq.AsyncQueue(database_url, schema=queue.schema) as aqueue:
+            conn = await psycopg.AsyncConnection.connect(database_url)
+            await conn.close()
+            with pytest.raises(InvalidArgument, match="closed"):
+                await aqueue.enqueue("reports", {}, conn=conn)
+
+    conn = psycopg.connect(database_url)
+    conn.close()
+    with pytest.raises(InvalidArgument, match="closed"):
+        queue.enqueue("reports", {}, conn=conn)
+    with pytest.raises(InvalidArgument, match="closed"):
+        queue.enqueue_many("reports", [{}, {}], conn=conn)
+    asyncio.run(async_client())
+    assert queue.stats() == []  # nothing written, not even the queue's settings row
+
+
 @pytest.mark.parametrize(
     "row_factory", [dict_row, namedtuple_row], ids=["dict_row", "namedtuple_row"]
 )

@@ -115,8 +115,9 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection]:
         """A connection of the queue's pool, for your own SQL (autocommit: open a
-        transaction with ``conn.transaction()``); back in the pool afterwards."""
-        async with self._db.connection() as conn:
+        transaction with ``conn.transaction()``); back in the pool afterwards, with
+        what your SQL set for its session (SET, LISTEN, advisory locks) undone."""
+        async with self._db.connection(self._store.reset_session()) as conn:
             yield conn
 
     async def migrate(self) -> list[int]:

@@ -43,6 +43,11 @@ class Operation(Generic[T]):
     #: Runs on leaseq's own connection and commits at once, even when the steps
     #: it belongs to run in a caller's transaction.
     detached: bool = False
+    #: What gives back the effect of the operation, given its result, when it
+    #: committed on leaseq's own connection but its caller was interrupted (a task
+    #: cancelled, Ctrl-C) before it saw the result: a claim's jobs would otherwise
+    #: stay running, unseen by anyone, until their leases end. None: nothing to undo.
+    undo: Callable[[T], Operation[Any] | None] | None = None
 
     @property
     def single(self) -> bool:

@@ -8,6 +8,7 @@ call cannot drift between the two.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, TypeVar
 
@@ -39,29 +40,47 @@ def claim(store: Store, queue: str, *, limit: int, lease: float | None) -> Steps
     there are only so many: it ends). Likewise a claim that made deferred
     grouped jobs ready (they came due since the last claim), a bounded number
     of times: jobs may keep coming due into groups without room.
+
+    Jobs claimed are committed as running: once some are, the call must hand
+    them over or give them back, never leave them to their leases' end unseen.
+    A later statement that fails (a repair timed out, the connection lost)
+    leaves the claims to be returned (due notes stay due, for the next claim);
+    an interruption (a cancelled task, Ctrl-C) releases them before it goes on.
     """
     claimed: Claimed = yield store.claim(queue, limit=limit, lease=lease)
     claims, repairs_due = claimed.claims, claimed.repairs_due
-    staged_again = 0
-    while len(claims) < limit and (
-        claimed.requeued or (claimed.staged and staged_again < STAGED_CLAIMS_AGAIN)
-    ):
-        staged_again += claimed.staged
-        claimed = yield store.claim(queue, limit=limit - len(claims), lease=lease)
-        # (whether a limit held the claim back: the latest claim knows)
-        claims = Claims(
-            claims + claimed.claims,
-            held_back=claimed.claims.held_back,
-            retry_in=claimed.claims.retry_in,
-        )
-        repairs_due = repairs_due or claimed.repairs_due
-    if not repairs_due:
+    try:
+        staged_again = 0
+        while len(claims) < limit and (
+            claimed.requeued or (claimed.staged and staged_again < STAGED_CLAIMS_AGAIN)
+        ):
+            staged_again += claimed.staged
+            claimed = yield store.claim(queue, limit=limit - len(claims), lease=lease)
+            # (whether a limit held the claim back: the latest claim knows)
+            claims = Claims(
+                claims + claimed.claims,
+                held_back=claimed.claims.held_back,
+                retry_in=claimed.claims.retry_in,
+            )
+            repairs_due = repairs_due or claimed.repairs_due
+        if not repairs_due:
+            return claims
+        yield store.repair_keys(queue)
+        if claims:
+            return claims
+        again: Claimed = yield store.claim(queue, limit=limit, lease=lease)
+        return again.claims
+    except GeneratorExit:
+        raise  # closed: nothing may be yielded
+    except Exception:
+        if not claims:
+            raise
         return claims
-    yield store.repair_keys(queue)
-    if claims:
-        return claims
-    again: Claimed = yield store.claim(queue, limit=limit, lease=lease)
-    return again.claims
+    except BaseException:
+        if claims:
+            with contextlib.suppress(Exception):  # the interruption is what propagates
+                yield store.release(claims)
+        raise
 
 
 def enqueue(store: Store, known_queues: set[str], queue: str, operation: Operation[T]) -> Steps[T]:

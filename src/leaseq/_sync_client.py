@@ -104,8 +104,9 @@ class Queue(OperatorCalls, ClientBase):
     @contextmanager
     def connection(self) -> Iterator[Connection]:
         """A connection of the queue's pool, for your own SQL (autocommit: open a
-        transaction with ``conn.transaction()``); back in the pool afterwards."""
-        with self._db.connection() as conn:
+        transaction with ``conn.transaction()``); back in the pool afterwards, with
+        what your SQL set for its session (SET, LISTEN, advisory locks) undone."""
+        with self._db.connection(self._store.reset_session()) as conn:
             yield conn
 
     def migrate(self) -> list[int]:

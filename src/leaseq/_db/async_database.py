@@ -6,6 +6,7 @@ methods and docstrings), and the worker's sessions outside the pool
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from .._statement import Operation, Plan, Statement, Steps
+from .._statement import Operation, Plan, Rows, Statement, Steps
 from .._waiting import raise_if_cancelling
 from . import forks
 from .errors import malformed_dsn, parsable, read_only_server, translated_errors, unavailable
@@ -25,6 +26,7 @@ from .pool_rules import (
     READY_SECONDS,
     ConnectWatch,
     OpenFailures,
+    areset_session,
     areset_state,
     attempt_timeout,
     bounded_attempts,
@@ -34,6 +36,10 @@ from .pool_rules import (
 )
 
 T = TypeVar("T")
+
+#: How long what undoes an operation for a cancelled caller may take (the claim's
+#: release): a database that does not answer must not hold the cancellation.
+UNDO_SECONDS = 5.0
 
 
 class AsyncDatabase:
@@ -124,8 +130,9 @@ class AsyncDatabase:
                 raise self._failures.record(watch.unavailable(self.open_timeout)) from None
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """A connection of the pool (autocommit), back in the pool afterwards."""
+    async def connection(self, reset: Statement | None = None) -> AsyncIterator[AsyncConnection]:
+        """A connection of the pool (autocommit), back in the pool afterwards; with
+        ``reset`` (a caller's own SQL ran on it), its session reset first."""
         with translated_errors():
             deadline = time.monotonic() + self.open_timeout
             while True:
@@ -160,7 +167,11 @@ class AsyncDatabase:
                 raise read_only from exc
             finally:
                 self._lent -= 1
-                await pool.putconn(conn)
+                try:
+                    if reset is not None:
+                        await areset_session(conn, reset.sql)
+                finally:
+                    await pool.putconn(conn)
 
     def _forget(self, pool: AsyncConnectionPool) -> None:
         if self._pool is pool:
@@ -189,26 +200,60 @@ class AsyncDatabase:
         closing.add_done_callback(self._closing.discard)
 
     async def run(self, operation: Operation[T], conn: AsyncConnection | None = None) -> T:
-        """Run one operation on ``conn`` (the caller's), else on a pool connection."""
+        """Run one operation on ``conn`` (the caller's), else on a pool connection.
+        One that committed there although its caller was interrupted meanwhile (a
+        task cancelled, Ctrl-C) is undone (``Operation.undo``) before the
+        interruption propagates."""
         if conn is not None:
             return await aexecute(callers(conn, psycopg.AsyncConnection), operation)
         attempt = 0
-        while True:
-            async with self.connection() as own:
-                try:
-                    return await aexecute(own, operation)
-                except Exception as exc:
-                    if not retryable(operation, exc, attempt):
-                        raise
-            attempt += 1
+        answered: list[Rows] = []
+        try:
+            while True:
+                async with self.connection() as own:
+                    try:
+                        return await aexecute(own, operation, answered)
+                    except Exception as exc:
+                        if not retryable(operation, exc, attempt):
+                            raise
+                attempt += 1
+        except BaseException:
+            if answered:
+                await self._undo(operation, answered)
+            raise
+
+    async def _undo(self, operation: Operation[T], answered: list[Rows]) -> None:
+        """Undo ``operation``, which ``answered`` although its caller was interrupted
+        (asyncio: within UNDO_SECONDS); a failure is left to what it undoes (a
+        claim's leases end): the interruption is what propagates."""
+        if operation.undo is None:
+            return
+        with contextlib.suppress(Exception):
+            undo = operation.undo(operation.decode(answered))
+            if undo is not None:
+                async with asyncio.timeout(UNDO_SECONDS):
+                    await self.run(undo)
 
     async def run_steps(self, steps: Steps[T], conn: AsyncConnection | None = None) -> T:
-        """Run each operation the steps yield, sending back its result."""
+        """Run each operation the steps yield, sending back its result. An error is
+        raised into the steps, which may act on it (an interrupted claim gives back
+        what it took: asyncio, each operation within UNDO_SECONDS)."""
         callers(conn, psycopg.AsyncConnection)
+        interrupted = False
         try:
             operation = next(steps)
             while True:
-                result = await self.run(operation, None if operation.detached else conn)
+                on = None if operation.detached else conn
+                try:
+                    if interrupted:
+                        async with asyncio.timeout(UNDO_SECONDS):
+                            result = await self.run(operation, on)
+                    else:
+                        result = await self.run(operation, on)
+                except BaseException as exc:
+                    interrupted = interrupted or not isinstance(exc, Exception)
+                    operation = steps.throw(exc)
+                    continue
                 operation = steps.send(result)
         except StopIteration as done:
             value: T = done.value

@@ -4,6 +4,7 @@ connections (:mod:`.execution`), the driver's errors typed (:mod:`.errors`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from .._statement import Operation, Plan, Statement, Steps
+from .._statement import Operation, Plan, Rows, Statement, Steps
 from . import forks
 from .errors import malformed_dsn, read_only_server, translated_errors
 from .execution import Connection, callers, drive, execute, retryable
@@ -27,6 +28,7 @@ from .pool_rules import (
     closed_by_server,
     failing,
     pool_settings,
+    reset_session,
     reset_state,
 )
 
@@ -125,8 +127,9 @@ class Database:
                 raise self._failures.record(watch.unavailable(self.open_timeout)) from None
 
     @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        """A connection of the pool (autocommit), back in the pool afterwards."""
+    def connection(self, reset: Statement | None = None) -> Iterator[Connection]:
+        """A connection of the pool (autocommit), back in the pool afterwards; with
+        ``reset`` (a caller's own SQL ran on it), its session reset first."""
         with translated_errors():
             deadline = time.monotonic() + self.open_timeout
             while True:
@@ -165,7 +168,11 @@ class Database:
             finally:
                 with self._lent_lock:
                     self._lent -= 1
-                pool.putconn(conn)
+                try:
+                    if reset is not None:
+                        reset_session(conn, reset.sql)
+                finally:
+                    pool.putconn(conn)
 
     def _forget(self, pool: ConnectionPool) -> None:
         with self._lent_lock:
@@ -195,26 +202,52 @@ class Database:
         threading.Thread(target=pool.close, name="leaseq-pool-close", daemon=True).start()
 
     def run(self, operation: Operation[T], conn: Connection | None = None) -> T:
-        """Run one operation on ``conn`` (the caller's), else on a pool connection."""
+        """Run one operation on ``conn`` (the caller's), else on a pool connection.
+        One that committed there although its caller was interrupted meanwhile (a
+        task cancelled, Ctrl-C) is undone (``Operation.undo``) before the
+        interruption propagates."""
         if conn is not None:
             return execute(callers(conn, psycopg.Connection), operation)
         attempt = 0
-        while True:
-            with self.connection() as own:
-                try:
-                    return execute(own, operation)
-                except Exception as exc:
-                    if not retryable(operation, exc, attempt):
-                        raise
-            attempt += 1
+        answered: list[Rows] = []
+        try:
+            while True:
+                with self.connection() as own:
+                    try:
+                        return execute(own, operation, answered)
+                    except Exception as exc:
+                        if not retryable(operation, exc, attempt):
+                            raise
+                attempt += 1
+        except BaseException:
+            if answered:
+                self._undo(operation, answered)
+            raise
+
+    def _undo(self, operation: Operation[T], answered: list[Rows]) -> None:
+        """Undo ``operation``, which ``answered`` although its caller was interrupted
+        (asyncio: within UNDO_SECONDS); a failure is left to what it undoes (a
+        claim's leases end): the interruption is what propagates."""
+        if operation.undo is None:
+            return
+        with contextlib.suppress(Exception):
+            undo = operation.undo(operation.decode(answered))
+            if undo is not None:
+                self.run(undo)
 
     def run_steps(self, steps: Steps[T], conn: Connection | None = None) -> T:
-        """Run each operation the steps yield, sending back its result."""
+        """Run each operation the steps yield, sending back its result. An error is
+        raised into the steps, which may act on it (an interrupted claim gives back
+        what it took: asyncio, each operation within UNDO_SECONDS)."""
         callers(conn, psycopg.Connection)
         try:
             operation = next(steps)
             while True:
-                result = self.run(operation, None if operation.detached else conn)
+                try:
+                    result = self.run(operation, None if operation.detached else conn)
+                except BaseException as exc:
+                    operation = steps.throw(exc)
+                    continue
                 operation = steps.send(result)
         except StopIteration as done:
             value: T = done.value

@@ -55,6 +55,11 @@ def callers(conn: Any, kind: type[Any]) -> Any:
         raise InvalidArgument(
             f"conn must be a psycopg.{wanted} for {client}, got {type(conn).__name__}"
         )
+    if conn is not None and conn.closed and not conn.broken:
+        # Closed by the caller's own code: no retry mends that (it was a
+        # TransientError, "try again"). One the server ended (broken) is: a new
+        # connection, the transaction again.
+        raise InvalidArgument("conn is closed: pass an open connection (your transaction's)")
     if conn is not None and conn.info.pipeline_status != psycopg.pq.PipelineStatus.OFF:
         # Its results come at the pipeline's sync: leaseq reads each statement's
         # (an id, a fence's answer) before the next. It read none, failed with an
@@ -75,49 +80,92 @@ def retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool
     return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
 
 
-def execute(conn: Connection, operation: Operation[T]) -> T:
+def execute(conn: Connection, operation: Operation[T], answered: list[Rows] | None = None) -> T:
     """Run ``operation`` on ``conn``: in the caller's transaction if one is open,
-    else in a transaction of its own when it has several statements."""
+    else in a transaction of its own when it has several statements.
+
+    ``answered`` receives the rows of a single statement that committed although
+    an interruption (KeyboardInterrupt; CancelledError for :func:`aexecute`) cut
+    the call short: the driver cancels the statement, but one that had committed
+    already still answers, and the interruption is raised all the same."""
     with translated_errors():
         if operation.single:
-            results = [_run(conn, operation.statements[0])]
+            results = [_run(conn, operation.statements[0], answered)]
         else:
             with conn.transaction():
                 results = [_run(conn, statement) for statement in operation.statements]
     return operation.decode(results)
 
 
-async def aexecute(conn: AsyncConnection, operation: Operation[T]) -> T:
+async def aexecute(
+    conn: AsyncConnection, operation: Operation[T], answered: list[Rows] | None = None
+) -> T:
     """The async twin of :func:`execute`."""
     with translated_errors():
         if operation.single:
-            results = [await _arun(conn, operation.statements[0])]
+            results = [await _arun(conn, operation.statements[0], answered)]
         else:
             async with conn.transaction():
                 results = [await _arun(conn, statement) for statement in operation.statements]
     return operation.decode(results)
 
 
-def _run(conn: Connection, statement: Statement) -> Rows:
-    form = server_form(statement.sql) if statement.params else None
-    if form is None:
-        with conn.cursor(row_factory=tuple_row) as cursor:
-            cursor.execute(*_args(statement))
-            return _rows(cursor)
-    with psycopg.RawCursor(conn, row_factory=tuple_row) as raw:
-        raw.execute(form.sql, form.values(statement.params))
-        return _rows(raw)
+def _committed_anyway(conn: psycopg.BaseConnection[Any], cursor: Any) -> bool:
+    """Whether the statement an interruption cut short ran to its end all the same
+    and committed: the driver cancelled it too late, it answered, and no transaction
+    is open (autocommit) to roll it back."""
+    result = cursor.pgresult
+    return (
+        result is not None
+        and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    )
 
 
-async def _arun(conn: AsyncConnection, statement: Statement) -> Rows:
+def _run(conn: Connection, statement: Statement, answered: list[Rows] | None = None) -> Rows:
     form = server_form(statement.sql) if statement.params else None
-    if form is None:
-        async with conn.cursor(row_factory=tuple_row) as cursor:
-            await cursor.execute(*_args(statement))
-            return await _arows(cursor)
-    async with psycopg.AsyncRawCursor(conn, row_factory=tuple_row) as raw:
-        await raw.execute(form.sql, form.values(statement.params))
-        return await _arows(raw)
+    cursor: psycopg.Cursor[Any] = (
+        conn.cursor(row_factory=tuple_row)
+        if form is None
+        else psycopg.RawCursor(conn, row_factory=tuple_row)
+    )
+    with cursor:
+        try:
+            if form is None:
+                cursor.execute(*_args(statement))
+            else:
+                cursor.execute(form.sql, form.values(statement.params))
+        except Exception:
+            raise
+        except BaseException:  # interrupted: see execute()
+            if answered is not None and _committed_anyway(conn, cursor):
+                answered.append(cursor.fetchall())
+            raise
+        return _rows(cursor)
+
+
+async def _arun(
+    conn: AsyncConnection, statement: Statement, answered: list[Rows] | None = None
+) -> Rows:
+    form = server_form(statement.sql) if statement.params else None
+    cursor: psycopg.AsyncCursor[Any] = (
+        conn.cursor(row_factory=tuple_row)
+        if form is None
+        else psycopg.AsyncRawCursor(conn, row_factory=tuple_row)
+    )
+    async with cursor:
+        try:
+            if form is None:
+                await cursor.execute(*_args(statement))
+            else:
+                await cursor.execute(form.sql, form.values(statement.params))
+        except Exception:
+            raise
+        except BaseException:  # cancelled: see execute()
+            if answered is not None and _committed_anyway(conn, cursor):
+                answered.append(await cursor.fetchall())  # (rows in memory: no wait)
+            raise
+        return await _arows(cursor)
 
 
 def drive(conn: Connection, plan: Plan) -> list[int]:

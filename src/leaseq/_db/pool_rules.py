@@ -100,6 +100,42 @@ async def areset_state(conn: psycopg.AsyncConnection[Any], options: dict[str, An
     conn.row_factory = options.get("row_factory", tuple_row)
 
 
+def reset_session(conn: psycopg.Connection[Any], statement: str) -> None:
+    """Undo, with ``statement``, what a caller's own SQL left in the session of a
+    connection it gives back (a SET, a LISTEN, an advisory lock): it would reach
+    leaseq's next statements on it and the next caller. A connection that cannot
+    be reset (a transaction left open, a broken one) is closed: the pool makes
+    another. Its failure is not the caller's: never raised."""
+    if conn.closed:
+        return
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.close()
+        return
+    try:
+        conn.execute(statement)
+    except Exception:
+        conn.close()
+    except BaseException:  # interrupted midway: in no known state
+        conn.close()
+        raise
+
+
+async def areset_session(conn: psycopg.AsyncConnection[Any], statement: str) -> None:
+    """The async twin of :func:`reset_session`."""
+    if conn.closed:
+        return
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        await conn.close()
+        return
+    try:
+        await conn.execute(statement)
+    except Exception:
+        await conn.close()
+    except BaseException:  # cancelled midway: in no known state
+        await conn.close()
+        raise
+
+
 #: The least time a pool is given to take in the connection its first attempt made.
 READY_SECONDS = 1.0
 

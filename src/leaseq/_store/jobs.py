@@ -70,7 +70,13 @@ class JobOperations(StoreBase):
             (Statement(self.sql("claim.sql"), params),),
             decode,
             retry_on=frozenset({UNIQUE_VIOLATION}),
+            undo=self.give_back,
         )
+
+    def give_back(self, claimed: Claimed) -> Operation[list[tuple[Claim, bool]]] | None:
+        """The release of claims their caller never got (a claim interrupted after
+        it committed): runnable again at once, the attempt not counted."""
+        return self.release(claimed.claims) if claimed.claims else None
 
     def repair_keys(self, queue: str, *, limit: int = 100) -> Operation[int]:
         """Settle the ordering keys of ``queue`` whose repair notes are due."""

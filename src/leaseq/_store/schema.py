@@ -21,6 +21,10 @@ class SchemaOperations(StoreBase):
         """Completions and failures name their queue on this channel (wait_result)."""
         return Statement(self.sql("listen.sql").replace("{channel}", f'"{self.results_channel}"'))
 
+    def reset_session(self) -> Statement:
+        """Undo what a caller's SQL left in a pooled connection's session."""
+        return Statement(self.sql("reset_session.sql"))
+
     def maintenance_lock(self) -> Operation[bool]:
         params = {"schema_name": self.schema}
         return Operation(

@@ -267,7 +267,9 @@ def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:
             "the claim in flight at the stop has not returned within the grace (%gs); cancelled",
             grace,
         )
-        claiming.cancel()  # psycopg cancels the statement: it rolls back, claiming nothing
+        # psycopg cancels the statement: it rolls back, claiming nothing (a claim that
+        # had committed all the same is given back by the client before it ends).
+        claiming.cancel()
 
 
 def _count_claim(metrics: Metrics, queue: str, elapsed: float, claims: list[Claim]) -> None:
