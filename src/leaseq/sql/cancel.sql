@@ -10,8 +10,8 @@
 -- ("!lost <job_id>": not a queue name) that makes it renew that lease now. The
 -- history entry keeps the end of the lease cut short (cut_lease_until): a
 -- replay waits until then (see replay.sql), and so does every job of its
--- ordering key (the hold job_key_leave writes, migration 0014), and so does its
--- queue's concurrency slot (held, below). One audit row if it changed.
+-- ordering key (the hold job_key_leave writes, migration 0014). One audit row
+-- if it changed.
 WITH target AS (
     SELECT j.job_id, j.status FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
 ),
@@ -37,24 +37,7 @@ cancelled AS (
     -- The status the row had when this UPDATE took it (its new history entry
     -- says), not the statement snapshot's: a claim that committed while the
     -- cancel waited for the row made a running job of a queued one.
-    RETURNING j.job_id, j.queue, j.history -> -1 ->> 'previous_status' AS previous_status,
-              j.group_key, j.limited,
-              (j.history -> -1 ->> 'cut_lease_until')::timestamptz AS cut_lease_until
-),
--- Its handler may run on until the cut lease would have ended: its concurrency
--- slot stays taken until then (slot_hold). A job claimed under a limit gets its
--- hold from its row trigger (slot_freed, migration 0015); one claimed without
--- (its queue had no limit yet, or its claim raced the setting of one) gets it
--- here: a limit set before that end counts the handler, as it counts the jobs
--- running when it is set (it did not, and the next job started beside it).
-held AS (
-    INSERT INTO {schema}.slot_hold AS h (job_id, queue, group_key, until)
-    SELECT c.job_id, c.queue, c.group_key, c.cut_lease_until
-    FROM cancelled AS c
-    WHERE NOT c.limited AND c.cut_lease_until > {schema}.clock()
-    ON CONFLICT (job_id) DO UPDATE
-        SET queue = excluded.queue, group_key = excluded.group_key,
-            until = greatest(h.until, excluded.until)
+    RETURNING j.job_id, j.queue, j.history -> -1 ->> 'previous_status' AS previous_status
 ),
 audit AS (
     INSERT INTO {schema}.audit (at, actor, action, queue, job_ids, detail)

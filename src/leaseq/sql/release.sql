@@ -45,21 +45,7 @@ released AS (
            OR (j.status = 'queued'
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'release', 'lease_version', c.lease_version)))
-    RETURNING j.job_id, j.queue, j.group_key, j.limited,
-              (j.history -> -1 ->> 'cut_lease_until')::timestamptz AS cut_lease_until
-),
--- A claim whose handler runs on keeps its concurrency slot until its lease
--- would have ended (slot_hold), as cancel.sql says: the row trigger writes the
--- hold of a job claimed under a limit, this the hold of one claimed without,
--- which a limit set before that end must count. (A resend writes the same.)
-held AS (
-    INSERT INTO {schema}.slot_hold AS h (job_id, queue, group_key, until)
-    SELECT r.job_id, r.queue, r.group_key, r.cut_lease_until
-    FROM released AS r
-    WHERE NOT r.limited AND r.cut_lease_until > {schema}.clock()
-    ON CONFLICT (job_id) DO UPDATE
-        SET queue = excluded.queue, group_key = excluded.group_key,
-            until = greatest(h.until, excluded.until)
+    RETURNING j.job_id
 )
 -- A keyed job whose handler runs on holds its key until its lease would have
 -- ended (key_hold, written by the job table's trigger job_key_leave, 0014).
