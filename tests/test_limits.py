@@ -84,7 +84,7 @@ def test_expired_leases_do_not_count_against_the_limit(client: Client, clock: Cl
 
 @pytest.mark.parametrize("cut", ["cancel", "release"])
 @pytest.mark.parametrize("limit", ["max_running", "max_running_per_group"])
-@pytest.mark.parametrize("limit_set", ["before the claim", "while it runs"])
+@pytest.mark.parametrize("limit_set", ["before the claim", "while it runs", "after the cut"])
 def test_a_lease_cut_short_keeps_its_slot_until_it_would_have_ended(
     client: Client, clock: Clock, cut: str, limit: str, limit_set: str
 ) -> None:
@@ -93,7 +93,9 @@ def test_a_lease_cut_short_keeps_its_slot_until_it_would_have_ended(
     until its lease would have ended. Its slot was free at once, and the next
     job started beside it, two at once under a limit of one. Also for a job
     that was running when the limit was set: it counts against the limit while
-    it runs, and held no slot once cut short."""
+    it runs, and held no slot once cut short. And for one cut short before the
+    limit was set, whose handler may still run: the limit counts it too (it did
+    not, and the next job started beside it)."""
     if limit_set == "before the claim":
         client.configure_queue("reports", **{limit: 1})
     cut_short, waiting = client.enqueue_many("reports", [{}, {}], group="acme")
@@ -106,6 +108,8 @@ def test_a_lease_cut_short_keeps_its_slot_until_it_would_have_ended(
         assert client.cancel(cut_short, running=True)
     else:
         client.release_many([claim], handlers_running=[True])
+    if limit_set == "after the cut":
+        client.configure_queue("reports", **{limit: 1})
     held = client.claim("reports", limit=5)
     assert (list(held), held.held_back) == ([], True)
     clock.advance(31)  # the cut lease would have ended

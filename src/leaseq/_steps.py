@@ -22,9 +22,9 @@ from ._types import Claim, Claims
 T = TypeVar("T")
 
 #: How many times one claim() claims again for deferred jobs its claims made
-#: ready (up to 1,000 each: claim_limited(), migration 0017). A claim that makes
-#: any ready takes none of the queue's ready jobs; past this many, claim()
-#: returns what it has and the next claim goes on.
+#: ready (up to 1,000 each: claim_limited(), migrations 0017 and 0022). A claim
+#: cannot take the jobs it made ready (nor, in their groups, the jobs after
+#: them); past this many, claim() returns what it has and the next claim goes on.
 STAGED_CLAIMS_AGAIN = 10
 
 

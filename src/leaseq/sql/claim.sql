@@ -24,7 +24,7 @@
 -- and the job's own timeout (NULL: its task's).
 -- A queue with limits (max_running, rate_limit and their per-group twins) or
 -- with grouped queued jobs (deferred ones too: it makes those due ready,
--- migration 0017) is picked by claim_limited() (migration 0009), which
+-- migrations 0017 and 0022) is picked by claim_limited() (migration 0009), which
 -- enforces the limits and takes the groups in turns; its picks are claimed by
 -- the same UPDATE, and a last row with a NULL job_id says when a limit held
 -- the claim back. The plain branches then never run: their one-time filter is
