@@ -252,3 +252,16 @@ def test_producers_claimers_and_an_operator_never_run_a_key_twice_nor_leave_it_s
         holds = conn.execute(f'SELECT * FROM "{queue.schema}".key_hold').fetchall()
         notes = conn.execute(f'SELECT * FROM "{queue.schema}".key_repair').fetchall()
     assert left == [], "stuck:\n" + "\n".join(map(str, detail)) + f"\n{holds}\n{notes}"
+
+
+def test_priority_does_not_reorder_a_key(queue: leaseq.Queue) -> None:
+    """README: a key goes by seq, then job id; a later job's higher priority does
+    not let it pass the key's earlier one (it orders the heads of keys only)."""
+    first = queue.enqueue("events", {}, key="k", priority=-5)
+    second = queue.enqueue("events", {}, key="k", priority=10)
+    plain = queue.enqueue("events", {}, priority=5)
+    claims = queue.claim("events", limit=10)
+    assert [c.job_id for c in claims] == [plain, first]
+    for claim in claims:
+        queue.complete(claim)
+    assert [c.job_id for c in queue.claim("events", limit=10)] == [second]
