@@ -113,3 +113,91 @@ async def deaf(job: leaseq.JobContext) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(BaseException):  # deaf on purpose: the case under test
             await asyncio.sleep(0.2)
+
+
+# Ordering keys, for tests/test_ordering_processes.py: each handler run is a row of
+# "{schema}".key_run, its start committed before the work begins, its end written
+# before the outcome is reported (with the completion, in its transaction), so the
+# handlers' own record says which runs of a key overlapped. payload: sleep
+# (seconds), crash (kill -9 of the worker on the first attempt), flaky (a
+# transient error on the first attempt), fail_once (a permanent error unless a
+# run of the job failed before: a replay then succeeds).
+KEY_RUN_TABLES = (
+    "CREATE TABLE IF NOT EXISTS {schema}.key_run (run_id bigserial PRIMARY KEY,"
+    " job_id bigint, ordering_key text, attempt int, lease_version bigint, pid int,"
+    " claimed_at timestamptz, started_at timestamptz, ended_at timestamptz, outcome text)",
+    "CREATE TABLE IF NOT EXISTS {schema}.key_effect (job_id bigint)",
+)
+
+
+def _end_run(job: leaseq.JobContext, run_id: int, outcome: str) -> None:
+    for _ in range(5):  # its connection may be terminated under it
+        try:
+            with job.connection() as conn:
+                conn.execute(
+                    f'UPDATE "{SCHEMA}".key_run SET ended_at = clock_timestamp(), outcome = %s'
+                    " WHERE run_id = %s AND ended_at IS NULL",
+                    (outcome, run_id),
+                )
+            return
+        except Exception:  # any failure of a connection terminated under it
+            time.sleep(0.05)
+
+
+@app.task("keyed", backoff=(0.05, 0.2))
+def keyed(job: leaseq.JobContext) -> None:
+    with job.connection() as conn:
+        row = conn.execute(
+            f'INSERT INTO "{SCHEMA}".key_run (job_id, ordering_key, attempt, lease_version,'
+            " pid, claimed_at, started_at) SELECT %s, %s, %s, %s, %s, (SELECT claimed_at FROM"
+            f' "{SCHEMA}".job WHERE job_id = %s AND lease_version = %s), clock_timestamp()'
+            " RETURNING run_id",
+            (
+                job.job_id,
+                job.claim.key,
+                job.attempts,
+                job.lease_version,
+                os.getpid(),
+                job.job_id,
+                job.lease_version,
+            ),
+        ).fetchone()
+    assert row is not None
+    run_id = int(row[0])
+    try:
+        _keyed_run(job, run_id)
+    except BaseException:
+        _end_run(job, run_id, "error")  # (nothing if the completion did commit)
+        raise
+
+
+def _keyed_run(job: leaseq.JobContext, run_id: int) -> None:
+    payload = job.payload
+    if payload.get("crash") and job.attempts == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    deadline = time.monotonic() + payload.get("sleep", 0)
+    while time.monotonic() < deadline and not job.lost.is_set():
+        time.sleep(0.01)
+    if job.lost.is_set():
+        _end_run(job, run_id, "lost")
+        return
+    if payload.get("flaky") and job.attempts == 1:
+        _end_run(job, run_id, "retry")
+        raise RuntimeError("flaky")
+    if payload.get("fail_once"):
+        with job.connection() as conn:
+            failed = conn.execute(
+                f'SELECT count(*) FROM "{SCHEMA}".key_run WHERE job_id = %s'
+                " AND outcome = 'failed'",
+                (job.job_id,),
+            ).fetchone()
+        if failed is not None and failed[0] == 0:
+            _end_run(job, run_id, "failed")
+            raise leaseq.PermanentError("fails once")
+    with job.transaction() as conn:
+        conn.execute(
+            f'UPDATE "{SCHEMA}".key_run SET ended_at = clock_timestamp(), outcome = %s'
+            " WHERE run_id = %s",
+            ("done", run_id),
+        )
+        conn.execute(f'INSERT INTO "{SCHEMA}".key_effect (job_id) VALUES (%s)', (job.job_id,))

@@ -277,6 +277,10 @@ class OperatorOperations(StoreBase):
         return Operation(
             (
                 Statement(self.sql("configure_queue_ensure.sql"), named),
+                Statement(
+                    self.sql("policy_change_lock.sql"),
+                    {"set_ordering_policy": params["set_ordering_policy"]},
+                ),
                 Statement(self.sql("configure_queue_update.sql"), params),
                 Statement(self.sql("mark_running_limited.sql"), named),
                 Statement(self.sql("count_backlog.sql"), named),
