@@ -63,8 +63,16 @@ Plan = Generator[Statement, Rows, list[int]]
 
 @cache
 def sql_text(name: str) -> str:
-    """A shipped statement, without its comments (see :func:`compact`)."""
-    return compact(resources.files("leaseq").joinpath("sql", name).read_text(encoding="utf-8"))
+    """A shipped statement, without its comments (see :func:`compact`), with each
+    ``{fragment:NAME}`` in it replaced by ``sql/fragments/NAME.sql``: a clause
+    several statements share is written once."""
+    path = resources.files("leaseq").joinpath("sql", *name.split("/"))
+    text = compact(path.read_text(encoding="utf-8"))
+    return _FRAGMENT.sub(lambda use: sql_text(f"fragments/{use[1]}.sql"), text)
+
+
+#: Where a statement takes in a shared clause (a fragment holds none itself).
+_FRAGMENT = re.compile(r"\{fragment:([a-z_]+)\}")
 
 
 def compact(sql: str) -> str:

@@ -60,16 +60,4 @@ SELECT c.job_id, false,
        coalesce(before.history @> jsonb_build_array(
            jsonb_build_object('write', 'release', 'lease_version', c.lease_version)), false)
 FROM claimed AS c
--- The job's row as the statement's snapshot saw it, or, once retention moved
--- the job to the archive, its archived row (a resend may come after a prune:
--- the archive still says what this claim did). A snapshot sees a job in one of
--- the two (the move is one statement); the archive is read only for a job
--- that has no row in job.
-LEFT JOIN LATERAL (
-    SELECT j.status, j.lease_version, j.history
-    FROM {schema}.job AS j WHERE j.job_id = c.job_id
-    UNION ALL
-    SELECT a.status, a.lease_version, a.history
-    FROM {schema}.job_archive AS a WHERE a.job_id = c.job_id
-    LIMIT 1
-) AS before ON true
+{fragment:claimed_job_as_seen}
