@@ -86,3 +86,48 @@ def test_a_migration_waiting_behind_a_long_transaction_never_holds_up_the_queue(
             long_transaction.rollback()
             migrating.join(timeout=60)
             assert migrated == [list(range(BEFORE_TRIGGER_CHANGE + 1, latest_version() + 1))]
+
+
+def test_a_migration_whose_connection_is_killed_midway_leaves_the_schema_as_it_was(
+    database_url: str, schema: str
+) -> None:
+    """Ended midway (pg_terminate_backend, a failover) after it had replaced a
+    function (0022) and while it waited for the job table (0023): nothing of it
+    stays, the schema is the older one still, and a re-run applies it all."""
+
+    def claim_limited() -> object:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            return conn.execute(
+                "SELECT md5(prosrc) FROM pg_proc"
+                " WHERE proname = 'claim_limited' AND pronamespace = %s::regnamespace",
+                (schema,),
+            ).fetchone()
+
+    migrate_until(database_url, schema, BEFORE_TRIGGER_CHANGE - 1)
+    before = claim_limited()
+    with psycopg.connect(database_url) as long_transaction:
+        long_transaction.execute("SET idle_in_transaction_session_timeout = '20s'")
+        long_transaction.execute(f'SELECT count(*) FROM "{schema}".job')
+        with leaseq.Queue(database_url, schema=schema) as operator:
+            migrating, migrated = _in_thread(operator.migrate)
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                for _ in range(600):  # (it waits a while at a time, bounded)
+                    ended = conn.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE '%job_slot_freed%'"
+                    ).fetchall()
+                    if ended:
+                        break
+                    conn.execute("SELECT pg_sleep(0.02)")
+            migrating.join(timeout=60)
+        long_transaction.rollback()
+    assert ended == [(True,)]
+    assert len(migrated) == 1
+    assert isinstance(migrated[0], leaseq.TransientError), migrated
+    assert claim_limited() == before
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        versions = conn.execute(f'SELECT max(version) FROM "{schema}".migration').fetchone()
+    assert versions == (BEFORE_TRIGGER_CHANGE - 1,)
+    with leaseq.Queue(database_url, schema=schema) as operator:
+        assert operator.migrate() == list(range(BEFORE_TRIGGER_CHANGE, latest_version() + 1))
+    assert claim_limited() != before
