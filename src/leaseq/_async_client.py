@@ -14,6 +14,7 @@ and a completion commits together with a handler's effect.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -30,9 +31,11 @@ from ._db import (
     WORKER_OPTIONS,
     AsyncConnection,
     AsyncDatabase,
+    LockWaitOver,
     Session,
 )
 from ._job_ids import JobId, JobIds
+from ._logs import get_logger
 from ._metrics import Metrics
 from ._statement import Operation
 from ._types import (
@@ -45,6 +48,7 @@ from ._types import (
 # AsyncConnection is the type of ``conn=`` and of ``connection()``: exported with it.
 __all__ = ["AsyncConnection", "AsyncQueue"]
 
+log = get_logger("leaseq")
 
 T = TypeVar("T")
 
@@ -122,8 +126,24 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
 
     async def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied now.
-        Safe to run concurrently (an advisory lock serialises it)."""
-        return await self._db.drive(_migrate.plan(self._store))
+        Safe to run concurrently (an advisory lock serialises it), and beside
+        running workers and producers: no statement of theirs waits behind the
+        migration's lock waits longer than a few seconds (_migrate.lock_waits)."""
+        for attempt, (lock_wait, pause) in enumerate(_migrate.lock_waits(), start=1):
+            try:
+                return await self._db.drive(_migrate.plan(self._store, lock_wait))
+            except LockWaitOver as exc:
+                log.warning(
+                    "migrate: schema %s: attempt %d waited %gs for a lock (%s); "
+                    "a transaction holds one of its tables: trying again in %.1fs",
+                    self.schema,
+                    attempt,
+                    lock_wait,
+                    exc,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable: lock_waits() is endless")
 
     async def _require_migrated(self) -> None:
         """NotMigrated unless the schema has every migration of this code (a

@@ -7,6 +7,7 @@ See ``_async_client.py`` for what it does.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -19,8 +20,10 @@ from ._client_base import ClientBase, pool_options
 from ._db import (
     Connection,
     Database,
+    LockWaitOver,
 )
 from ._job_ids import JobId, JobIds
+from ._logs import get_logger
 from ._metrics import Metrics
 from ._statement import Operation
 from ._sync_operators import OperatorCalls
@@ -34,6 +37,7 @@ from ._types import (
 # Connection is the type of ``conn=`` and of ``connection()``: exported with it.
 __all__ = ["Connection", "Queue"]
 
+log = get_logger("leaseq")
 
 T = TypeVar("T")
 
@@ -111,8 +115,24 @@ class Queue(OperatorCalls, ClientBase):
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the migration versions applied now.
-        Safe to run concurrently (an advisory lock serialises it)."""
-        return self._db.drive(_migrate.plan(self._store))
+        Safe to run concurrently (an advisory lock serialises it), and beside
+        running workers and producers: no statement of theirs waits behind the
+        migration's lock waits longer than a few seconds (_migrate.lock_waits)."""
+        for attempt, (lock_wait, pause) in enumerate(_migrate.lock_waits(), start=1):
+            try:
+                return self._db.drive(_migrate.plan(self._store, lock_wait))
+            except LockWaitOver as exc:
+                log.warning(
+                    "migrate: schema %s: attempt %d waited %gs for a lock (%s); "
+                    "a transaction holds one of its tables: trying again in %.1fs",
+                    self.schema,
+                    attempt,
+                    lock_wait,
+                    exc,
+                    pause,
+                )
+                time.sleep(pause)
+        raise AssertionError("unreachable: lock_waits() is endless")
 
     def _require_migrated(self) -> None:
         """NotMigrated unless the schema has every migration of this code (a

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .async_database import AsyncDatabase, Session
 from .database import Database
-from .errors import translated_errors
+from .errors import LockWaitOver, translated_errors
 from .execution import AsyncConnection, Connection
 from .options import (
     ASYNC_ACKNOWLEDGEMENT_OPTIONS,
@@ -34,6 +34,7 @@ __all__ = [
     "AsyncDatabase",
     "Connection",
     "Database",
+    "LockWaitOver",
     "Session",
     "translated_errors",
     "with_statement_timeout",

@@ -59,6 +59,17 @@ _ERRORS_BY_SQLSTATE: dict[str, type[Exception]] = {
 #: migration table says exists, so someone else's object holds the name.
 _MIGRATION_CONFLICTS = frozenset({"42P07", "42710", "42723"})
 
+#: A migration's lock wait given up: lock_not_available (its lock_timeout), or
+#: deadlock_detected (the server chose it to end a deadlock with a worker's
+#: transaction). Nothing of it was written; it may try again.
+_MIGRATION_LOCK_WAITS = frozenset({"55P03", "40P01"})
+
+
+class LockWaitOver(TransientError):
+    """A migration gave up waiting for a lock (nothing of it was written): the
+    client tries again (``_migrate.lock_waits``)."""
+
+
 #: Plain words for the check constraints that input validation cannot see coming
 #: (they compare a given setting with a stored one), by constraint name.
 _CONSTRAINT_MESSAGES = {
@@ -97,7 +108,8 @@ def translated_errors(*, migrating: bool = False) -> Iterator[None]:
     OperationalError (a lost or refused connection, a deadlock, a serialization
     failure, a cancelled statement), a pool timeout and a socket error become
     TransientError; the SQLSTATEs of _ERRORS_BY_SQLSTATE their leaseq types;
-    ``migrating``: a name already taken (_MIGRATION_CONFLICTS) InvalidArgument;
+    ``migrating``: a name already taken (_MIGRATION_CONFLICTS) InvalidArgument,
+    a lock wait given up (_MIGRATION_LOCK_WAITS) LockWaitOver;
     any other error the server sent DatabaseError, which keeps its SQLSTATE.
     The driver's own errors (no SQLSTATE: a malformed DSN, a misuse) pass through.
     """
@@ -116,6 +128,8 @@ def translated_errors(*, migrating: bool = False) -> Iterator[None]:
                 f"({redact(exc.diag.message_primary or str(exc).strip())}); give leaseq a "
                 "schema of its own"
             ) from exc
+        if migrating and exc.sqlstate in _MIGRATION_LOCK_WAITS:
+            raise LockWaitOver(redact(exc.diag.message_primary or str(exc).strip())) from exc
         if (refused := refused_for_good(exc)) is not None:  # a connection made outside a pool
             raise refused from exc
         kind = _ERRORS_BY_SQLSTATE.get(exc.sqlstate or "")

@@ -34,6 +34,12 @@ class SchemaOperations(StoreBase):
     def migration_lock(self) -> Statement:
         return Statement(self.sql("migrate/lock.sql"), {"schema_name": self.schema})
 
+    def migration_lock_timeout(self, seconds: float) -> Statement:
+        """Each later statement of the migration waits for a lock ``seconds`` at most."""
+        return Statement(
+            self.sql("migrate/lock_timeout.sql"), {"lock_timeout": f"{round(seconds * 1000)}ms"}
+        )
+
     def migration_prepare(self) -> Statement:
         return Statement(self.sql("migrate/prepare.sql"))
 
