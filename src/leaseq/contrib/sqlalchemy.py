@@ -191,6 +191,7 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
     """
     _refuse_when_lost(job)
     with job._completing_block(), _new_session(bind) as session:
+        _refuse_joined(session)
         transaction = session.begin()
         _refuse_commits(session)
         connection = session.connection()
@@ -232,6 +233,7 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
     _refuse_when_lost(job)
     with job._completing_block():
         async with _new_async_session(bind) as session:
+            _refuse_joined(session.sync_session)
             transaction = session.begin()
             await transaction.start()
             _refuse_commits(session)
@@ -282,6 +284,28 @@ def _refuse_when_lost(job: JobContext) -> None:
     (the completion would refuse anyway, after the effect's work)."""
     if job.lost.is_set():
         raise LeaseLost(job.job_id, job.lease_version, "transaction")
+
+
+def _refuse_joined(session: Session) -> None:
+    """A session bound to a Connection whose transaction is already open (SQLAlchemy's
+    "join a session into an external transaction") leaves that transaction to its
+    owner, unless it is told to take it over (``join_transaction_mode=
+    "control_fully"``): its commit is a savepoint's release, or nothing. The block's
+    effect and completion would then wait for the caller's commit, or roll back
+    with it, while the job was already reported completed. Refused before anything
+    is written."""
+    bind = session.bind
+    if (
+        isinstance(bind, Connection)
+        and bind.in_transaction()
+        and session.join_transaction_mode != "control_fully"
+    ):
+        raise InvalidArgument(
+            "the session is bound to a Connection whose transaction is already open: "
+            "its commit would not commit the job's completion with the effect (bind "
+            "job_session to an Engine, or a sessionmaker of one, or to a Connection "
+            "with no transaction begun)"
+        )
 
 
 def _refuse_commits(session: Session | AsyncSession) -> None:
