@@ -153,3 +153,38 @@ def _orders(database_url: str) -> int:
         row = conn.execute(f'SELECT count(*) FROM "{schema}"."{table}"').fetchone()
     assert row is not None
     return int(row[0])
+
+
+# -- REPEATABLE READ and SERIALIZABLE: the worker renews the lease during the block -----
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE_READ", "SERIALIZABLE"])
+def test_a_job_atomic_block_in_one_snapshot_completes_although_the_lease_was_renewed(
+    shop: leaseq.Queue,  # noqa: F811
+    django_settings: dict[str, Any],
+    database_url: str,
+    isolation: str,
+) -> None:
+    """DATABASES' OPTIONS["isolation_level"] at REPEATABLE READ or SERIALIZABLE: the
+    block reads one snapshot, the worker's renewal of the lease changed the job's
+    row after it, and the completion failed (a serialization failure, the effect
+    rolled back): a block that lasted past a renewal failed on every attempt."""
+    from psycopg import IsolationLevel
+
+    from leaseq.contrib.django import job_atomic
+    from tests.django_project.shop.models import Order
+
+    django_settings["OPTIONS"] = {
+        **django_settings["OPTIONS"],
+        "isolation_level": IsolationLevel[isolation],
+    }
+    job_id = shop.enqueue("effects", {"n": 1})
+    aqueue = leaseq.AsyncQueue(database_url, schema=shop.schema)  # opens nothing here
+    (claim,) = shop.claim("effects", lease=30)
+    job = leaseq.JobContext(claim, shop, aqueue)
+    with job_atomic(job):
+        assert Order.objects.count() == 0  # the snapshot
+        shop.renew_many([claim])  # the worker's heartbeat
+        Order.objects.create(name="effect")
+    assert (shop.get(job_id).status, job.completed) == (JobStatus.DONE, True)
+    assert _orders(database_url) == 1

@@ -371,3 +371,39 @@ async def test_a_job_async_session_joined_into_an_open_transaction_is_refused(
         await conn.rollback()
     assert seen == ((JobStatus.DONE, 1) if job.completed else (JobStatus.RUNNING, 0))
     assert (queue.get(job.job_id).status, counts.reports()) == seen
+
+
+# -- REPEATABLE READ and SERIALIZABLE: the worker renews the lease during the block -----
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+async def test_a_block_in_one_snapshot_completes_although_the_worker_renewed_meanwhile(  # noqa: PLR0917
+    engine: Engine,  # noqa: F811
+    async_engine: AsyncEngine,  # noqa: F811
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,  # noqa: F811
+    isolation: str,
+) -> None:
+    """An engine in REPEATABLE READ or SERIALIZABLE reads one snapshot: the
+    worker's renewal of the lease (every few seconds while the handler runs)
+    changed the job's row after it, and the block's completion failed with a
+    serialization failure, its effect rolled back; a block that lasted past a
+    renewal failed on every attempt, until the job failed for good. Here the
+    worker's heartbeat (``renew_many``) runs inside the block, after its first
+    read."""
+    for asynchronous in (False, True):
+        job = _claimed(queue, aqueue)
+        if asynchronous:
+            aengine = async_engine.execution_options(isolation_level=isolation)
+            async with job_async_session(job, aengine) as asession:
+                await asession.execute(text("SELECT 1"))  # the snapshot
+                await aqueue.renew_many([job.claim])  # the worker's heartbeat
+                _effect(asession, job)
+        else:
+            with job_session(job, engine.execution_options(isolation_level=isolation)) as s:
+                s.execute(text("SELECT 1"))
+                await asyncio.to_thread(queue.renew_many, [job.claim])
+                _effect(s, job)
+        assert (queue.get(job.job_id).status, job.completed) == (JobStatus.DONE, True)
+    assert counts.reports() == 2

@@ -202,6 +202,8 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
                 # its writes would commit on its own, and a refusal at the end came
                 # too late (the effect committed, the job not completed).
                 driver = psycopg_connection(session)
+                # Before the effect (REPEATABLE READ, SERIALIZABLE): JobContext._hold_in.
+                job._hold_in(driver)
                 yield session
                 _require_open(transaction, connection, begun)
                 session.flush()  # the effect's writes first: a failing one raises first
@@ -243,6 +245,7 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
             with _connection_commits_refused(sync) as ours:
                 try:
                     driver = await apsycopg_connection(session)  # as job_session's
+                    await job._ahold_in(driver)
                     yield session
                     _require_open(transaction, sync, begun)
                     await session.flush()

@@ -224,6 +224,9 @@ def job_atomic(job: JobContext, using: str | None = None) -> Iterator[None]:
         _refuse_manual_commits(alias)
         try:
             with transaction.atomic(using=alias, durable=True):
+                # Before the effect (REPEATABLE READ, SERIALIZABLE): a renewal of
+                # the lease during the block would fail the completion.
+                job._hold_in(connection(alias))
                 yield
                 _refuse_rollback_only(alias)
                 job.completing = True  # the fence decides from here (JobContext)
