@@ -308,3 +308,102 @@ async def test_a_job_async_session_on_an_autocommit_engine_is_refused_before_its
     assert ran == []
     assert counts.reports() == 0
     assert not job.completed
+
+
+# -- a session joined into the caller's open transaction commits nothing ----------------
+
+
+@pytest.mark.parametrize(
+    "mode", ["conditional_savepoint", "create_savepoint", "rollback_only", "control_fully"]
+)
+def test_a_job_session_joined_into_an_open_transaction_reports_no_uncommitted_completion(
+    engine: Engine,  # noqa: F811
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,  # noqa: F811
+    mode: Any,
+) -> None:
+    """docs/sqlalchemy.md: the block commits the effect and the completion, "then
+    tells the worker the job is done". A sessionmaker bound to a Connection whose
+    transaction is already open (SQLAlchemy's "join a session into an external
+    transaction") leaves that transaction to its owner: the session's commit
+    committed nothing, and still the job was marked completed (the worker counts
+    it done, runs on_success, stops renewing its lease) while the caller's
+    transaction could roll it back. A job reported completed is done, with its
+    effect, for everyone else; or the block is refused before anything is written."""
+    from sqlalchemy.orm import sessionmaker
+
+    job = _claimed(queue, aqueue)
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))  # the caller's transaction (autobegun)
+        try:
+            with job_session(job, sessionmaker(bind=conn, join_transaction_mode=mode)) as s:
+                _effect(s, job)
+        except leaseq.InvalidArgument:
+            assert not job.completed
+            assert conn.in_transaction()  # the caller's, left as it was
+        seen = (queue.get(job.job_id).status, counts.reports())
+        conn.rollback()  # the caller's own decision
+    if job.completed:
+        assert seen == (JobStatus.DONE, 1)
+    else:
+        assert seen == (JobStatus.RUNNING, 0)
+    assert (queue.get(job.job_id).status, counts.reports()) == seen
+
+
+async def test_a_job_async_session_joined_into_an_open_transaction_is_refused(
+    async_engine: AsyncEngine,  # noqa: F811
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,  # noqa: F811
+) -> None:
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
+    job = _claimed(queue, aqueue)
+    async with async_engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+        try:
+            async with job_async_session(job, async_sessionmaker(bind=conn)) as s:
+                _effect(s, job)
+        except leaseq.InvalidArgument:
+            assert not job.completed
+        seen = (queue.get(job.job_id).status, counts.reports())
+        await conn.rollback()
+    assert seen == ((JobStatus.DONE, 1) if job.completed else (JobStatus.RUNNING, 0))
+    assert (queue.get(job.job_id).status, counts.reports()) == seen
+
+
+# -- REPEATABLE READ and SERIALIZABLE: the worker renews the lease during the block -----
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+async def test_a_block_in_one_snapshot_completes_although_the_worker_renewed_meanwhile(  # noqa: PLR0917
+    engine: Engine,  # noqa: F811
+    async_engine: AsyncEngine,  # noqa: F811
+    queue: leaseq.Queue,
+    aqueue: leaseq.AsyncQueue,
+    counts: Counts,  # noqa: F811
+    isolation: str,
+) -> None:
+    """An engine in REPEATABLE READ or SERIALIZABLE reads one snapshot: the
+    worker's renewal of the lease (every few seconds while the handler runs)
+    changed the job's row after it, and the block's completion failed with a
+    serialization failure, its effect rolled back; a block that lasted past a
+    renewal failed on every attempt, until the job failed for good. Here the
+    worker's heartbeat (``renew_many``) runs inside the block, after its first
+    read."""
+    for asynchronous in (False, True):
+        job = _claimed(queue, aqueue)
+        if asynchronous:
+            aengine = async_engine.execution_options(isolation_level=isolation)
+            async with job_async_session(job, aengine) as asession:
+                await asession.execute(text("SELECT 1"))  # the snapshot
+                await aqueue.renew_many([job.claim])  # the worker's heartbeat
+                _effect(asession, job)
+        else:
+            with job_session(job, engine.execution_options(isolation_level=isolation)) as s:
+                s.execute(text("SELECT 1"))
+                await asyncio.to_thread(queue.renew_many, [job.claim])
+                _effect(s, job)
+        assert (queue.get(job.job_id).status, job.completed) == (JobStatus.DONE, True)
+    assert counts.reports() == 2

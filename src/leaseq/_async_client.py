@@ -289,6 +289,13 @@ class AsyncQueue(AsyncOperatorCalls, ClientBase):
         steps = _steps.complete(self._store, claim, result=result, strict=conn is not None)
         await self._db.run_steps(steps, conn)
 
+    async def _hold_for_completion(self, claim: Claim, conn: AsyncConnection) -> None:
+        """First in the caller's transaction (``conn``) that will complete ``claim``
+        (JobContext's blocks of leaseq.contrib): in REPEATABLE READ or SERIALIZABLE
+        the job's row is locked now, fenced (LeaseLost), so that the worker's
+        renewals cannot make the completion a serialization failure."""
+        await self._db.run(self._store.hold_for_completion(claim), conn)
+
     async def complete_many(
         self,
         claims: Sequence[Claim],

@@ -276,6 +276,13 @@ class Queue(OperatorCalls, ClientBase):
         steps = _steps.complete(self._store, claim, result=result, strict=conn is not None)
         self._db.run_steps(steps, conn)
 
+    def _hold_for_completion(self, claim: Claim, conn: Connection) -> None:
+        """First in the caller's transaction (``conn``) that will complete ``claim``
+        (JobContext's blocks of leaseq.contrib): in REPEATABLE READ or SERIALIZABLE
+        the job's row is locked now, fenced (LeaseLost), so that the worker's
+        renewals cannot make the completion a serialization failure."""
+        self._db.run(self._store.hold_for_completion(claim), conn)
+
     def complete_many(
         self,
         claims: Sequence[Claim],

@@ -255,6 +255,21 @@ class JobOperations(StoreBase):
             (Statement(self.sql("completed_by.sql"), params),), lambda rows: bool(rows[0][0][0])
         )
 
+    def hold_for_completion(self, claim: Claim) -> Operation[None]:
+        """First in a caller's transaction that will complete ``claim``: in REPEATABLE
+        READ or SERIALIZABLE, lock the job's row (fenced: LeaseLost), so that no
+        renewal changes it under the transaction's snapshot; in READ COMMITTED,
+        nothing (hold_for_completion.sql)."""
+        claim = validate.claim(claim)
+        params = {"job_id": claim.job_id, "lease_version": claim.lease_version}
+
+        def decode(rows: list[Rows]) -> None:
+            one_snapshot, held = rows[0][0]
+            if one_snapshot and not held:
+                raise LeaseLost(claim.job_id, claim.lease_version, "complete")
+
+        return Operation((Statement(self.sql("hold_for_completion.sql"), params),), decode)
+
     def renew_one(self, claim: Claim, lease: float | None = None) -> Operation[datetime]:
         """The new lease_until, or LeaseLost. Unlike the batch it waits for a locked row
         (as the other single-claim writes do), so the answer is never "busy"."""

@@ -199,6 +199,20 @@ class JobContext:
             finally:
                 self.completing = False
 
+    def _hold_in(self, conn: Connection) -> None:
+        """First inside a transaction :meth:`complete_in` will complete the job in
+        (leaseq.contrib's blocks): in REPEATABLE READ or SERIALIZABLE, lock the
+        job's row before the effect's statements, or a renewal of the lease
+        during the block made the completion a serialization failure (the
+        effect rolled back, each attempt again). LeaseLost if already lost."""
+        self._check_owned()
+        self._sync._hold_for_completion(self.claim, conn)
+
+    async def _ahold_in(self, conn: AsyncConnection) -> None:
+        """The async twin of :meth:`_hold_in`."""
+        self._check_owned()
+        await self._async._hold_for_completion(self.claim, conn)
+
     def complete_in(self, conn: Connection) -> None:
         """Complete the job inside the transaction open on ``conn``, with ``job.result``.
 

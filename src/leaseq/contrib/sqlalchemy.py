@@ -191,6 +191,7 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
     """
     _refuse_when_lost(job)
     with job._completing_block(), _new_session(bind) as session:
+        _refuse_joined(session)
         transaction = session.begin()
         _refuse_commits(session)
         connection = session.connection()
@@ -201,6 +202,8 @@ def job_session(job: JobContext, bind: SessionBind) -> Iterator[Session]:
                 # its writes would commit on its own, and a refusal at the end came
                 # too late (the effect committed, the job not completed).
                 driver = psycopg_connection(session)
+                # Before the effect (REPEATABLE READ, SERIALIZABLE): JobContext._hold_in.
+                job._hold_in(driver)
                 yield session
                 _require_open(transaction, connection, begun)
                 session.flush()  # the effect's writes first: a failing one raises first
@@ -232,6 +235,7 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
     _refuse_when_lost(job)
     with job._completing_block():
         async with _new_async_session(bind) as session:
+            _refuse_joined(session.sync_session)
             transaction = session.begin()
             await transaction.start()
             _refuse_commits(session)
@@ -241,6 +245,7 @@ async def job_async_session(job: JobContext, bind: AsyncSessionBind) -> AsyncIte
             with _connection_commits_refused(sync) as ours:
                 try:
                     driver = await apsycopg_connection(session)  # as job_session's
+                    await job._ahold_in(driver)
                     yield session
                     _require_open(transaction, sync, begun)
                     await session.flush()
@@ -282,6 +287,28 @@ def _refuse_when_lost(job: JobContext) -> None:
     (the completion would refuse anyway, after the effect's work)."""
     if job.lost.is_set():
         raise LeaseLost(job.job_id, job.lease_version, "transaction")
+
+
+def _refuse_joined(session: Session) -> None:
+    """A session bound to a Connection whose transaction is already open (SQLAlchemy's
+    "join a session into an external transaction") leaves that transaction to its
+    owner, unless it is told to take it over (``join_transaction_mode=
+    "control_fully"``): its commit is a savepoint's release, or nothing. The block's
+    effect and completion would then wait for the caller's commit, or roll back
+    with it, while the job was already reported completed. Refused before anything
+    is written."""
+    bind = session.bind
+    if (
+        isinstance(bind, Connection)
+        and bind.in_transaction()
+        and session.join_transaction_mode != "control_fully"
+    ):
+        raise InvalidArgument(
+            "the session is bound to a Connection whose transaction is already open: "
+            "its commit would not commit the job's completion with the effect (bind "
+            "job_session to an Engine, or a sessionmaker of one, or to a Connection "
+            "with no transaction begun)"
+        )
 
 
 def _refuse_commits(session: Session | AsyncSession) -> None:

@@ -82,6 +82,10 @@ def connection(using: str | None = None) -> psycopg.Connection[Any]:
     """
     alias = using or leaseq_settings().database
     wrapper = connections[alias]
+    # As Django's own cursor() does: a persistent connection (CONN_MAX_AGE) is
+    # health-checked at its first use of a request or job (CONN_HEALTH_CHECKS),
+    # and replaced if the server dropped it.
+    wrapper.close_if_health_check_failed()
     wrapper.ensure_connection()
     raw = wrapper.connection
     if not isinstance(raw, psycopg.Connection):
@@ -107,12 +111,18 @@ def _refusals_roll_back(using: str | None) -> Iterator[psycopg.Connection[Any]]:
     had failed: a caller who caught the refusal left the block normally, the
     server turned its COMMIT into a ROLLBACK (the business rows gone), and its
     ``on_commit`` callbacks ran all the same. A refusal before anything was sent
-    (a bad payload) leaves the transaction, and the block, as they were."""
+    (a bad payload) leaves the transaction, and the block, as they were. A
+    connection the failure broke is flagged for Django, as its own errors are."""
     conn = connection(using)
     try:
         yield conn
     except BaseException:
         alias = using or leaseq_settings().database
+        if conn.broken or conn.closed:
+            # Django's own failed queries say so: close_old_connections() then
+            # replaces the connection at the next request (or job) instead of
+            # keeping a dead one, which every later enqueue failed on, for good.
+            connections[alias].errors_occurred = True
         if (
             connections[alias].in_atomic_block
             and conn.info.transaction_status == pq.TransactionStatus.INERROR
@@ -211,8 +221,12 @@ def job_atomic(job: JobContext, using: str | None = None) -> Iterator[None]:
     """
     alias = using or leaseq_settings().database
     with job._completing_block():
+        _refuse_manual_commits(alias)
         try:
             with transaction.atomic(using=alias, durable=True):
+                # Before the effect (REPEATABLE READ, SERIALIZABLE): a renewal of
+                # the lease during the block would fail the completion.
+                job._hold_in(connection(alias))
                 yield
                 _refuse_rollback_only(alias)
                 job.completing = True  # the fence decides from here (JobContext)
@@ -220,6 +234,23 @@ def job_atomic(job: JobContext, using: str | None = None) -> Iterator[None]:
         finally:
             job.completing = False
     job.mark_completed()
+
+
+def _refuse_manual_commits(alias: str) -> None:
+    """With ``AUTOCOMMIT: False`` in DATABASES the application commits itself, and
+    Django's outermost ``atomic()`` is a mere savepoint: the block would commit
+    nothing, and the job be reported completed while its effect and completion
+    waited in a transaction that closing the connection rolls back (the worker
+    then stopped renewing a job still running, ran its on_success hooks, and
+    every later attempt went the same way). Refused before anything is written.
+    (An ``atomic()`` around the block is the durability check's to refuse.)"""
+    wrapper = connections[alias]
+    if not wrapper.in_atomic_block and not wrapper.get_autocommit():
+        raise InvalidArgument(
+            f"job_atomic needs DATABASES[{alias!r}] in autocommit (AUTOCOMMIT: True, "
+            "Django's default): without it the block's atomic() commits nothing, and "
+            "the job's completion would not commit with its effect"
+        )
 
 
 def _refuse_rollback_only(alias: str) -> None:
