@@ -419,7 +419,9 @@ def test_children_of_a_supervisor_killed_outright_stop_and_give_their_jobs_back(
     with worker_processes(database_url, schema, own_session=True) as spawn:
         supervisor = spawn("--processes", "2", "--shutdown-grace", "1")
         _wait(lambda: _attempts_logged(queue, job_id) == 1, what="the job started")
-        child = int(_scalar(queue, "SELECT pid FROM {schema}.attempt_log WHERE job_id = %s", job_id))
+        child = int(
+            _scalar(queue, "SELECT pid FROM {schema}.attempt_log WHERE job_id = %s", job_id)
+        )
         supervisor.send_signal(signal.SIGKILL)
         supervisor.wait(10)
         _wait(lambda: not _running(child), timeout=40, what="the orphaned child stopped")
