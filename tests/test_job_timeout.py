@@ -99,3 +99,30 @@ async def test_a_handler_that_swallows_its_timeout_still_timed_out(
     assert job.status is JobStatus.FAILED
     assert job.last_error == "timed out after 0.2s"
     assert worker.stats.timeouts == 1
+
+
+async def test_a_handler_that_blocks_the_loop_past_its_timeout_still_timed_out(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """It blocks the event loop (a ``time.sleep``, a blocking client) past its
+    timeout, then returns: the loop never got to cancel it, but it ran out of its
+    time all the same. As for a sync handler that returns after its timeout, what
+    it ends with is not its outcome: a timeout (the README: a transient error)."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("blocking", timeout=0.2, max_attempts=1)
+    async def blocking(job: leaseq.JobContext) -> str:
+        time.sleep(1.0)  # never yields: no cancellation can reach it
+        return "finished anyway"
+
+    job_id = await aqueue.enqueue("blocking", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False)
+    running = Running(worker)
+    try:
+        await _until(lambda: _all_finished(aqueue, "blocking"))
+    finally:
+        await running.stop()
+    job = await aqueue.get(job_id)
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "timed out after 0.2s"
+    assert worker.stats.timeouts == 1

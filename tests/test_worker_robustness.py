@@ -322,6 +322,51 @@ async def test_a_partitioned_worker_stops_its_handlers_before_another_can_reclai
         assert (await aqueue.get(job_id)).status is JobStatus.DONE
 
 
+async def test_a_sync_handler_is_told_at_its_deadline_while_an_async_one_blocks_the_loop(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """An ``async def`` handler blocks the event loop (a ``time.sleep``, a blocking
+    client) for longer than a sync handler's lease: nothing renews that lease, and
+    the database lets another worker reclaim the job at its end. The sync handler,
+    running on in its thread, must be told (job.lost) before then, not once the
+    loop runs again: else it works on beside the job's next attempt, unknowing."""
+    app = _app(schema)
+    started, blocking = threading.Event(), threading.Event()
+    told: list[tuple[bool, bool]] = []  # (while the loop was blocked, lease live in the database)
+
+    @app.task("sync-work", lease=3, max_attempts=1)
+    def sync_handler(job: leaseq.JobContext) -> None:
+        started.set()
+        if not job.lost.wait(30):
+            return
+        while_blocked = blocking.is_set()
+        with job.connection() as conn:
+            row = conn.execute(
+                f'SELECT lease_until > "{schema}".clock() FROM "{schema}".job WHERE job_id = %s',
+                (job.job_id,),
+            ).fetchone()
+        told.append((while_blocked, bool(row and row[0])))
+
+    @app.task("blocking", max_attempts=1)
+    async def blocking_handler(job: leaseq.JobContext) -> None:
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        blocking.set()
+        time.sleep(9)  # the bug under test: a blocking call on the event loop
+        blocking.clear()
+
+    await aqueue.enqueue("sync-work", {})
+    await aqueue.enqueue("blocking", {})
+    running = Running(leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False))
+    try:
+        await _until(lambda: _all_finished(aqueue, "blocking"), timeout=40)
+        await _until(lambda: _all_finished(aqueue, "sync-work"), timeout=40)
+    finally:
+        await running.stop()
+    assert told == [(True, True)]
+    assert running.worker.stats.lost_leases == 1
+
+
 async def test_busy_handler_transactions_do_not_starve_renewals(
     aqueue: leaseq.AsyncQueue, database_url: str, schema: str
 ) -> None:

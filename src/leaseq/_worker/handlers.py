@@ -45,10 +45,12 @@ async def run_until(
             raise  # the handler's own
         timed_out()
         raise TimedOut from None
-    if scope.expired():
-        # The handler caught the cancellation its deadline sent and returned: it
-        # still ran out of time, and what it ended with is not its outcome (as for
-        # a sync handler that returns after its timeout).
+    if scope.expired() or asyncio.get_running_loop().time() >= deadline:
+        # The handler caught the cancellation its deadline sent and returned; or
+        # it blocked the event loop past its deadline (a time.sleep, a blocking
+        # client), so that the cancellation never came: it still ran out of time,
+        # and what it ended with is not its outcome (as for a sync handler that
+        # returns after its timeout).
         timed_out()
         raise TimedOut
     return returned

@@ -16,14 +16,24 @@ still be kept meanwhile:
 
 The worker starts each loop as a service of its own (``heartbeat`` and
 ``deadlines``), so a crash of either stops the worker loudly.
+
+Both loops run on the event loop, which an ``async def`` handler that blocks
+(a ``time.sleep``, a blocking client) stops for as long as it blocks: no
+renewal goes out, and no deadline is kept. The handlers in threads (and their
+child processes) run on meanwhile, and their leases end in the database. So
+the deadlines are also watched from a thread of their own
+(:meth:`LeaseKeeper.watch_deadlines_from_a_thread`): past its deadline an
+attempt's ``job.lost`` is set there, at its time, whatever the event loop
+does; the loop counts and logs the loss once it runs again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._async_client import AsyncQueue
 from .._errors import LeaseqError, TransientError
@@ -139,17 +149,10 @@ class LeaseKeeper:
             now = time.monotonic()
             upcoming: list[float] = []
             for attempt in self._attempts:
-                if not _kept(attempt) or attempt.acknowledging:
-                    continue  # nothing left to tell a handler that has returned
-                if attempt.context.completing:
-                    # Its fenced completion is on its way to commit: the database
-                    # says whether the lease still held (LeaseLost if not), and
-                    # telling the handler now changes nothing it does.
+                if not _watched(attempt):
                     continue
                 if now >= attempt.deadline:
-                    self._attempts.lose(
-                        attempt, "no renewal was confirmed before its local deadline"
-                    )
+                    self._attempts.lose(attempt, _PAST_DEADLINE)
                 else:
                     upcoming.append(attempt.deadline)
             # Never longer than a second: a renewal may have moved a deadline later only.
@@ -160,9 +163,66 @@ class LeaseKeeper:
             finally:
                 self._deadlines_sleep_until = -math.inf
 
+    def watch_deadlines_from_a_thread(self) -> Callable[[], None]:
+        """Keep the deadlines from a daemon thread too (see the module); returns
+        what stops it. It only tells handlers (``job.lost``): the loss itself
+        (counted, logged, an async handler cancelled) is the event loop's."""
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._watch_from_a_thread,
+            args=(loop, stop),
+            name="leaseq-deadlines",
+            daemon=True,
+        )
+        thread.start()
+        return stop.set
+
+    def _watch_from_a_thread(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+        wait = _THREAD_WAIT_MAX
+        while not stop.wait(wait):
+            now = time.monotonic()
+            upcoming = now + _THREAD_WAIT_MAX
+            for attempt in self._attempts:  # (a snapshot: one C-level copy)
+                if not _watched(attempt):
+                    continue
+                if now < attempt.deadline:
+                    upcoming = min(upcoming, attempt.deadline)
+                    continue
+                if attempt.context.lost.is_set():
+                    continue  # told already (the loop's watch, a timeout): nothing to add
+                attempt.context.mark_lost(_PAST_DEADLINE)
+                try:
+                    loop.call_soon_threadsafe(self._lost_past_deadline, attempt)
+                except RuntimeError:  # the loop is closed: the worker is gone
+                    return
+            wait = min(max(upcoming - time.monotonic(), _THREAD_WAIT_MIN), _THREAD_WAIT_MAX)
+
+    def _lost_past_deadline(self, attempt: Attempt) -> None:
+        """On the loop: an attempt the thread told is lost (unless its outcome went
+        out meanwhile: the fence has the last word on that one)."""
+        if _watched(attempt):
+            self._attempts.lose(attempt, _PAST_DEADLINE)
+
     def _tick(self) -> float:
         shortest = min((a.claim.lease_seconds for a in self._attempts), default=60.0)
         return _renewal_tick(shortest, self._renew_fraction)
+
+
+#: Why an attempt past its local deadline is lost.
+_PAST_DEADLINE = "no renewal was confirmed before its local deadline"
+#: How long the deadlines' thread sleeps at most (it wakes at the next deadline
+#: otherwise); and at least, for leases of a few milliseconds.
+_THREAD_WAIT_MAX = 0.25
+_THREAD_WAIT_MIN = 0.02
+
+
+def _watched(attempt: Attempt) -> bool:
+    """Whether an attempt is still to be told at its deadline: not one whose
+    handler has returned (nothing left to tell), nor one whose fenced completion
+    is on its way to commit (the database says whether the lease still held,
+    LeaseLost if not, and telling the handler now changes nothing it does)."""
+    return _kept(attempt) and not attempt.acknowledging and not attempt.context.completing
 
 
 def _renewal_tick(lease_seconds: float, renew_fraction: float) -> float:

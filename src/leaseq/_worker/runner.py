@@ -243,6 +243,7 @@ class Worker:
         ]
         for task in background:
             task.add_done_callback(self._service_ended)
+        stop_watchdog = self._leases.watch_deadlines_from_a_thread()
         untrack = None
         if self.metrics is not None:
             untrack = self.metrics.track_running(self._attempts.running)
@@ -286,6 +287,7 @@ class Worker:
             # for its connection attempt (5 s): a stop took 37 s, past the usual
             # 30 s between a container's SIGTERM and its SIGKILL.
             closing_by = time.monotonic() + CLOSE_WAIT
+            stop_watchdog()  # (the jobs are finished or given back: nothing left to tell)
             for task in background:
                 task.cancel()
             if background:
