@@ -8,11 +8,17 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 
 import leaseq
 from leaseq._migrate import latest_version
 
 from .older_schemas import migrate_until
+
+# Its migrations wait for locks with a statement's snapshot held, which holds back
+# VACUUM database-wide (see test_plans); and other tests' migrations run the
+# same DDL on schemas of their own, so a session is found by its schema too.
+pytestmark = pytest.mark.xdist_group("cleanup_horizon")
 
 #: The last migration before one that changes the job table's triggers (0023
 #: drops and creates one: it needs the table's strongest lock).
@@ -34,14 +40,22 @@ def _in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, outcome
 
 
-def _wait_for_lock_wait(database_url: str, text: str) -> None:
-    """Until a session whose statement holds ``text`` waits for a lock (bounded)."""
+#: The sessions waiting for a lock of one schema's job table (the statement's text
+#: does not say which: pg_stat_activity keeps its first kilobyte, comments).
+_WAITING_FOR_THE_JOB_TABLE = (
+    "SELECT count(pid) FROM pg_locks JOIN pg_stat_activity USING (pid)"
+    " WHERE NOT granted AND relation = %s::regclass"
+)
+
+
+def _wait_for_lock_wait(database_url: str, schema: str, text: str) -> None:
+    """Until a session whose statement holds ``text`` waits for the lock of
+    ``schema``'s job table (bounded)."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         for _ in range(300):
             row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND query LIKE %s",
-                (f"%{text}%",),
+                _WAITING_FOR_THE_JOB_TABLE + " AND query LIKE %s",
+                (f'"{schema}".job', f"%{text}%"),
             ).fetchone()
             if row is not None and row[0] > 0:
                 return
@@ -68,7 +82,7 @@ def test_a_migration_waiting_behind_a_long_transaction_never_holds_up_the_queue(
         long_transaction.execute(f'SELECT count(*) FROM "{schema}".job')  # holds its lock
         with leaseq.Queue(database_url, schema=schema) as operator:
             migrating, migrated = _in_thread(operator.migrate)
-            _wait_for_lock_wait(database_url, "job_slot_freed")
+            _wait_for_lock_wait(database_url, schema, "job_slot_freed")
 
             def work() -> list[int]:
                 with leaseq.Queue(database_url, schema=schema) as worker:
@@ -82,7 +96,7 @@ def test_a_migration_waiting_behind_a_long_transaction_never_holds_up_the_queue(
             assert worked == [[1, 2]], worked
             # The queue went on while the long transaction was still open.
             assert long_transaction.execute("SELECT 1").fetchone() == (1,)
-            assert migrating.is_alive()  # (it waits for that transaction)
+            assert migrating.is_alive(), migrated  # (it waits for that transaction)
             long_transaction.rollback()
             migrating.join(timeout=60)
             assert migrated == [list(range(BEFORE_TRIGGER_CHANGE + 1, latest_version() + 1))]
@@ -113,8 +127,10 @@ def test_a_migration_whose_connection_is_killed_midway_leaves_the_schema_as_it_w
             with psycopg.connect(database_url, autocommit=True) as conn:
                 for _ in range(600):  # (it waits a while at a time, bounded)
                     ended = conn.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                        " WHERE wait_event_type = 'Lock' AND query LIKE '%job_slot_freed%'"
+                        _WAITING_FOR_THE_JOB_TABLE.replace(
+                            "count(pid)", "pg_terminate_backend(pid)"
+                        ),
+                        (f'"{schema}".job',),
                     ).fetchall()
                     if ended:
                         break
