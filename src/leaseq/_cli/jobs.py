@@ -8,7 +8,6 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from leaseq import (
     InvalidArgument,
@@ -17,8 +16,15 @@ from leaseq import (
 )
 
 from .._durations import exact_number
-from .._redact import redact
-from .common import actor, cli, console, database_options, open_queue, require_queue
+from .common import (
+    actor,
+    cli,
+    console,
+    database_options,
+    open_queue,
+    require_queue,
+    shown,
+)
 from .limits import NO_LIMIT, count_limit, format_limit, format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
 
@@ -128,7 +134,7 @@ def _print_jobs(jobs: list[Job], title: str) -> None:
             job.queue,
             f"{job.attempts}/{job.max_attempts}",
             finished,
-            Text(redact(job.last_error or "")),
+            shown(job.last_error or ""),
         )
     console.print(table)
 
