@@ -5,8 +5,15 @@ a bulk replay does what it says while workers run beside it."""
 from __future__ import annotations
 
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
 
 import leaseq
+from leaseq import JobStatus
+from leaseq._store.operators import OperatorOperations
 
 from .test_cli import Invoke, invoke
 
@@ -47,3 +54,69 @@ def test_audit_never_writes_an_actors_name_to_the_terminal_raw(
     output = invoke("audit").output
     assert not TERMINAL_CONTROL.search(output), repr(output)
     assert "mallory" in output
+
+
+# -- replay --all-failed beside workers and other operators -----------------------------
+
+
+def _fail_all(queue: leaseq.Queue, name: str, count: int) -> list[int]:
+    ids = queue.enqueue_many(name, [{"n": n} for n in range(count)], max_attempts=1)
+    claims = queue.claim(name, limit=count)
+    queue.fail_many(claims, ["boom"] * len(claims))
+    return list(ids)
+
+
+def test_replay_all_failed_leaves_a_job_skipped_meanwhile_skipped(
+    invoke: Invoke, queue: leaseq.Queue, connect: Any
+) -> None:
+    """Another operator skips a failed job (`leaseq cancel`) while `replay --queue Q
+    --all-failed` runs: the replay found the job failed, waited for the skip's
+    lock, and then replayed the job just skipped (its status re-check on the
+    locked row let a cancelled job through): work an operator decided must not
+    run ran."""
+    skipped, other = _fail_all(queue, "reports", 2)
+    skipper = connect()  # the skip: done, not committed yet
+    assert queue._db.run(queue._store.cancel(skipped, only_failed=True, actor="alice"), skipper)
+    with ThreadPoolExecutor(1) as pool:
+        replaying = pool.submit(invoke, "replay", "--queue", "reports", "--all-failed")
+        watcher = connect(autocommit=True)
+        while not watcher.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE %s AND query LIKE 'WITH shown AS%%'",  # (replay.sql; cut at 1 kB)
+            [f"%{queue.schema}%"],
+        ).fetchone():
+            assert not replaying.done(), replaying.result().output
+            time.sleep(0.01)
+        skipper.commit()
+        output = replaying.result(timeout=60).output
+    assert queue.get(skipped).status is JobStatus.CANCELLED
+    assert queue.get(other).status is JobStatus.QUEUED
+    assert "replayed 1 jobs" in output
+
+
+def test_replay_all_failed_replays_each_failed_job_once_while_workers_fail_them_again(
+    invoke: Invoke, queue: leaseq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`replay --queue Q --all-failed` took batch after batch of the queue's failed
+    jobs until one came back short: a worker that failed the replayed jobs again
+    (the bug not fixed yet) put them back in the next batch, so the command
+    replayed the same jobs again and again, as long as workers kept up (here three
+    rounds, then the worker stops), and counted every round. The jobs failed when
+    it began are replayed once each; those that fail again stay failed."""
+    failed = _fail_all(queue, "reports", 1001)  # one batch of 1,000, then one more
+    replay_batch = OperatorOperations.replay_failed
+    rounds = []
+
+    def worker_between_batches(store: Any, *args: Any, **kwargs: Any) -> Any:
+        if rounds and len(rounds) <= 3:  # the replayed jobs run, and fail again
+            claims = queue.claim("reports", limit=1000)
+            queue.fail_many(claims, ["boom again"] * len(claims))
+        rounds.append(1)
+        return replay_batch(store, *args, **kwargs)
+
+    monkeypatch.setattr(OperatorOperations, "replay_failed", worker_between_batches)
+    output = invoke("replay", "--queue", "reports", "--all-failed").output
+    monkeypatch.undo()
+    assert "replayed 1001 jobs" in output
+    replayed = [i for e in queue.audit_log(queue="reports") for i in e.job_ids]
+    assert sorted(replayed) == failed  # each once

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .. import _decoding as decoding
@@ -123,13 +124,23 @@ class OperatorOperations(StoreBase):
         )
 
     def replay_failed(
-        self, queue: str, *, limit: int = 1000, actor: str | None = None
+        self,
+        queue: str,
+        *,
+        limit: int = 1000,
+        actor: str | None = None,
+        failed_before: datetime | None = None,
     ) -> Operation[ReplayBatch]:
         """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
-        as many as its backlog limits have room for."""
+        as many as its backlog limits have room for; with ``failed_before``, only
+        jobs that failed by then (by the schema's clock)."""
         params = self._replay_params(
             [], validate.queue_name(queue), validate.claim_limit(limit), actor
         )
+        # Failed jobs only, checked again on the locked row: one skipped (cancelled)
+        # while this batch waited for its lock stays skipped.
+        params["statuses"] = ["failed"]
+        params["failed_before"] = failed_before
 
         def decode(rows: list[Rows]) -> ReplayBatch:
             return ReplayBatch(
@@ -153,6 +164,7 @@ class OperatorOperations(StoreBase):
             "actor": operator_input.actor(actor),
             "statuses": ["failed", "cancelled"],
             "lease_versions": None,
+            "failed_before": None,
         }
 
     def cancel(
