@@ -83,8 +83,10 @@ class AsyncOperatorCalls:
         self, queue: str, *, batch: int = 1000, actor: str | None = None
     ) -> list[int]:
         """Replay every failed job of ``queue`` in batches of short transactions;
-        returns their ids. A queue with admission limits takes back only what
-        fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
+        returns their ids. The jobs failed when it begins, each once: one that
+        fails again meanwhile stays failed. A queue with admission limits takes
+        back only what fits: then BacklogFull is raised, its ``replayed`` holding
+        what was done."""
         # Here, under its own name: each batch is the store's replay ``limit``.
         validate.claim_limit(batch, "batch")
         steps = _steps.replay_failed(self._store, queue, batch=batch, actor=actor)
