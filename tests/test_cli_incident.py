@@ -15,6 +15,7 @@ import leaseq
 from leaseq import JobStatus
 from leaseq._store.operators import OperatorOperations
 
+from .conftest import Clock
 from .test_cli import Invoke, invoke
 
 __all__ = ["invoke"]  # the fixture, used by name
@@ -120,3 +121,28 @@ def test_replay_all_failed_replays_each_failed_job_once_while_workers_fail_them_
     assert "replayed 1001 jobs" in output
     replayed = [i for e in queue.audit_log(queue="reports") for i in e.job_ids]
     assert sorted(replayed) == failed  # each once
+
+
+# -- prune: an operator's removal of jobs is audited ----------------------------------
+
+
+def test_prune_says_in_the_audit_log_who_removed_which_jobs(
+    invoke: Invoke, queue: leaseq.Queue, clock: Clock
+) -> None:
+    """`leaseq prune --older-than 1s --state failed` deletes the failed jobs kept for
+    investigation, and nothing said who did (every other command that changes
+    jobs writes the audit log). A dry run changes nothing and writes nothing."""
+    failed = _fail_all(queue, "reports", 3)
+    queue.configure_queue("archived", retention_mode="archive")
+    archived = _fail_all(queue, "archived", 2)
+    clock.advance(10)
+    invoke("prune", "--older-than", "1s", "--state", "failed", "--dry-run")
+    assert [e.action for e in queue.audit_log()] == ["configure"]
+    assert "removed 5 finished jobs" in invoke("prune", "--older-than", "1s").output
+    entries = {e.queue: e for e in queue.audit_log() if e.action == "prune"}
+    assert sorted(entries) == ["archived", "reports"]
+    assert sorted(entries["reports"].job_ids) == failed
+    assert sorted(entries["archived"].job_ids) == archived
+    assert all(e.actor.startswith("cli:") for e in entries.values())
+    shown = invoke("audit", "--json").output
+    assert '"action": "prune"' in shown

@@ -130,6 +130,7 @@ class OperatorCalls:
         dry_run: bool = False,
         pause: float = 0.1,
         max_batches: int | None = None,
+        actor: str | None = None,
     ) -> PruneResult:
         """Apply retention now: remove finished jobs (done, cancelled, failed, or
         ``states``) of every queue (or ``queue``) past their queue's retention, or
@@ -140,7 +141,8 @@ class OperatorCalls:
         nothing is due or ``max_batches`` ran (then ``more`` says whether some may
         be left). Queued and running jobs are never touched, nor a failed job of an
         ordering key under the ``block`` policy. ``dry_run`` counts what would go,
-        writing nothing."""
+        writing nothing. ``actor``: an operator's prune, audited under that name
+        (the ids each batch removed; the maintenance leader's retention names none)."""
         operation = self._store.prune(
             queue=queue,
             states=states,
@@ -148,6 +150,7 @@ class OperatorCalls:
             archived_older_than=archived_older_than,
             limit=batch,
             dry_run=dry_run,
+            actor=actor,
         )
         pause = validate.seconds(pause, "pause", 3600.0)
         if max_batches is not None:
