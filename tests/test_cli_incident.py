@@ -146,3 +146,19 @@ def test_prune_says_in_the_audit_log_who_removed_which_jobs(
     assert all(e.actor.startswith("cli:") for e in entries.values())
     shown = invoke("audit", "--json").output
     assert '"action": "prune"' in shown
+
+
+# -- failed: a listing cut at its limit says so -----------------------------------------
+
+
+def test_failed_says_when_it_shows_only_some_of_the_failed_jobs(
+    invoke: Invoke, queue: leaseq.Queue
+) -> None:
+    """`leaseq failed` lists the newest 50 failed jobs: with 3,000 failed it showed
+    50 rows and nothing else, which reads as "50 jobs failed"."""
+    _fail_all(queue, "reports", 3)
+    cut = invoke("failed", "--limit", "2").output
+    assert re.search(r"\b2\b.*\bof\b.*\b3\b", cut), cut
+    assert "--limit" in cut
+    whole = invoke("failed", "--limit", "3").output
+    assert "--limit" not in whole

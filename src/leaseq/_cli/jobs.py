@@ -121,11 +121,20 @@ def failed(queue_name: str | None, limit: int, database_url: str | None, schema:
     with open_queue(database_url, schema) as queue:
         require_queue(queue, queue_name)
         jobs = queue.list_jobs(JobStatus.FAILED, queue=queue_name, limit=limit)
-    _print_jobs(jobs, "failed jobs")
+        caption = None
+        if len(jobs) == limit:  # maybe cut short: 50 rows read as "50 jobs failed"
+            stats = queue.stats(queue_name)
+            total = sum(s.counts[JobStatus.FAILED] for s in stats)
+            about = "~" if any(JobStatus.FAILED in s.estimated for s in stats) else ""
+            if total > limit or about:
+                caption = f"the {limit} newest of {about}{total} failed jobs (--limit N for more)"
+    _print_jobs(jobs, "failed jobs", caption)
 
 
-def _print_jobs(jobs: list[Job], title: str) -> None:
-    table = Table("job", "queue", "attempts", "finished", title=title, box=box.SIMPLE_HEAD)
+def _print_jobs(jobs: list[Job], title: str, caption: str | None = None) -> None:
+    table = Table(
+        "job", "queue", "attempts", "finished", title=title, caption=caption, box=box.SIMPLE_HEAD
+    )
     table.add_column("last error", overflow="fold")
     for job in jobs:
         finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
