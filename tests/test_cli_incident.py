@@ -162,3 +162,12 @@ def test_failed_says_when_it_shows_only_some_of_the_failed_jobs(
     assert "--limit" in cut
     whole = invoke("failed", "--limit", "3").output
     assert "--limit" not in whole
+
+
+def test_audit_says_how_many_jobs_a_bulk_action_took(invoke: Invoke, queue: leaseq.Queue) -> None:
+    """A bulk replay's row listed its first ten job ids and "...": how many jobs the
+    action took (12 or 12,000) was not said."""
+    _fail_all(queue, "reports", 12)
+    invoke("replay", "--queue", "reports", "--all-failed")
+    output = invoke("audit").output
+    assert re.search(r"\b12 jobs\b", output), output

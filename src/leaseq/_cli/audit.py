@@ -45,7 +45,9 @@ def audit(
     table = Table("#", "at", "actor", "action", "queue", title="audit log", box=box.SIMPLE_HEAD)
     table.add_column("jobs / detail", overflow="fold")
     for e in entries:
-        ids = ", ".join(map(str, e.job_ids[:10])) + (" ..." if len(e.job_ids) > 10 else "")
+        ids = ", ".join(map(str, e.job_ids[:10]))
+        if len(e.job_ids) > 10:  # (--json lists them all)
+            ids += f" ... ({len(e.job_ids)} jobs)"
         table.add_row(
             str(e.audit_id),
             e.at.isoformat(timespec="seconds"),
