@@ -171,3 +171,21 @@ def test_audit_says_how_many_jobs_a_bulk_action_took(invoke: Invoke, queue: leas
     invoke("replay", "--queue", "reports", "--all-failed")
     output = invoke("audit").output
     assert re.search(r"\b12 jobs\b", output), output
+
+
+def test_replay_all_failed_says_which_failed_jobs_it_left(
+    invoke: Invoke, queue: leaseq.Queue
+) -> None:
+    """A failed unique job whose key another job of its queue holds now is left
+    failed by `replay --all-failed` (a replay never makes a second unfinished job
+    of a key): it printed "replayed 0 jobs", exit 0, and the job was still
+    failed, with nothing said why (`replay JOB_ID` says so: UniqueKeyHeld)."""
+    _fail_all(queue, "reports", 1)
+    held = queue.enqueue("reports", {}, unique_key="invoice:7", max_attempts=1)
+    queue.fail(queue.claim("reports")[0], "boom")
+    queue.enqueue("reports", {}, unique_key="invoice:7")  # holds the key now
+    output = invoke("replay", "--queue", "reports", "--all-failed").output
+    assert "replayed 1 jobs" in output
+    assert "1 failed job" in output, output
+    assert "unique key" in output, output
+    assert queue.get(held).status is JobStatus.FAILED

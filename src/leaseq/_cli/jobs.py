@@ -13,6 +13,7 @@ from leaseq import (
     InvalidArgument,
     Job,
     JobStatus,
+    Queue,
 )
 
 from .._durations import exact_number
@@ -175,11 +176,26 @@ def replay(
             if not ids:  # (a mistyped name replayed nothing, and said so as a success)
                 require_queue(queue, queue_name)
             click.echo(f"replayed {len(ids)} jobs")
+            _say_failed_left(queue, queue_name)
         else:
             assert job_id is not None
             if not queue.replay(job_id, actor=actor()):
                 raise InvalidArgument(f"job {job_id} is {queue.get(job_id).status}: not replayed")
             click.echo(f"replayed job {job_id}")
+
+
+def _say_failed_left(queue: Queue, name: str) -> None:
+    """The failed jobs a replay of them all left: "replayed 0 jobs" and exit 0,
+    with the jobs still failed, read as a replay that did not work."""
+    (stats,) = queue.stats(name)
+    left = stats.counts[JobStatus.FAILED]
+    if left:
+        about = "~" if JobStatus.FAILED in stats.estimated else ""
+        click.echo(
+            f"{about}{left} failed jobs left as they were: failed since the replay began, or "
+            "held back by a unique key another job of the queue holds (`leaseq failed "
+            f"--queue {name}`; `leaseq replay JOB_ID` says why for one)"
+        )
 
 
 @cli.command()
