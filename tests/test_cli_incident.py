@@ -77,6 +77,7 @@ def test_replay_all_failed_leaves_a_job_skipped_meanwhile_skipped(
     run ran."""
     skipped, other = _fail_all(queue, "reports", 2)
     skipper = connect()  # the skip: done, not committed yet
+    skipper.execute("SELECT 1")  # (its transaction open: the skip runs inside it)
     assert queue._db.run(queue._store.cancel(skipped, only_failed=True, actor="alice"), skipper)
     with ThreadPoolExecutor(1) as pool:
         replaying = pool.submit(invoke, "replay", "--queue", "reports", "--all-failed")
@@ -189,3 +190,21 @@ def test_replay_all_failed_says_which_failed_jobs_it_left(
     assert "1 failed job" in output, output
     assert "unique key" in output, output
     assert queue.get(held).status is JobStatus.FAILED
+
+
+def test_replay_or_cancel_of_an_archived_job_says_where_it_went(
+    invoke: Invoke, queue: leaseq.Queue, clock: Clock
+) -> None:
+    """A failed job that retention moved to the archive: `leaseq replay ID` said
+    "no job ID", as of an id mistyped, while the job sits in the archive."""
+    queue.configure_queue("reports", retention_mode="archive")
+    (job_id,) = _fail_all(queue, "reports", 1)
+    clock.advance(10)
+    invoke("prune", "--older-than", "1s")
+    for command in ("replay", "cancel"):
+        result = invoke(command, str(job_id), ok=False)
+        assert result.exit_code == 1
+        assert "archive" in result.output, result.output
+    mistyped = invoke("replay", "424242", ok=False)
+    assert "no job 424242" in mistyped.output
+    assert "archive" not in mistyped.output
