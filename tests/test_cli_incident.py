@@ -4,9 +4,13 @@ a bulk replay does what it says while workers run beside it."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +19,7 @@ import leaseq
 from leaseq import JobStatus
 from leaseq._store.operators import OperatorOperations
 
-from .conftest import Clock
+from .conftest import ROOT, Clock
 from .test_cli import Invoke, invoke
 
 __all__ = ["invoke"]  # the fixture, used by name
@@ -208,3 +212,44 @@ def test_replay_or_cancel_of_an_archived_job_says_where_it_went(
     mistyped = invoke("replay", "424242", ok=False)
     assert "no job 424242" in mistyped.output
     assert "archive" not in mistyped.output
+
+
+# -- the worker's log at a terminal -----------------------------------------------------
+
+HOSTILE_APP = """
+import leaseq
+
+app = leaseq.App()
+
+
+@app.on_failure
+def report(job, error, will_retry):
+    raise RuntimeError("the error tracker refused it") from error
+
+
+@app.task("logs", max_attempts=1)
+def broken(job):
+    raise RuntimeError("upstream said: boom\\x1b[31mRED\\x1b]0;pwned\\x07\\x1b[2J")
+"""
+
+
+def test_the_workers_rich_log_never_writes_an_errors_controls_raw(
+    queue: leaseq.Queue, database_url: str, tmp_path: Path
+) -> None:
+    """`leaseq worker` (rich log format, for a person at a terminal) logged a
+    failing hook's traceback as it was: the handler's error it chains, quoting a
+    remote answer, drove the terminal of whoever watched the worker."""
+    (tmp_path / "hostile_app.py").write_text(HOSTILE_APP)
+    (job_id,) = queue.enqueue_many("logs", [{}])
+    environment = {k: v for k, v in os.environ.items() if not k.endswith("DATABASE_URL")}
+    environment["PYTHONPATH"] = str(ROOT / "src")
+    process = subprocess.run(
+        [sys.executable, "-m", "leaseq", "worker", "hostile_app:app", "--burst",
+         "--no-maintenance", "--log-format", "rich", "--database-url", database_url,
+         "--schema", queue.schema],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert process.returncode == 0, process.stderr
+    assert queue.get(job_id).status is JobStatus.FAILED
+    assert "pwned" in process.stderr, process.stderr  # the traceback was logged
+    assert not TERMINAL_CONTROL.search(process.stderr), repr(process.stderr)

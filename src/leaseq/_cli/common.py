@@ -228,6 +228,8 @@ def configure_logging(log_format: str = "rich") -> None:
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())
+    if log_format == "rich":  # (a JSON line escapes every control itself)
+        handler.addFilter(_PrintableFilter())
     level = _log_level()
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
     # The embedded server's INFO lines (~20 per start: initdb's output, its
@@ -235,6 +237,21 @@ def configure_logging(log_format: str = "rich") -> None:
     # own. Its own level, not the root's: never below the one asked for, which a
     # logger's own level would otherwise override.
     logging.getLogger(EMBEDDED_SERVER_LOGGER).setLevel(max(level, logging.WARNING))
+
+
+class _PrintableFilter(logging.Filter):
+    """A record's text, traceback and stack with their terminal controls written
+    out (:func:`printable`), after :class:`RedactingFilter` made them text: a
+    traceback quotes its errors, a handler's error quotes a remote answer, and
+    the rich log is read at a terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = printable(str(record.msg))
+        for field in ("exc_text", "stack_info"):
+            value = getattr(record, field, None)
+            if value:
+                setattr(record, field, printable(value))
+        return True
 
 
 def _log_level() -> int:
