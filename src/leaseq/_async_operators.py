@@ -83,8 +83,10 @@ class AsyncOperatorCalls:
         self, queue: str, *, batch: int = 1000, actor: str | None = None
     ) -> list[int]:
         """Replay every failed job of ``queue`` in batches of short transactions;
-        returns their ids. A queue with admission limits takes back only what
-        fits: then BacklogFull is raised, its ``replayed`` holding what was done."""
+        returns their ids. The jobs failed when it begins, each once: one that
+        fails again meanwhile stays failed. A queue with admission limits takes
+        back only what fits: then BacklogFull is raised, its ``replayed`` holding
+        what was done."""
         # Here, under its own name: each batch is the store's replay ``limit``.
         validate.claim_limit(batch, "batch")
         steps = _steps.replay_failed(self._store, queue, batch=batch, actor=actor)
@@ -131,6 +133,7 @@ class AsyncOperatorCalls:
         dry_run: bool = False,
         pause: float = 0.1,
         max_batches: int | None = None,
+        actor: str | None = None,
     ) -> PruneResult:
         """Apply retention now: remove finished jobs (done, cancelled, failed, or
         ``states``) of every queue (or ``queue``) past their queue's retention, or
@@ -141,7 +144,8 @@ class AsyncOperatorCalls:
         nothing is due or ``max_batches`` ran (then ``more`` says whether some may
         be left). Queued and running jobs are never touched, nor a failed job of an
         ordering key under the ``block`` policy. ``dry_run`` counts what would go,
-        writing nothing."""
+        writing nothing. ``actor``: an operator's prune, audited under that name
+        (the ids each batch removed; the maintenance leader's retention names none)."""
         operation = self._store.prune(
             queue=queue,
             states=states,
@@ -149,6 +153,7 @@ class AsyncOperatorCalls:
             archived_older_than=archived_older_than,
             limit=batch,
             dry_run=dry_run,
+            actor=actor,
         )
         pause = validate.seconds(pause, "pause", 3600.0)
         if max_batches is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from datetime import datetime
 from typing import Any, TypeVar
 
 from . import _health
@@ -159,10 +160,17 @@ def replay_failed(
     store: Store, queue: str, *, batch: int, actor: str | None = None
 ) -> Steps[list[int]]:
     """Replay a queue's failed jobs in batches (short transactions) as long as
-    its backlog has room; BacklogFull, carrying the ids replayed, once it has not."""
+    its backlog has room; BacklogFull, carrying the ids replayed, once it has not.
+
+    The jobs failed when it begins, each once: one replayed by an earlier batch
+    that workers failed again meanwhile (its bug not fixed yet) is left failed,
+    not replayed round after round for as long as they keep up."""
+    began: datetime = yield store.clock_now()
     replayed: list[int] = []
     while True:
-        result: ReplayBatch = yield store.replay_failed(queue, limit=batch, actor=actor)
+        result: ReplayBatch = yield store.replay_failed(
+            queue, limit=batch, actor=actor, failed_before=began
+        )
         replayed += result.replayed
         if result.refused:
             raise BacklogFull(

@@ -7,10 +7,8 @@ import json
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
-from .._redact import redact
-from .common import cli, console, database_options, open_queue, require_queue
+from .common import cli, console, database_options, open_queue, require_queue, shown
 
 
 @cli.command()
@@ -47,13 +45,15 @@ def audit(
     table = Table("#", "at", "actor", "action", "queue", title="audit log", box=box.SIMPLE_HEAD)
     table.add_column("jobs / detail", overflow="fold")
     for e in entries:
-        shown = ", ".join(map(str, e.job_ids[:10])) + (" ..." if len(e.job_ids) > 10 else "")
+        ids = ", ".join(map(str, e.job_ids[:10]))
+        if len(e.job_ids) > 10:  # (--json lists them all)
+            ids += f" ... ({len(e.job_ids)} jobs)"
         table.add_row(
             str(e.audit_id),
             e.at.isoformat(timespec="seconds"),
-            Text(e.actor),
+            shown(e.actor),
             e.action,
             e.queue or "-",
-            Text(redact(shown or json.dumps(e.detail))),
+            shown(ids or json.dumps(e.detail)),
         )
     console.print(table)

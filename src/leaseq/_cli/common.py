@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import re
 import socket
 import sys
 import traceback
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.text import Text
 
 from leaseq import (
     DatabaseUnavailable,
@@ -33,6 +35,33 @@ from .._logs import JsonFormatter, RedactingFilter
 from .._redact import redact, remember_dsn
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: What a terminal acts on rather than shows: the C0 controls but the newline (a
+#: table's next line), DEL, the C1 controls (CSI, OSC as one character), and the
+#: bidirectional overrides (which show a text's characters in another order).
+_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on written out (``\\x1b``).
+
+    A job's stored error is anyone's text (an exception quoting a remote answer),
+    so is an actor's name: printed raw, an escape sequence in them recoloured,
+    retitled or cleared the operator's terminal (rich passes ESC through)."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def shown(text: str) -> Text:
+    """Someone else's text for a table cell: never markup (rich would read "[/]" as
+    a tag, and fail), never a control (see :func:`printable`), secrets redacted."""
+    return Text(printable(redact(text)))
+
+
 # Piped output (CI logs, scripts) gets room for whole tables instead of 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
 
@@ -119,7 +148,7 @@ class CommandError(click.ClickException):
     """A leaseq error or an unreachable database: one line on stderr, exit 1."""
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {redact(self.message)}", err=True)
+        click.echo(f"error: {printable(redact(self.message))}", err=True)
 
 
 class LeaseqGroup(click.Group):
@@ -199,6 +228,8 @@ def configure_logging(log_format: str = "rich") -> None:
     # leaseq's own loggers scrub their records; this catches everyone else's
     # (the driver's pool, asyncio's "exception was never retrieved"...).
     handler.addFilter(RedactingFilter())
+    if log_format == "rich":  # (a JSON line escapes every control itself)
+        handler.addFilter(_PrintableFilter())
     level = _log_level()
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler])
     # The embedded server's INFO lines (~20 per start: initdb's output, its
@@ -206,6 +237,21 @@ def configure_logging(log_format: str = "rich") -> None:
     # own. Its own level, not the root's: never below the one asked for, which a
     # logger's own level would otherwise override.
     logging.getLogger(EMBEDDED_SERVER_LOGGER).setLevel(max(level, logging.WARNING))
+
+
+class _PrintableFilter(logging.Filter):
+    """A record's text, traceback and stack with their terminal controls written
+    out (:func:`printable`), after :class:`RedactingFilter` made them text: a
+    traceback quotes its errors, a handler's error quotes a remote answer, and
+    the rich log is read at a terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = printable(str(record.msg))
+        for field in ("exc_text", "stack_info"):
+            value = getattr(record, field, None)
+            if value:
+                setattr(record, field, printable(value))
+        return True
 
 
 def _log_level() -> int:

@@ -10,11 +10,10 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from leaseq import ClaimPlan, Health, NotMigrated
 
-from .common import cli, console, database_options, open_queue, require_queue
+from .common import cli, console, database_options, open_queue, printable, require_queue, shown
 
 
 @cli.command()
@@ -90,11 +89,11 @@ def _print_health(report: Health) -> None:
     for heading in ("table", "total", "indexes", "live", "dead", "last vacuum", "last analyze"):
         left = heading.startswith(("table", "last"))
         tables.add_column(heading, justify="left" if left else "right")
-    # Names as Text, never markup: a session's application_name is anyone's text,
-    # and rich would read "[/]" in it as a tag (and fail).
+    # Names shown(), never markup: a session's application_name (a prepared
+    # transaction's gid) is anyone's text, and rich would read "[/]" in it as a tag.
     for t in report.tables:
         tables.add_row(
-            Text(t.name + ("" if t.autovacuum_enabled else " (autovacuum off)")),
+            shown(t.name + ("" if t.autovacuum_enabled else " (autovacuum off)")),
             _size(t.total_bytes),
             _size(t.index_bytes),
             f"{t.live_tuples:,}",
@@ -107,7 +106,7 @@ def _print_health(report: Health) -> None:
     for heading in ("table", "index", "size", "scans"):
         indexes.add_column(heading, justify="right" if heading in ("size", "scans") else "left")
     for i in report.indexes:
-        indexes.add_row(Text(i.table), Text(i.name), _size(i.bytes), f"{i.scans:,}")
+        indexes.add_row(shown(i.table), shown(i.name), _size(i.bytes), f"{i.scans:,}")
     console.print(indexes)
     if report.holders:
         holders = Table(title="holding back cleanup (oldest first)", box=box.SIMPLE_HEAD)
@@ -115,7 +114,7 @@ def _print_health(report: Health) -> None:
             holders.add_column(heading)
         for h in report.holders:
             held = "-" if h.held_seconds is None else f"{h.held_seconds:.0f}s"
-            holders.add_row(Text(f"{h.kind} {h.name}"), Text(h.state), held, f"{h.xmin_age:,}")
+            holders.add_row(shown(f"{h.kind} {h.name}"), shown(h.state), held, f"{h.xmin_age:,}")
         console.print(holders)
     autovacuum = "on" if report.server_autovacuum else "off"
     job = report.table("job")
@@ -129,7 +128,7 @@ def _print_health(report: Health) -> None:
     if not report.warnings:
         click.echo("no warnings")
     for warning in report.warnings:
-        click.echo(f"warning: {warning}")
+        click.echo(f"warning: {printable(warning)}")
 
 
 def _print_plan(plan: ClaimPlan) -> None:
@@ -142,5 +141,5 @@ def _print_plan(plan: ClaimPlan) -> None:
     click.echo(f"claim of queue {plan.queue!r}: {verdict}")
     click.echo(plan.plan)
     for warning in plan.warnings:
-        click.echo(f"warning: {warning}")
+        click.echo(f"warning: {printable(warning)}")
     click.echo()

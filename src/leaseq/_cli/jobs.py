@@ -8,17 +8,24 @@ from typing import Any
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from leaseq import (
     InvalidArgument,
     Job,
     JobStatus,
+    Queue,
 )
 
 from .._durations import exact_number
-from .._redact import redact
-from .common import actor, cli, console, database_options, open_queue, require_queue
+from .common import (
+    actor,
+    cli,
+    console,
+    database_options,
+    open_queue,
+    require_queue,
+    shown,
+)
 from .limits import NO_LIMIT, count_limit, format_limit, format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
 
@@ -115,11 +122,20 @@ def failed(queue_name: str | None, limit: int, database_url: str | None, schema:
     with open_queue(database_url, schema) as queue:
         require_queue(queue, queue_name)
         jobs = queue.list_jobs(JobStatus.FAILED, queue=queue_name, limit=limit)
-    _print_jobs(jobs, "failed jobs")
+        caption = None
+        if len(jobs) == limit:  # maybe cut short: 50 rows read as "50 jobs failed"
+            stats = queue.stats(queue_name)
+            total = sum(s.counts[JobStatus.FAILED] for s in stats)
+            about = "~" if any(JobStatus.FAILED in s.estimated for s in stats) else ""
+            if total > limit or about:
+                caption = f"the {limit} newest of {about}{total} failed jobs (--limit N for more)"
+    _print_jobs(jobs, "failed jobs", caption)
 
 
-def _print_jobs(jobs: list[Job], title: str) -> None:
-    table = Table("job", "queue", "attempts", "finished", title=title, box=box.SIMPLE_HEAD)
+def _print_jobs(jobs: list[Job], title: str, caption: str | None = None) -> None:
+    table = Table(
+        "job", "queue", "attempts", "finished", title=title, caption=caption, box=box.SIMPLE_HEAD
+    )
     table.add_column("last error", overflow="fold")
     for job in jobs:
         finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
@@ -128,7 +144,7 @@ def _print_jobs(jobs: list[Job], title: str) -> None:
             job.queue,
             f"{job.attempts}/{job.max_attempts}",
             finished,
-            Text(redact(job.last_error or "")),
+            shown(job.last_error or ""),
         )
     console.print(table)
 
@@ -160,11 +176,26 @@ def replay(
             if not ids:  # (a mistyped name replayed nothing, and said so as a success)
                 require_queue(queue, queue_name)
             click.echo(f"replayed {len(ids)} jobs")
+            _say_failed_left(queue, queue_name)
         else:
             assert job_id is not None
             if not queue.replay(job_id, actor=actor()):
                 raise InvalidArgument(f"job {job_id} is {queue.get(job_id).status}: not replayed")
             click.echo(f"replayed job {job_id}")
+
+
+def _say_failed_left(queue: Queue, name: str) -> None:
+    """The failed jobs a replay of them all left: "replayed 0 jobs" and exit 0,
+    with the jobs still failed, read as a replay that did not work."""
+    (stats,) = queue.stats(name)
+    left = stats.counts[JobStatus.FAILED]
+    if left:
+        about = "~" if JobStatus.FAILED in stats.estimated else ""
+        click.echo(
+            f"{about}{left} failed jobs left as they were: failed since the replay began, or "
+            "held back by a unique key another job of the queue holds (`leaseq failed "
+            f"--queue {name}`; `leaseq replay JOB_ID` says why for one)"
+        )
 
 
 @cli.command()

@@ -13,7 +13,7 @@ from rich.table import Table
 from leaseq import JobStatus, PruneResult
 
 from .._durations import duration_text
-from .common import cli, console, database_options, open_queue, require_queue
+from .common import actor, cli, console, database_options, open_queue, require_queue
 
 #: Seconds per unit of a duration such as ``90s``, ``15m``, ``2h``, ``1d``, ``4w``.
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -96,7 +96,7 @@ def prune(
     (deleted, or moved to the archive), in bounded batches; print what went."""
     with open_queue(database_url, schema) as queue:
         require_queue(queue, queue_name)  # (else: removed nothing, said so as a success)
-        result = queue.prune(queue_name, states=states or None, **options)
+        result = queue.prune(queue_name, states=states or None, actor=actor(), **options)
     _print_prune(result)
 
 

@@ -8,11 +8,10 @@ import json
 import click
 from rich import box
 from rich.table import Table
-from rich.text import Text
 
 from leaseq import InvalidArgument
 
-from .common import actor, cli, console, database_options, open_queue
+from .common import actor, cli, console, database_options, open_queue, shown
 
 
 @cli.command()
@@ -55,9 +54,9 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
     )  # fmt: skip
     for s in found:
         table.add_row(
-            Text(s.name),
-            Text(s.queue + (" (paused)" if s.queue_paused else "")),
-            Text(s.spec.removeprefix("cron ")),
+            shown(s.name),
+            shown(s.queue + (" (paused)" if s.queue_paused else "")),
+            shown(s.spec.removeprefix("cron ")),
             s.tz,
             "-" if s.last_tick is None else s.last_tick.isoformat(timespec="seconds"),
             s.next_tick.isoformat(timespec="seconds") + (" (overdue)" if s.stalled else ""),

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .. import _decoding as decoding
@@ -76,7 +77,7 @@ class OperatorOperations(StoreBase):
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
-                raise JobNotFound(f"no job {job_id}")
+                raise _not_found(job_id, rows[1])
             ((_, status, changed, refused, held),) = rows[0]
             if refused:
                 raise BacklogFull(f"queue of job {job_id} is full: {status} job not replayed")
@@ -86,7 +87,9 @@ class OperatorOperations(StoreBase):
                 )
             return bool(changed)
 
-        return Operation((Statement(self.sql("replay.sql"), params),), decode)
+        return Operation(
+            (Statement(self.sql("replay.sql"), params), self._archived(job_id)), decode
+        )
 
     def replay_many(
         self,
@@ -123,13 +126,23 @@ class OperatorOperations(StoreBase):
         )
 
     def replay_failed(
-        self, queue: str, *, limit: int = 1000, actor: str | None = None
+        self,
+        queue: str,
+        *,
+        limit: int = 1000,
+        actor: str | None = None,
+        failed_before: datetime | None = None,
     ) -> Operation[ReplayBatch]:
         """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
-        as many as its backlog limits have room for."""
+        as many as its backlog limits have room for; with ``failed_before``, only
+        jobs that failed by then (by the schema's clock)."""
         params = self._replay_params(
             [], validate.queue_name(queue), validate.claim_limit(limit), actor
         )
+        # Failed jobs only, checked again on the locked row: one skipped (cancelled)
+        # while this batch waited for its lock stays skipped.
+        params["statuses"] = ["failed"]
+        params["failed_before"] = failed_before
 
         def decode(rows: list[Rows]) -> ReplayBatch:
             return ReplayBatch(
@@ -153,6 +166,7 @@ class OperatorOperations(StoreBase):
             "actor": operator_input.actor(actor),
             "statuses": ["failed", "cancelled"],
             "lease_versions": None,
+            "failed_before": None,
         }
 
     def cancel(
@@ -177,10 +191,17 @@ class OperatorOperations(StoreBase):
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
-                raise JobNotFound(f"no job {job_id}")
+                raise _not_found(job_id, rows[1])
             return bool(rows[0][0][2])
 
-        return Operation((Statement(self.sql("cancel.sql"), params),), decode)
+        return Operation(
+            (Statement(self.sql("cancel.sql"), params), self._archived(job_id)), decode
+        )
+
+    def _archived(self, job_id: int) -> Statement:
+        """Where the job went if retention archived it (read with an action on it:
+        "no job N" read as an id mistyped while the job sat in the archive)."""
+        return Statement(self.sql("job_archived.sql"), {"job_id": operator_input.job_id(job_id)})
 
     def get(self, job_id: int) -> Operation[Job]:
         schema = self.schema
@@ -320,3 +341,14 @@ def _settings_action(settings: dict[str, Any]) -> str:
     if set(settings) == {"paused"}:
         return "pause" if settings["paused"] else "resume"
     return "configure"
+
+
+def _not_found(job_id: int, archived: Rows) -> JobNotFound:
+    if not archived:
+        return JobNotFound(f"no job {job_id}")
+    status, at = archived[0]
+    return JobNotFound(
+        f"no job {job_id} in its queue: it was {status}, and retention moved it to the "
+        f"archive at {at.isoformat(timespec='seconds')} (an archived job is kept to be "
+        "read, not replayed or cancelled)"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import _decoding as decoding
 from .. import _validate as validate
+from .. import _validate_operators as operator_input
 from .. import _validate_settings as validate_settings
 from .._statement import Operation, Rows, Statement
 from .._types import PruneResult
@@ -22,12 +23,14 @@ class RetentionOperations(StoreBase):
         archived_older_than: float | None = None,
         limit: int = 1000,
         dry_run: bool = False,
+        actor: str | None = None,
     ) -> Operation[PruneResult]:
         """One batch, in one short transaction: up to ``limit`` finished jobs past
         their queue's retention (``older_than`` seconds instead, if given) deleted
         or moved to the archive, then up to ``limit`` archived jobs past the
         archive's retention deleted. ``dry_run`` counts all of them, writing nothing.
-        The result's ``more`` says a batch was full."""
+        The result's ``more`` says a batch was full. With ``actor``, what it
+        removed is audited under that name (one row per queue and batch)."""
         params = {
             "queue": None if queue is None else validate.queue_name(queue),
             "states": validate_settings.finished_states(states),
@@ -36,6 +39,7 @@ class RetentionOperations(StoreBase):
                 archived_older_than, "archived_older_than"
             ),
             "limit": validate_settings.prune_batch(limit),
+            "actor": operator_input.actor(actor),
         }
         # A flag, not a truthy value: dry_run=0 pruned for real.
         if validate.flag(dry_run, "dry_run"):

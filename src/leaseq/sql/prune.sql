@@ -15,6 +15,9 @@
 -- * Admission counters stay exact without a write: a job leaves the backlog
 --   counters when it finishes (job_backlog_count), so removing finished rows
 --   changes nothing there.
+-- * With %(actor)s (an operator's prune: the CLI's), one audit row per queue
+--   holds the ids this batch removed, in this same statement; the maintenance
+--   leader's retention passes none, and is not audited.
 -- Returns (action, queue, status, jobs): action is 'deleted' or 'archived'.
 WITH settings AS MATERIALIZED (
     SELECT q.name, q.ordering_policy, q.retention_mode,
@@ -81,6 +84,24 @@ archived AS (
     FROM removed AS r
     JOIN settings AS s ON s.name = r.queue
     WHERE s.retention_mode = 'archive'
+),
+counted AS (
+    SELECT r.queue, r.status, count(*) AS jobs
+    FROM removed AS r
+    WHERE %(actor)s::text IS NOT NULL
+    GROUP BY r.queue, r.status
+),
+audit AS (
+    INSERT INTO {schema}.audit (at, actor, action, queue, job_ids, detail)
+    SELECT {schema}.clock(), %(actor)s::text, 'prune', c.queue,
+           ARRAY(SELECT r.job_id FROM removed AS r WHERE r.queue = c.queue ORDER BY r.job_id),
+           jsonb_build_object(
+               'removed', CASE WHEN s.retention_mode = 'archive' THEN 'archived' ELSE 'deleted' END,
+               'jobs', jsonb_object_agg(c.status, c.jobs),
+               'older_than', %(older_than)s::double precision)
+    FROM counted AS c
+    JOIN settings AS s ON s.name = c.queue
+    GROUP BY c.queue, s.retention_mode
 )
 SELECT CASE WHEN s.retention_mode = 'archive' THEN 'archived' ELSE 'deleted' END,
        r.queue, r.status, count(*)

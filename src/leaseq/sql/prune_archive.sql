@@ -1,7 +1,8 @@
 -- One bounded batch of the archive's own retention: up to %(limit)s jobs
 -- archived longer ago than their queue's retain_archived_seconds (or, given,
 -- %(older_than)s seconds), oldest first per queue, deleted. SKIP LOCKED: never
--- waits for another pruner. Returns ('expired', queue, status, jobs).
+-- waits for another pruner. With %(actor)s, one audit row per queue holds the
+-- ids removed (as prune.sql). Returns ('expired', queue, status, jobs).
 WITH targets AS (
     SELECT q.name AS queue,
            {schema}.clock()
@@ -29,7 +30,17 @@ picked AS MATERIALIZED (
 removed AS (
     DELETE FROM {schema}.job_archive AS a
     WHERE a.job_id = ANY (ARRAY(SELECT p.job_id FROM picked AS p))
-    RETURNING a.queue, a.status
+    RETURNING a.job_id, a.queue, a.status
+),
+audit AS (
+    INSERT INTO {schema}.audit (at, actor, action, queue, job_ids, detail)
+    SELECT {schema}.clock(), %(actor)s::text, 'prune', r.queue,
+           array_agg(r.job_id ORDER BY r.job_id),
+           jsonb_build_object('removed', 'expired from archive',
+                              'older_than', %(older_than)s::double precision)
+    FROM removed AS r
+    WHERE %(actor)s::text IS NOT NULL
+    GROUP BY r.queue
 )
 SELECT 'expired', r.queue, r.status, count(*)
 FROM removed AS r

@@ -4,7 +4,10 @@
 -- lease_version moves on (fencing tokens only grow): no write of a claim from
 -- before the replay can be taken for one of the replayed job's.
 -- Targets: the jobs of %(job_ids)s, or a batch of up to %(limit)s failed jobs
--- of a queue (queue), oldest failure first; the caller repeats until none is left.
+-- of a queue (queue), oldest failure first, that failed by %(failed_before)s
+-- (when given); the caller repeats until none is left. (Without that bound, a
+-- job replayed by an earlier batch and failed again since came back in a later
+-- one: replayed again and again as long as workers failed it.)
 -- Admission: a queue with limits takes back only what fits in its backlog
 -- (jobs and bytes, as admit() counts them); the rest is reported `refused`
 -- and left as it is. The UPDATE re-checks each row's status after locking it,
@@ -43,7 +46,9 @@ candidates AS (
                        AND o.finished_at + make_interval(secs => o.unique_for) <= {schema}.clock()))
     ) AS h (held)
     WHERE j.job_id = ANY(%(job_ids)s::bigint[])
-       OR (j.queue = %(queue)s::text AND j.status = 'failed' AND NOT h.held)
+       OR (j.queue = %(queue)s::text AND j.status = 'failed' AND NOT h.held
+           AND (%(failed_before)s::timestamptz IS NULL
+                OR j.finished_at <= %(failed_before)s::timestamptz))
     ORDER BY j.finished_at, j.job_id
     LIMIT %(limit)s
 ),
