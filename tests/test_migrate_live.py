@@ -20,9 +20,10 @@ from .older_schemas import migrate_until
 # same DDL on schemas of their own, so a session is found by its schema too.
 pytestmark = pytest.mark.xdist_group("cleanup_horizon")
 
-#: The last migration before one that changes the job table's triggers (0023
-#: drops and creates one: it needs the table's strongest lock).
-BEFORE_TRIGGER_CHANGE = 22
+#: The last migration before one that needs the job table's strongest lock (0017
+#: adds a column to it), and after one that replaces a function (0016:
+#: claim_limited), all in the one transaction of a migration from 15.
+BEFORE_TABLE_CHANGE = 16
 
 
 def _in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
@@ -72,9 +73,16 @@ def test_a_migration_waiting_behind_a_long_transaction_never_holds_up_the_queue(
     enqueue of every worker and producer, for as long as that transaction
     lasted. The queue must go on while the migration waits, and the migration
     must finish once that transaction has ended."""
-    migrate_until(database_url, schema, BEFORE_TRIGGER_CHANGE)
-    with leaseq.Queue(database_url, schema=schema) as producer:
-        producer.enqueue("mail", {"n": 1})
+    migrate_until(database_url, schema, BEFORE_TABLE_CHANGE)
+    # (The schema is at 16 until the migration commits: this code's statements need
+    # the latest, so the producers and workers of that time are raw statements
+    # that take the same table locks: a write, a locking read.)
+    insert = (
+        f'INSERT INTO "{schema}".job (queue, payload, payload_bytes, available_at, max_attempts)'
+        " VALUES ('mail', %s, 8, now(), 3)"
+    )
+    with psycopg.connect(database_url, autocommit=True) as producer:
+        producer.execute(insert, ('{"n": 1}',))
     with psycopg.connect(database_url) as long_transaction:
         # Should the queue be held up regardless, the server ends this session
         # after 20 s, so that the test fails instead of hanging.
@@ -82,14 +90,16 @@ def test_a_migration_waiting_behind_a_long_transaction_never_holds_up_the_queue(
         long_transaction.execute(f'SELECT count(*) FROM "{schema}".job')  # holds its lock
         with leaseq.Queue(database_url, schema=schema) as operator:
             migrating, migrated = _in_thread(operator.migrate)
-            _wait_for_lock_wait(database_url, schema, "job_slot_freed")
+            _wait_for_lock_wait(database_url, schema, "deferred")
 
             def work() -> list[int]:
-                with leaseq.Queue(database_url, schema=schema) as worker:
-                    worker.enqueue("mail", {"n": 2})
-                    claims = worker.claim("mail", limit=10)
-                    worker.complete_many(claims)
-                    return sorted(c.payload["n"] for c in claims)
+                with psycopg.connect(database_url, autocommit=True) as worker:
+                    worker.execute(insert, ('{"n": 2}',))
+                    claimed = worker.execute(
+                        f"SELECT (payload ->> 'n')::int FROM \"{schema}\".job"
+                        " FOR UPDATE SKIP LOCKED"
+                    ).fetchall()
+                    return sorted(n for (n,) in claimed)
 
             working, worked = _in_thread(work)
             working.join(timeout=60)
@@ -99,14 +109,14 @@ def test_a_migration_waiting_behind_a_long_transaction_never_holds_up_the_queue(
             assert migrating.is_alive(), migrated  # (it waits for that transaction)
             long_transaction.rollback()
             migrating.join(timeout=60)
-            assert migrated == [list(range(BEFORE_TRIGGER_CHANGE + 1, latest_version() + 1))]
+            assert migrated == [list(range(BEFORE_TABLE_CHANGE + 1, latest_version() + 1))]
 
 
 def test_a_migration_whose_connection_is_killed_midway_leaves_the_schema_as_it_was(
     database_url: str, schema: str
 ) -> None:
     """Ended midway (pg_terminate_backend, a failover) after it had replaced a
-    function (0022) and while it waited for the job table (0023): nothing of it
+    function (0016) and while it waited for the job table (0017): nothing of it
     stays, the schema is the older one still, and a re-run applies it all."""
 
     def claim_limited() -> object:
@@ -117,7 +127,7 @@ def test_a_migration_whose_connection_is_killed_midway_leaves_the_schema_as_it_w
                 (schema,),
             ).fetchone()
 
-    migrate_until(database_url, schema, BEFORE_TRIGGER_CHANGE - 1)
+    migrate_until(database_url, schema, BEFORE_TABLE_CHANGE - 1)
     before = claim_limited()
     with psycopg.connect(database_url) as long_transaction:
         long_transaction.execute("SET idle_in_transaction_session_timeout = '20s'")
@@ -143,7 +153,7 @@ def test_a_migration_whose_connection_is_killed_midway_leaves_the_schema_as_it_w
     assert claim_limited() == before
     with psycopg.connect(database_url, autocommit=True) as conn:
         versions = conn.execute(f'SELECT max(version) FROM "{schema}".migration').fetchone()
-    assert versions == (BEFORE_TRIGGER_CHANGE - 1,)
+    assert versions == (BEFORE_TABLE_CHANGE - 1,)
     with leaseq.Queue(database_url, schema=schema) as operator:
-        assert operator.migrate() == list(range(BEFORE_TRIGGER_CHANGE, latest_version() + 1))
+        assert operator.migrate() == list(range(BEFORE_TABLE_CHANGE, latest_version() + 1))
     assert claim_limited() != before

@@ -3,11 +3,9 @@
 -- while running, a release while the handler runs on), they must hold their
 -- slot until their lease would have ended, as the jobs claimed under the limit
 -- do. The trigger that writes that hold (job_slot_freed) fires for the jobs
--- marked `limited`, which a claim marks only under a limit set before it, and
--- (migration 0023) for the cuts of the others too: those cut before this
--- change, or claimed by a claim that read the settings before it and
--- committed after. What the mark adds is the announcement of the slot's end
--- on the schema's channel.
+-- marked `limited`, which a claim marks only under a limit set before it.
+-- (A claim that read the settings before this change and commits after it
+-- may still start one job unmarked.)
 UPDATE {schema}.job AS j
 SET limited = true
 FROM {schema}.queue AS q
