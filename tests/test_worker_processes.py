@@ -396,35 +396,3 @@ def test_a_worker_whose_log_reader_is_gone_still_stops_gracefully(
             worker.wait(10)
     assert queue.get(job_id).status is JobStatus.DONE
 
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` names a live process (a zombie left unreaped is none)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-@pytest.mark.server_agnostic  # the supervisor's children and their signals
-def test_children_of_a_supervisor_killed_outright_stop_and_give_their_jobs_back(
-    setup_tables: leaseq.Queue, database_url: str, schema: str
-) -> None:
-    """A supervisor killed with SIGKILL (the OOM killer) can stop no child: a child
-    that ran on was out of reach of every stop (the next supervisor's included),
-    working beside that supervisor's new children for ever. Each stops as on a
-    SIGTERM: its running job, past the grace, is given back."""
-    queue = setup_tables
-    job_id = queue.enqueue("work", {"sleep": 120})
-    with worker_processes(database_url, schema, own_session=True) as spawn:
-        supervisor = spawn("--processes", "2", "--shutdown-grace", "1")
-        _wait(lambda: _attempts_logged(queue, job_id) == 1, what="the job started")
-        child = int(
-            _scalar(queue, "SELECT pid FROM {schema}.attempt_log WHERE job_id = %s", job_id)
-        )
-        supervisor.send_signal(signal.SIGKILL)
-        supervisor.wait(10)
-        _wait(lambda: not _running(child), timeout=40, what="the orphaned child stopped")
-    job = queue.get(job_id)
-    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0)  # given back, not counted
-    assert job.history[-1]["outcome"] == "released"

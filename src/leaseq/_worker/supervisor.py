@@ -14,11 +14,6 @@ A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
 signal (see :mod:`leaseq._worker.signals`), so the group's SIGTERM stops them
 gracefully, exactly like a SIGTERM to the supervisor alone.
-
-A supervisor killed outright (SIGKILL, the OOM killer) can neither stop nor
-restart its children: each child then stops itself, as on a SIGTERM (its jobs
-finished within the grace, or given back), rather than run on unsupervised,
-out of reach of the next supervisor's stop and beside its new children.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
@@ -155,24 +149,7 @@ class Supervisor:
 SETUP_FAILED = 78
 
 
-#: How often a child looks whether its supervisor is still there.
-_ORPHAN_POLL = 0.5
-
-
 def _supervised_child(target: Callable[..., None], args: tuple[Any, ...]) -> None:
     """A child's entry point: the group's signal and our forwarded copy are one signal."""
     treat_repeats_as_echoes()
-    watcher = threading.Thread(
-        target=_stop_when_orphaned, args=(os.getppid(),), name="leaseq-orphan-watch", daemon=True
-    )
-    watcher.start()
     target(*args)
-
-
-def _stop_when_orphaned(supervisor_pid: int) -> None:
-    """Once the supervisor is gone (this process was handed to another parent),
-    stop as a SIGTERM from it would have: gracefully, once."""
-    while os.getppid() == supervisor_pid:
-        time.sleep(_ORPHAN_POLL)
-    log.warning("the supervisor (pid %d) is gone; stopping this worker", supervisor_pid)
-    os.kill(os.getpid(), signal.SIGTERM)
