@@ -395,4 +395,3 @@ def test_a_worker_whose_log_reader_is_gone_still_stops_gracefully(
             worker.kill()
             worker.wait(10)
     assert queue.get(job_id).status is JobStatus.DONE
-
