@@ -212,7 +212,8 @@ def test_the_orm_in_after_hooks_gets_a_working_connection_after_one_was_lost(
     with override_settings(LEASEQ=app_setting):
         shop.enqueue("hooked", {"n": 1})
         run_worker(concurrency=1)
-        _until(lambda: Order.objects.filter(name="hook-1").exists())
+        # (The hook records its backend just after its row commits: wait for both.)
+        _until(lambda: Order.objects.filter(name="hook-1").exists() and bool(hook_backends))
         (pid,) = hook_backends
         connect(autocommit=True).execute("SELECT pg_terminate_backend(%s)", (pid,))
         shop.enqueue("hooked", {"n": 2})
