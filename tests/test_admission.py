@@ -79,6 +79,33 @@ def test_max_queued_bytes(client: Client) -> None:
     assert client.queue_settings("reports").backlog_bytes == 2 * size  # type: ignore[union-attr]
 
 
+def test_a_payload_larger_than_the_whole_byte_limit_is_refused_for_good(
+    client: Client,
+) -> None:
+    """A payload that could not fit even in an empty queue must never be told
+    "full, try later" (BacklogFull): a retry loop on it would spin forever. It
+    is refused as too large, whichever way it is enqueued, and nothing is
+    written; payloads that do fit are still admitted."""
+    client.configure_queue("reports", max_queued_bytes=100)
+    huge = {"blob": "x" * 200}
+    ways = {
+        "enqueue": lambda: client.enqueue("reports", huge),
+        "enqueue unique": lambda: client.enqueue("reports", huge, unique_key="k"),
+        "enqueue_many": lambda: client.enqueue_many("reports", [{}, huge]),
+        "enqueue_many unique": lambda: client.enqueue_many(
+            "reports", [{}, huge], unique_keys=["a", "b"]
+        ),
+    }
+    for way, call in ways.items():
+        with pytest.raises(PayloadTooLarge, match="100") as refused:
+            call()
+        assert not isinstance(refused.value, BacklogFull), way
+        assert _job_count(client) == 0, way
+    assert client.queue_settings("reports").backlog_bytes == 0  # type: ignore[union-attr]
+    client.enqueue("reports", {"small": 1})
+    assert _job_count(client) == 1
+
+
 def test_limit_set_on_a_queue_with_a_backlog_counts_what_is_there(client: Client) -> None:
     client.enqueue_many("reports", [{}] * 5)
     client.claim("reports", limit=2)

@@ -647,6 +647,35 @@ def test_a_task_enqueued_in_a_rolled_back_block_is_not_there(shop: leaseq.Queue)
         shop.get(int(result.id))
 
 
+def test_a_task_result_is_seen_inside_the_block_that_enqueued_it(shop: leaseq.Queue) -> None:
+    """Django's framework hands back a result whose id the caller may look up at
+    once: inside the atomic() block that enqueued the task, the lookup must see
+    the task (as the block's own ORM reads see its rows), not say it does not
+    exist; and a lookup must not make the task visible before the block commits,
+    nor keep it after the block rolls back."""
+    from tests.django_project.shop import tasks
+
+    class Abort(Exception):
+        pass
+
+    backend = tasks.add.get_backend()
+    with transaction.atomic():
+        added = tasks.add.enqueue(1, 2)
+        assert backend.get_result(added.id).status == "READY"
+        added.refresh()
+        assert added.status == "READY"
+        assert tasks.add.get_result(added.id).args == [1, 2]
+        with pytest.raises(leaseq.JobNotFound):
+            shop.get(int(added.id))  # another connection: not committed yet
+    assert backend.get_result(added.id).status == "READY"
+    with pytest.raises(Abort), transaction.atomic():
+        dropped = tasks.add.enqueue(3, 4)
+        assert backend.get_result(dropped.id).kwargs == {}
+        raise Abort
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result(dropped.id)
+
+
 def test_the_worker_command_runs_tasks(
     shop: leaseq.Queue, django_schema: str, database_url: str
 ) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _steps
 from . import _validate as validate
-from ._db import AsyncDatabase
+from ._db import AsyncConnection, AsyncDatabase
 from ._errors import ResultNotReady
 from ._health_types import ClaimPlan, Health
 from ._store import Store
@@ -167,11 +167,12 @@ class AsyncOperatorCalls:
                 return result
             await asyncio.sleep(pause)
 
-    async def result(self, job_id: int) -> Any:
+    async def result(self, job_id: int, *, conn: AsyncConnection | None = None) -> Any:
         """What a done job's handler returned (None for nothing). Raises JobNotFound
         (no such job, or removed by retention), ResultNotReady (queued or running)
-        or JobFailed (failed or cancelled: its ``status`` and last ``error``)."""
-        return await self._db.run(self._store.result(job_id))
+        or JobFailed (failed or cancelled: its ``status`` and last ``error``).
+        With ``conn``, read in your transaction (it sees a job enqueued there)."""
+        return await self._db.run(self._store.result(job_id), conn)
 
     async def wait_result(
         self, job_id: int, *, timeout: float | None = None, poll_interval: float = 1.0
@@ -211,9 +212,10 @@ class AsyncOperatorCalls:
         from its next tick. Audited under ``actor``."""
         return await self._db.run(self._store.remove_schedule(name, actor=actor))
 
-    async def get(self, job_id: int) -> Job:
-        """The job as stored, or JobNotFound."""
-        return await self._db.run(self._store.get(job_id))
+    async def get(self, job_id: int, *, conn: AsyncConnection | None = None) -> Job:
+        """The job as stored, or JobNotFound. With ``conn``, read in your
+        transaction: it sees a job enqueued there and not committed yet."""
+        return await self._db.run(self._store.get(job_id), conn)
 
     async def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100

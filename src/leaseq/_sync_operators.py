@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _steps
 from . import _validate as validate
-from ._db import Database
+from ._db import Connection, Database
 from ._errors import ResultNotReady
 from ._health_types import ClaimPlan, Health
 from ._store import Store
@@ -164,11 +164,12 @@ class OperatorCalls:
                 return result
             time.sleep(pause)
 
-    def result(self, job_id: int) -> Any:
+    def result(self, job_id: int, *, conn: Connection | None = None) -> Any:
         """What a done job's handler returned (None for nothing). Raises JobNotFound
         (no such job, or removed by retention), ResultNotReady (queued or running)
-        or JobFailed (failed or cancelled: its ``status`` and last ``error``)."""
-        return self._db.run(self._store.result(job_id))
+        or JobFailed (failed or cancelled: its ``status`` and last ``error``).
+        With ``conn``, read in your transaction (it sees a job enqueued there)."""
+        return self._db.run(self._store.result(job_id), conn)
 
     def wait_result(
         self, job_id: int, *, timeout: float | None = None, poll_interval: float = 1.0
@@ -208,9 +209,10 @@ class OperatorCalls:
         from its next tick. Audited under ``actor``."""
         return self._db.run(self._store.remove_schedule(name, actor=actor))
 
-    def get(self, job_id: int) -> Job:
-        """The job as stored, or JobNotFound."""
-        return self._db.run(self._store.get(job_id))
+    def get(self, job_id: int, *, conn: Connection | None = None) -> Job:
+        """The job as stored, or JobNotFound. With ``conn``, read in your
+        transaction: it sees a job enqueued there and not committed yet."""
+        return self._db.run(self._store.get(job_id), conn)
 
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100

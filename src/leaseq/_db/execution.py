@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.postgres import types as postgres_types
 from psycopg.rows import tuple_row
+from psycopg.types.json import JsonbLoader, JsonLoader
 
 from .._errors import DatabaseError, InvalidArgument
 from .._statement import Operation, Plan, Rows, Statement
@@ -122,6 +124,25 @@ def _committed_anyway(conn: psycopg.BaseConnection[Any], cursor: Any) -> bool:
     )
 
 
+#: json and jsonb as leaseq decodes them (Python values), by type oid.
+_JSON_LOADERS = (
+    (postgres_types["json"].oid, JsonLoader),
+    (postgres_types["jsonb"].oid, JsonbLoader),
+)
+
+
+def _json_as_values(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """Have ``cursor`` load json and jsonb as Python values, whatever the caller's
+    connection (``conn=``) loads them as: Django's loads jsonb as text (for its
+    JSONField), and a job read on it in the caller's transaction came back with
+    its payload a string. Only the cursor changes; the connection's own loaders
+    (a subclass from ``set_json_loads(..., conn)`` included) are kept."""
+    for oid, loader in _JSON_LOADERS:
+        found = cursor.adapters.get_loader(oid, psycopg.pq.Format.TEXT)
+        if found is None or not issubclass(found, loader):
+            cursor.adapters.register_loader(oid, loader)
+
+
 def _run(conn: Connection, statement: Statement, answered: list[Rows] | None = None) -> Rows:
     form = server_form(statement.sql) if statement.params else None
     cursor: psycopg.Cursor[Any] = (
@@ -129,6 +150,7 @@ def _run(conn: Connection, statement: Statement, answered: list[Rows] | None = N
         if form is None
         else psycopg.RawCursor(conn, row_factory=tuple_row)
     )
+    _json_as_values(cursor)
     with cursor:
         try:
             if form is None:
@@ -153,6 +175,7 @@ async def _arun(
         if form is None
         else psycopg.AsyncRawCursor(conn, row_factory=tuple_row)
     )
+    _json_as_values(cursor)
     async with cursor:
         try:
             if form is None:

@@ -131,6 +131,21 @@ def _refusals_roll_back(using: str | None) -> Iterator[psycopg.Connection[Any]]:
         raise
 
 
+@contextmanager
+def reading_in_atomic(using: str | None = None) -> Iterator[psycopg.Connection[Any] | None]:
+    """Django's connection ``using`` for a read of leaseq's inside ``atomic()``
+    (a job enqueued in the block is seen there, as the block's ORM reads see its
+    rows; a read on leaseq's pool would not see it before the block commits);
+    None outside one (the pool's connection reads what is committed, the same).
+    A read the database refused marks the block for rollback, as a write."""
+    alias = using or leaseq_settings().database
+    if not connections[alias].in_atomic_block:
+        yield None
+        return
+    with _refusals_roll_back(alias) as conn:
+        yield conn
+
+
 def enqueue(
     queue_name: str,
     payload: Any,

@@ -35,7 +35,7 @@ import leaseq
 from leaseq import App, InvalidJob, Job, JobNotFound, JobStatus, LeaseqError
 
 from . import enqueue as enqueue_job
-from . import queue
+from . import queue, reading_in_atomic
 from ._framework import (
     BaseTaskBackend,
     InvalidTaskError,
@@ -213,7 +213,9 @@ class LeaseqBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult[Any]:
         """The task's job as it is now (TaskResultDoesNotExist if there is none, or
-        it is not a task of this backend, or retention removed it)."""
+        it is not a task of this backend, or retention removed it). Inside
+        ``atomic()`` it is read in the block's transaction, as the ORM reads:
+        a task enqueued in the block is found there before it commits."""
         try:
             job_id = int(result_id)
         except (TypeError, ValueError):
@@ -222,8 +224,9 @@ class LeaseqBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         jobs = queue()
         try:
-            job = jobs.get(job_id)
-            value = jobs.result(job_id) if job.status is JobStatus.DONE else None
+            with reading_in_atomic() as conn:
+                job = jobs.get(job_id, conn=conn)
+                value = jobs.result(job_id, conn=conn) if job.status is JobStatus.DONE else None
         except JobNotFound:
             raise TaskResultDoesNotExist(result_id) from None
         payload = job.payload
