@@ -205,7 +205,7 @@ class AsyncDatabase:
         task cancelled, Ctrl-C) is undone (``Operation.undo``) before the
         interruption propagates."""
         if conn is not None:
-            return await aexecute(callers(conn, psycopg.AsyncConnection), operation)
+            return await aexecute(callers(conn, psycopg.AsyncConnection), operation, theirs=True)
         attempt = 0
         answered: list[Rows] = []
         try:

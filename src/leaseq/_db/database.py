@@ -207,7 +207,7 @@ class Database:
         task cancelled, Ctrl-C) is undone (``Operation.undo``) before the
         interruption propagates."""
         if conn is not None:
-            return execute(callers(conn, psycopg.Connection), operation)
+            return execute(callers(conn, psycopg.Connection), operation, theirs=True)
         attempt = 0
         answered: list[Rows] = []
         try:

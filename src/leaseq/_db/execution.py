@@ -82,9 +82,16 @@ def retryable(operation: Operation[Any], error: Exception, attempt: int) -> bool
     return sqlstate in operation.retry_on and attempt + 1 < RETRY_ATTEMPTS
 
 
-def execute(conn: Connection, operation: Operation[T], answered: list[Rows] | None = None) -> T:
+def execute(
+    conn: Connection,
+    operation: Operation[T],
+    answered: list[Rows] | None = None,
+    *,
+    theirs: bool = False,
+) -> T:
     """Run ``operation`` on ``conn``: in the caller's transaction if one is open,
-    else in a transaction of its own when it has several statements.
+    else in a transaction of its own when it has several statements. ``theirs``:
+    ``conn`` is the caller's (``conn=``), whose loaders may not be leaseq's.
 
     ``answered`` receives the rows of a single statement that committed although
     an interruption (KeyboardInterrupt; CancelledError for :func:`aexecute`) cut
@@ -92,23 +99,31 @@ def execute(conn: Connection, operation: Operation[T], answered: list[Rows] | No
     already still answers, and the interruption is raised all the same."""
     with translated_errors():
         if operation.single:
-            results = [_run(conn, operation.statements[0], answered)]
+            results = [_run(conn, operation.statements[0], answered, theirs)]
         else:
             with conn.transaction():
-                results = [_run(conn, statement) for statement in operation.statements]
+                results = [
+                    _run(conn, statement, None, theirs) for statement in operation.statements
+                ]
     return operation.decode(results)
 
 
 async def aexecute(
-    conn: AsyncConnection, operation: Operation[T], answered: list[Rows] | None = None
+    conn: AsyncConnection,
+    operation: Operation[T],
+    answered: list[Rows] | None = None,
+    *,
+    theirs: bool = False,
 ) -> T:
     """The async twin of :func:`execute`."""
     with translated_errors():
         if operation.single:
-            results = [await _arun(conn, operation.statements[0], answered)]
+            results = [await _arun(conn, operation.statements[0], answered, theirs)]
         else:
             async with conn.transaction():
-                results = [await _arun(conn, statement) for statement in operation.statements]
+                results = [
+                    await _arun(conn, statement, None, theirs) for statement in operation.statements
+                ]
     return operation.decode(results)
 
 
@@ -143,14 +158,15 @@ def _json_as_values(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> N
             cursor.adapters.register_loader(oid, loader)
 
 
-def _run(conn: Connection, statement: Statement, answered: list[Rows] | None = None) -> Rows:
+def _run(conn: Connection, statement: Statement, answered: list[Rows] | None, theirs: bool) -> Rows:
     form = server_form(statement.sql) if statement.params else None
     cursor: psycopg.Cursor[Any] = (
         conn.cursor(row_factory=tuple_row)
         if form is None
         else psycopg.RawCursor(conn, row_factory=tuple_row)
     )
-    _json_as_values(cursor)
+    if theirs:  # leaseq's own connections load json as values already
+        _json_as_values(cursor)
     with cursor:
         try:
             if form is None:
@@ -167,7 +183,7 @@ def _run(conn: Connection, statement: Statement, answered: list[Rows] | None = N
 
 
 async def _arun(
-    conn: AsyncConnection, statement: Statement, answered: list[Rows] | None = None
+    conn: AsyncConnection, statement: Statement, answered: list[Rows] | None, theirs: bool
 ) -> Rows:
     form = server_form(statement.sql) if statement.params else None
     cursor: psycopg.AsyncCursor[Any] = (
@@ -175,7 +191,8 @@ async def _arun(
         if form is None
         else psycopg.AsyncRawCursor(conn, row_factory=tuple_row)
     )
-    _json_as_values(cursor)
+    if theirs:  # leaseq's own connections load json as values already
+        _json_as_values(cursor)
     async with cursor:
         try:
             if form is None:
