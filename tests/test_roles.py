@@ -5,13 +5,17 @@ that writes nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import psycopg
 import pytest
+from click.testing import CliRunner
+from psycopg.conninfo import conninfo_to_dict
 
 import leaseq
 from leaseq import JobStatus
+from leaseq._cli import cli
 
 from .roles import restricted_roles
 
@@ -202,3 +206,32 @@ def test_a_role_blind_to_other_roles_transactions_is_told_and_sees_them_once_gra
     five_older = len(seeing.holders) == 5 and all(h.xmin_age >= its_age for h in seeing.holders)
     assert listed or five_older, seeing.holders
     assert queue.health().sees_all_sessions  # the schema's owner (a superuser here)
+
+
+def test_the_audit_log_records_the_role_that_wrote_each_action_whatever_actor_it_names(
+    database_url: str, schema: str, queue: leaseq.Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actor is the caller's word (the CLI's comes from $USER): an operator
+    could name anyone. The database role the server authenticated is recorded
+    beside it, on every row, from the library and the CLI alike."""
+    waiting = queue.enqueue_many("work", [{}, {}], delay=3600)
+    with restricted_roles(database_url, schema) as roles:
+        role = conninfo_to_dict(roles.worker)["user"]
+        with leaseq.Queue(roles.worker, schema=schema) as operator:
+            assert operator.cancel(waiting[0], actor="cli:root")
+        monkeypatch.setenv("USER", "alice")
+        monkeypatch.setenv("LOGNAME", "alice")
+        cancelled = CliRunner().invoke(
+            cli, ["cancel", str(waiting[1]), "--database-url", roles.worker, "--schema", schema]
+        )
+        assert cancelled.exit_code == 0, cancelled.output
+        shown = CliRunner().invoke(
+            cli, ["audit", "--json", "--database-url", database_url, "--schema", schema]
+        )
+    assert shown.exit_code == 0, shown.output
+    assert [(e["actor"], e["db_role"]) for e in json.loads(shown.output)] == [
+        ("cli:alice", role),
+        ("cli:root", role),
+    ]
+    entries = queue.audit_log()
+    assert [(e.actor, e.db_role) for e in entries] == [("cli:alice", role), ("cli:root", role)]

@@ -460,6 +460,10 @@ async def test_the_audit_log_pages(browser: Browser, queue: leaseq.Queue) -> Non
         queue.cancel(job_id, actor="script:cleanup")
     first = await browser.get("/audit")
     assert first.text.count("<td>script:cleanup</td>") == 50
+    with queue.connection() as conn:
+        role = conn.execute("SELECT session_user").fetchone()[0]  # type: ignore[index]
+    # Beside the actor the call named, the role the server authenticated.
+    assert first.text.count(f"<td>script:cleanup</td>\n    <td>{role}</td>") == 50
     older = first.text.split('">older →')[0].rsplit('href="', 1)[1]
     second = await browser.get(unescape(older))
     assert second.text.count("<td>script:cleanup</td>") == 5

@@ -235,11 +235,16 @@ class AuditEntry:
 
     audit_id: int
     at: datetime
+    #: Who the caller said it was (the CLI: ``cli:<OS user>``; the dashboard: its
+    #: user); not verified.
     actor: str
     action: str
     queue: str | None
     job_ids: tuple[int, ...]
     detail: dict[str, Any]
+    #: The database role the server authenticated for the session that wrote the
+    #: row (``session_user``); None for rows older than migration 0024.
+    db_role: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ def audit(
                         "audit_id": e.audit_id,
                         "at": e.at.isoformat(),
                         "actor": e.actor,
+                        "db_role": e.db_role,
                         "action": e.action,
                         "queue": e.queue,
                         "job_ids": list(e.job_ids),
@@ -42,7 +43,9 @@ def audit(
             )
         )
         return
-    table = Table("#", "at", "actor", "action", "queue", title="audit log", box=box.SIMPLE_HEAD)
+    table = Table(
+        "#", "at", "actor", "db role", "action", "queue", title="audit log", box=box.SIMPLE_HEAD
+    )
     table.add_column("jobs / detail", overflow="fold")
     for e in entries:
         ids = ", ".join(map(str, e.job_ids[:10]))
@@ -52,6 +55,7 @@ def audit(
             str(e.audit_id),
             e.at.isoformat(timespec="seconds"),
             shown(e.actor),
+            shown(e.db_role or "-"),  # (rows older than migration 0024 have none)
             e.action,
             e.queue or "-",
             shown(ids or json.dumps(e.detail)),

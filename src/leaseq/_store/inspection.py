@@ -208,7 +208,8 @@ class InspectionOperations(StoreBase):
                     queue=queue,
                     job_ids=tuple(ids),
                     detail=detail,
+                    db_role=db_role,
                 )
-                for a, at, actor, action, queue, ids, detail in r[0]
+                for a, at, actor, db_role, action, queue, ids, detail in r[0]
             ],
         )
