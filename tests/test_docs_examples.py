@@ -75,12 +75,12 @@ def test_the_readme_fragments_run_against_the_current_api(
         "        while True:\n"
         "            await asyncio.sleep(0.1)\n"
         "            await adrain(app, queues=['reports'])\n"
-        "    worker = asyncio.create_task(drain_meanwhile())\n"
-        + body
-        + "    worker.cancel()\n"
+        "    worker = asyncio.create_task(drain_meanwhile())\n" + body + "    worker.cancel()\n"
         "    print(await queue.queue_settings('emails'))\n"
         "    await queue.close()\n"
-        "asyncio.run(main())\n" + metrics + "server.close()\nqueue.close()\nprint('metrics served')\n",
+        "asyncio.run(main())\n"
+        + metrics
+        + "server.close()\nqueue.close()\nprint('metrics served')\n",
         schema,
     )
     printed = _run(code, database_url, tmp_path)
