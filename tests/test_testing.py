@@ -149,6 +149,19 @@ async def test_adrain_and_aenqueued(
     assert [await aqueue.result(job.job_id) for job in done] == [0, 1, 2]
 
 
+async def test_enqueued_lists_every_job_however_many_oldest_first(
+    queue: leaseq.Queue, aqueue: leaseq.AsyncQueue
+) -> None:
+    """A test that enqueued more jobs than one page of ``find_jobs`` holds gets all
+    of them, the oldest first: never a list that silently starts somewhere else."""
+    ids = queue.enqueue_many("emails", [{"n": n} for n in range(1234)])
+    queue.enqueue("other", {"n": -1})
+    listed = enqueued(queue, "emails")
+    assert [job.job_id for job in listed] == sorted(ids)
+    assert [job.job_id for job in await aenqueued(aqueue, "emails")] == sorted(ids)
+    assert len(enqueued(queue, None)) == len(ids) + 1
+
+
 @pytest.mark.parametrize("offset", [5e-05, -2e-06, 1e-07, 123456.5])
 def test_any_clock_offset_in_range_is_set(queue: leaseq.Queue, offset: float) -> None:
     """A tiny one too (a difference of two times may be one): Python writes it with

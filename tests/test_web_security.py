@@ -201,7 +201,8 @@ async def test_cookies_and_redirects_stay_within_the_app(browser: Browser, jobs:
     first = await browser.get("/")
     cookie = first.headers["set-cookie"]
     assert cookie.startswith("leaseq_session=")
-    for attribute in ("HttpOnly", "SameSite=strict", "Path=/"):
+    # (Lax: no cross-site POST carries it, a link from another site does.)
+    for attribute in ("HttpOnly", "SameSite=lax", "Path=/"):
         assert attribute.lower() in cookie.lower(), attribute
     response = await browser.post(
         f"/jobs/{jobs.queued}/cancel", {"next": "https://evil.example/phish"}
@@ -374,3 +375,61 @@ async def test_allowed_hosts_refuse_a_rebound_name(
     _still_failed(queue, jobs)
     with pytest.raises(leaseq.InvalidArgument):
         make_app(allowed_hosts="localhost")
+
+
+def _same_site(set_cookie_headers: list[str]) -> dict[str, str]:
+    """Each cookie's SameSite as the responses set it (lax when not said)."""
+    found: dict[str, str] = {}
+    for header in set_cookie_headers:
+        name = header.partition("=")[0]
+        match = re.search(r"samesite=(\w+)", header, re.IGNORECASE)
+        found[name] = match[1].lower() if match else "lax"
+    return found
+
+
+async def test_a_link_from_another_site_leaves_the_open_pages_forms_working(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """An operator has the dashboard open (tab A), then follows a link to one of its
+    pages from a chat or an alert e-mail (tab B). A top-level navigation from
+    another site carries only the cookies that are not SameSite=Strict; what its
+    response sets, the browser keeps. Tab A's buttons must still work."""
+    first = await browser.get("/")
+    tab_a = re.search(r'name="csrf" value="([0-9a-f]+)"', first.text)
+    assert tab_a is not None
+    same_site = _same_site(first.headers.get_list("set-cookie"))
+    carried = {
+        name: value
+        for name, value in browser.http.cookies.items()
+        if same_site.get(name, "lax") != "strict"
+    }
+    transport = httpx.ASGITransport(app=browser.app)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE, cookies=carried) as link:
+        tab_b = await link.get(f"/jobs/{jobs.failed[0]}", headers={"sec-fetch-site": "cross-site"})
+    assert tab_b.status_code == 200
+    for name, value in tab_b.cookies.items():  # the browser keeps what tab B's page set
+        browser.http.cookies.set(name, value)
+    clicked = await browser.post(f"/jobs/{jobs.failed[0]}/replay", {"csrf": tab_a[1]})
+    assert clicked.status_code == 303, text_of(clicked.text)
+    assert queue.get(jobs.failed[0]).status is JobStatus.QUEUED
+
+
+async def test_a_token_of_any_characters_works_as_a_bearer_token(
+    make_app: AppFactory, jobs: Jobs
+) -> None:
+    """``LEASEQ_DASHBOARD_TOKEN`` may hold any characters: what signs a browser in
+    through the form must authenticate a client that sends it as ``Bearer`` too
+    (HTTP carries it as its UTF-8 bytes)."""
+    token = "pässwörd-für-die-queue"
+    app = make_app(auth=TokenAuth(token))
+    header = b"Bearer " + token.encode()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+        assert (await http.get("/", headers={b"authorization": header})).status_code == 200
+        wrong = b"Bearer " + "pässwörd-für-die-queuf".encode()
+        assert (await http.get("/", headers={b"authorization": wrong})).status_code == 401
+    browser = Browser(app)
+    try:
+        assert (await browser.post("/login", {"token": token})).status_code == 303
+    finally:
+        await browser.close()

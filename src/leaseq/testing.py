@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from ._async_client import AsyncQueue
 from ._errors import InvalidArgument
 from ._sync_client import Queue
-from ._types import Job, JobStatus
+from ._types import Job, JobPage, JobStatus
 from ._validate import seconds
 from ._worker import App, Worker, WorkerStats
 
@@ -35,7 +35,7 @@ __all__ = [
     "set_clock_offset",
 ]
 
-#: find_jobs' largest page and search window: enqueued() reads up to this many jobs.
+#: find_jobs' largest page and search window: enqueued() reads pages of this many jobs.
 _PAGE = 1000
 _WINDOW = 1_000_000
 
@@ -103,10 +103,19 @@ def enqueued(
     queue: Queue, name: str | None = None, *, status: JobStatus | str | None = "queued"
 ) -> list[Job]:
     """The jobs of queue ``name`` (None: every queue) in ``status`` (None: any),
-    oldest first: what the code under test enqueued (up to 1,000)."""
+    oldest first: what the code under test enqueued (all of them, read a page at
+    a time)."""
     _require(queue, Queue, "aenqueued")
-    page = queue.find_jobs(queue=name, status=status, limit=_PAGE, window=_WINDOW)
-    return sorted(page.jobs, key=lambda job: job.job_id)
+    found: list[Job] = []
+    before: int | None = None
+    top: int | None = None
+    while True:
+        page = queue.find_jobs(
+            queue=name, status=status, before=before, window_top=top, limit=_PAGE, window=_WINDOW
+        )
+        if (more := _more(found, page)) is None:
+            return sorted(found, key=lambda job: job.job_id)
+        before, top = more
 
 
 async def aenqueued(
@@ -114,8 +123,26 @@ async def aenqueued(
 ) -> list[Job]:
     """The async twin of :func:`enqueued`."""
     _require(queue, AsyncQueue, "enqueued")
-    page = await queue.find_jobs(queue=name, status=status, limit=_PAGE, window=_WINDOW)
-    return sorted(page.jobs, key=lambda job: job.job_id)
+    found: list[Job] = []
+    before: int | None = None
+    top: int | None = None
+    while True:
+        page = await queue.find_jobs(
+            queue=name, status=status, before=before, window_top=top, limit=_PAGE, window=_WINDOW
+        )
+        if (more := _more(found, page)) is None:
+            return sorted(found, key=lambda job: job.job_id)
+        before, top = more
+
+
+def _more(found: list[Job], page: JobPage) -> tuple[int, int | None] | None:
+    """Add ``page``'s jobs to ``found``; the ``before`` and ``window_top`` of the
+    next page, or None after the last. (One page alone is the newest jobs: a
+    list cut there would start at some later job, silently.)"""
+    found += page.jobs
+    if page.next_before is None:
+        return None
+    return page.next_before, page.window_top
 
 
 def set_clock_offset(queue: Queue, offset_seconds: float) -> None:

@@ -468,7 +468,8 @@ async def login(request: Request, ctx: Context) -> Response:
         auth.login_cookie(),
         max_age=security.LOGIN_SECONDS,
         # Lax, so that a link to the dashboard from elsewhere opens it signed in; every
-        # state change still needs the form token of the Strict session cookie.
+        # state change still needs the form token of the session cookie, which no
+        # cross-site POST carries (Lax).
         samesite="lax",
         **security.cookie_options(request),
     )

@@ -115,7 +115,11 @@ class Context:
     def _finish(self, response: Response) -> Response:
         options = security.cookie_options(self.request)
         if self.new_session:
-            response.set_cookie(security.SESSION_COOKIE, self.session, samesite="strict", **options)
+            # Lax, not Strict: a link from another site (a chat, an alert e-mail)
+            # must carry it, else that page starts a new session and every form
+            # already open in other tabs fails its token. Lax keeps it out of
+            # cross-site POSTs, which the form token and Origin checks refuse anyway.
+            response.set_cookie(security.SESSION_COOKIE, self.session, samesite="lax", **options)
         if self._flash_seen:
             response.delete_cookie(security.FLASH_COOKIE, samesite="strict", **options)
         return response

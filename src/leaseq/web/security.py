@@ -103,7 +103,11 @@ class TokenAuth:
         self.principal = Principal(name, permissions)
 
     def check_token(self, token: str) -> bool:
-        return hmac.compare_digest(token.encode("utf-8", "surrogatepass"), self._key)
+        """Whether ``token`` (text, as a form sends it) is the token."""
+        return self._same_key(token.encode("utf-8", "surrogatepass"))
+
+    def _same_key(self, given: bytes) -> bool:
+        return hmac.compare_digest(given, self._key)
 
     def login_cookie(self, now: float | None = None) -> str:
         issued = str(int(time.time() if now is None else now))
@@ -117,7 +121,9 @@ class TokenAuth:
 
     def __call__(self, request: Request) -> Principal | None:
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and self.check_token(credentials.strip()):
+        # Starlette decodes header values as latin-1: encoded back, they are the
+        # bytes the client sent (a token's UTF-8), which is what the key holds.
+        if scheme.lower() == "bearer" and self._same_key(credentials.strip().encode("latin-1")):
             return self.principal
         cookie = request.cookies.get(LOGIN_COOKIE)
         if cookie and self._valid_cookie(cookie):
