@@ -212,8 +212,9 @@ class AsyncOperatorCalls:
         return await self._db.run(self._store.remove_schedule(name, actor=actor))
 
     async def get(self, job_id: int) -> Job:
-        """The job as stored, or JobNotFound."""
-        return await self._db.run(self._store.get(job_id))
+        """The job as stored, or JobNotFound (which says so of a job retention
+        moved to the archive)."""
+        return await self._db.run_steps(_steps.get(self._store, job_id))
 
     async def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100

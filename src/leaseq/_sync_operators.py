@@ -209,8 +209,9 @@ class OperatorCalls:
         return self._db.run(self._store.remove_schedule(name, actor=actor))
 
     def get(self, job_id: int) -> Job:
-        """The job as stored, or JobNotFound."""
-        return self._db.run(self._store.get(job_id))
+        """The job as stored, or JobNotFound (which says so of a job retention
+        moved to the archive)."""
+        return self._db.run_steps(_steps.get(self._store, job_id))
 
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100
