@@ -752,3 +752,24 @@ def test_plans_a_batch_reads_the_finished_index_and_a_completion_never_does(
     assert "Scan on job_finished_idx" in batch or "using job_finished_idx" in batch
     assert "Seq Scan on job" not in batch
     assert "Index Scan using job_pkey on job j_1" in batch  # the DELETE
+
+
+def test_get_of_a_job_retention_moved_says_where_it_went(client: Client, clock: Clock) -> None:
+    """``get(id)`` of a job retention archived said "no job N", as of an id never
+    given: an operator looking a failed job up (the dashboard's job page, `leaseq
+    job`) read a mistyped id, while the job sits in the archive. A job deleted by
+    retention, or never enqueued, is named as either."""
+    client.configure_queue("q", retention_mode="archive", retain_failed=60)
+    (archived,) = finish(client, "q", FAILED)
+    client.configure_queue("d", retain_done=60)
+    (deleted,) = finish(client, "d", DONE)
+    clock.advance(120)
+    client.prune()
+    with pytest.raises(JobNotFound, match=rf"no job {archived}\b.*failed.*archive") as found:
+        client.get(archived)
+    assert "retain_archived" in str(found.value), found.value
+    for gone in (deleted, 424242):
+        with pytest.raises(JobNotFound, match=rf"no job {gone}\b") as missing:
+            client.get(gone)
+        assert "archive" not in str(missing.value)
+        assert "retention" in str(missing.value), missing.value

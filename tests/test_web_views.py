@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import leaseq
+from leaseq._secret_fields import MASK, SecretMask
+from leaseq._timeline import timeline
 from leaseq.web.data import SharedCache
 from leaseq.web.forms import JobFilter, payload_filter, seconds
-from leaseq.web.timeline import timeline
-from leaseq.web.views import MASK, SecretMask, age, chart, duration, retention, size
+from leaseq.web.views import age, chart, duration, retention, size
 
 from .test_web_fixtures import AppFactory, Browser, Jobs, jobs, make_app
 

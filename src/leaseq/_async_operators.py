@@ -213,9 +213,10 @@ class AsyncOperatorCalls:
         return await self._db.run(self._store.remove_schedule(name, actor=actor))
 
     async def get(self, job_id: int, *, conn: AsyncConnection | None = None) -> Job:
-        """The job as stored, or JobNotFound. With ``conn``, read in your
-        transaction: it sees a job enqueued there and not committed yet."""
-        return await self._db.run(self._store.get(job_id), conn)
+        """The job as stored, or JobNotFound (which says so of a job retention
+        moved to the archive). With ``conn``, read in your transaction: it sees a
+        job enqueued there and not committed yet."""
+        return await self._db.run_steps(_steps.get(self._store, job_id), conn)
 
     async def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100

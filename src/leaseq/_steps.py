@@ -14,11 +14,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from . import _health
-from ._errors import AlreadyCompleted, BacklogFull, LeaseLost
+from ._errors import AlreadyCompleted, BacklogFull, JobNotFound, LeaseLost
 from ._health_types import Health
 from ._statement import Operation, Rows, Steps
 from ._store import Claimed, ReplayBatch, Store
-from ._types import Claim, Claims
+from ._types import Claim, Claims, Job
 
 T = TypeVar("T")
 
@@ -198,3 +198,13 @@ def health(store: Store, *, long_transaction: float) -> Steps[Health]:
         warnings=(behind, *report.warnings),
         migrations_missing=_health.migrations_missing(applied),
     )
+
+
+def get(store: Store, job_id: int) -> Steps[Job]:
+    """The job; or JobNotFound saying where it went if retention archived it ("no
+    job N" read as an id mistyped while the job sat in the archive)."""
+    try:
+        job: Job = yield store.get(job_id)
+    except JobNotFound:
+        raise (yield store.not_found(job_id)) from None
+    return job

@@ -210,9 +210,10 @@ class OperatorCalls:
         return self._db.run(self._store.remove_schedule(name, actor=actor))
 
     def get(self, job_id: int, *, conn: Connection | None = None) -> Job:
-        """The job as stored, or JobNotFound. With ``conn``, read in your
-        transaction: it sees a job enqueued there and not committed yet."""
-        return self._db.run(self._store.get(job_id), conn)
+        """The job as stored, or JobNotFound (which says so of a job retention
+        moved to the archive). With ``conn``, read in your transaction: it sees a
+        job enqueued there and not committed yet."""
+        return self._db.run_steps(_steps.get(self._store, job_id), conn)
 
     def list_jobs(
         self, status: JobStatus | str, *, queue: str | None = None, limit: int = 100

@@ -2,8 +2,8 @@
 
 Its rooms: ``common`` (the group, database options, errors, output), ``serving``
 (what the long-running commands share), ``running``
-(migrate, worker, maintenance, demo), ``jobs`` (enqueue, status, failed,
-replay, cancel, reap, queue configure), ``retention`` (prune), ``health``
+(migrate, worker, maintenance, demo), ``jobs`` (enqueue, status, replay,
+cancel, reap, queue configure), ``job_view`` (job, failed), ``retention`` (prune), ``health``
 (health, explain), ``audit`` and ``embedded`` (the embedded server: status, stop).
 """
 
@@ -14,6 +14,7 @@ from . import (  # noqa: F401 - registers their commands on the group
     dashboard,
     embedded,
     health,
+    job_view,
     jobs,
     retention,
     running,

@@ -8,7 +8,7 @@ import click
 from rich import box
 from rich.table import Table
 
-from .common import cli, console, database_options, open_queue, require_queue, shown
+from .common import cli, console, database_options, open_queue, require_queue, shown, utc_time
 
 
 @cli.command()
@@ -30,7 +30,7 @@ def audit(
                 [
                     {
                         "audit_id": e.audit_id,
-                        "at": e.at.isoformat(),
+                        "at": utc_time(e.at),
                         "actor": e.actor,
                         "db_role": e.db_role,
                         "action": e.action,
@@ -53,7 +53,7 @@ def audit(
             ids += f" ... ({len(e.job_ids)} jobs)"
         table.add_row(
             str(e.audit_id),
-            e.at.isoformat(timespec="seconds"),
+            utc_time(e.at, "seconds"),
             shown(e.actor),
             shown(e.db_role or "-"),  # (rows older than migration 0024 have none)
             e.action,

@@ -15,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -60,6 +61,16 @@ def shown(text: str) -> Text:
     """Someone else's text for a table cell: never markup (rich would read "[/]" as
     a tag, and fail), never a control (see :func:`printable`), secrets redacted."""
     return Text(printable(redact(text)))
+
+
+def utc_time(moment: datetime | None, timespec: str = "auto") -> str | None:
+    """A database time as ISO 8601 in UTC, as every command prints one (None stays
+    None): the database answers in its session's TimeZone, which may be any."""
+    if moment is None:
+        return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.isoformat(timespec=timespec)
 
 
 # Piped output (CI logs, scripts) gets room for whole tables instead of 80 columns.

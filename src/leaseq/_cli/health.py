@@ -13,7 +13,16 @@ from rich.table import Table
 
 from leaseq import ClaimPlan, Health, NotMigrated
 
-from .common import cli, console, database_options, open_queue, printable, require_queue, shown
+from .common import (
+    cli,
+    console,
+    database_options,
+    open_queue,
+    printable,
+    require_queue,
+    shown,
+    utc_time,
+)
 
 
 @cli.command()
@@ -61,7 +70,7 @@ def explain(queue_name: str | None, database_url: str | None, schema: str) -> No
 
 def _json_value(value: object) -> Any:
     if isinstance(value, datetime):
-        return value.isoformat()
+        return utc_time(value)
     raise TypeError(f"not JSON: {value!r}")
 
 
@@ -75,7 +84,7 @@ def _size(count: int) -> str:
 
 
 def _when(value: datetime | None) -> str:
-    return "never" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+    return utc_time(value, "seconds") or "never"
 
 
 def _last(manual: datetime | None, auto: datetime | None) -> str:

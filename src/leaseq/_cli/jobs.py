@@ -1,4 +1,5 @@
-"""Commands on jobs and queues: enqueue, status, failed, replay, cancel, reap, queue configure."""
+"""Commands on jobs and queues: enqueue, status, replay, cancel, reap, queue configure
+(looking at jobs: ``job_view``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from rich.table import Table
 
 from leaseq import (
     InvalidArgument,
-    Job,
     JobStatus,
     Queue,
 )
@@ -24,7 +24,6 @@ from .common import (
     database_options,
     open_queue,
     require_queue,
-    shown,
 )
 from .limits import NO_LIMIT, count_limit, format_limit, format_rate, rate_limit, running_limit
 from .retention import NEVER, duration, format_duration
@@ -111,42 +110,6 @@ QUEUE_COLUMN = 24
 
 def _widest(rows: list[list[str]], column: int) -> int:
     return max((len(row[column]) for row in rows), default=0)
-
-
-@cli.command()
-@click.option("--queue", "queue_name", default=None)
-@click.option("--limit", default=50, show_default=True)
-@database_options
-def failed(queue_name: str | None, limit: int, database_url: str | None, schema: str) -> None:
-    """List failed jobs with their last error and attempts."""
-    with open_queue(database_url, schema) as queue:
-        require_queue(queue, queue_name)
-        jobs = queue.list_jobs(JobStatus.FAILED, queue=queue_name, limit=limit)
-        caption = None
-        if len(jobs) == limit:  # maybe cut short: 50 rows read as "50 jobs failed"
-            stats = queue.stats(queue_name)
-            total = sum(s.counts[JobStatus.FAILED] for s in stats)
-            about = "~" if any(JobStatus.FAILED in s.estimated for s in stats) else ""
-            if total > limit or about:
-                caption = f"the {limit} newest of {about}{total} failed jobs (--limit N for more)"
-    _print_jobs(jobs, "failed jobs", caption)
-
-
-def _print_jobs(jobs: list[Job], title: str, caption: str | None = None) -> None:
-    table = Table(
-        "job", "queue", "attempts", "finished", title=title, caption=caption, box=box.SIMPLE_HEAD
-    )
-    table.add_column("last error", overflow="fold")
-    for job in jobs:
-        finished = job.finished_at.isoformat(timespec="seconds") if job.finished_at else "-"
-        table.add_row(
-            str(job.job_id),
-            job.queue,
-            f"{job.attempts}/{job.max_attempts}",
-            finished,
-            shown(job.last_error or ""),
-        )
-    console.print(table)
 
 
 @cli.command()

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from leaseq import InvalidArgument
 
-from .common import actor, cli, console, database_options, open_queue, shown
+from .common import actor, cli, console, database_options, open_queue, shown, utc_time
 
 
 @cli.command()
@@ -34,8 +34,8 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
                         "queue": s.queue,
                         "spec": s.spec,
                         "tz": s.tz,
-                        "last_tick": None if s.last_tick is None else s.last_tick.isoformat(),
-                        "next_tick": s.next_tick.isoformat(),
+                        "last_tick": utc_time(s.last_tick),
+                        "next_tick": utc_time(s.next_tick),
                         "enqueued": s.enqueued,
                         "skipped": s.skipped,
                         "paused_ticks": s.paused_ticks,
@@ -58,8 +58,8 @@ def schedules(as_json: bool, database_url: str | None, schema: str) -> None:
             shown(s.queue + (" (paused)" if s.queue_paused else "")),
             shown(s.spec.removeprefix("cron ")),
             s.tz,
-            "-" if s.last_tick is None else s.last_tick.isoformat(timespec="seconds"),
-            s.next_tick.isoformat(timespec="seconds") + (" (overdue)" if s.stalled else ""),
+            utc_time(s.last_tick, "seconds") or "-",
+            str(utc_time(s.next_tick, "seconds")) + (" (overdue)" if s.stalled else ""),
             str(s.enqueued),
             str(s.skipped),
             str(s.paused_ticks),

@@ -203,6 +203,26 @@ class OperatorOperations(StoreBase):
         "no job N" read as an id mistyped while the job sat in the archive)."""
         return Statement(self.sql("job_archived.sql"), {"job_id": operator_input.job_id(job_id)})
 
+    def not_found(self, job_id: int) -> Operation[JobNotFound]:
+        """The JobNotFound of a job ``get`` found no row of: where it went if
+        retention archived it, else the two reasons left (read only then: a job
+        found costs ``get`` its one statement)."""
+
+        def decode(rows: list[Rows]) -> JobNotFound:
+            if not rows[0]:
+                return JobNotFound(
+                    f"no job {job_id}: never enqueued in this schema, or finished and "
+                    "deleted by retention"
+                )
+            return _not_found(
+                job_id,
+                rows[0],
+                "(the job_archive table keeps it for the record until the queue's "
+                "retain_archived ends)",
+            )
+
+        return Operation((self._archived(job_id),), decode)
+
     def get(self, job_id: int) -> Operation[Job]:
         schema = self.schema
 
@@ -343,12 +363,15 @@ def _settings_action(settings: dict[str, Any]) -> str:
     return "configure"
 
 
-def _not_found(job_id: int, archived: Rows) -> JobNotFound:
+def _not_found(
+    job_id: int,
+    archived: Rows,
+    kept: str = "(an archived job is kept to be read, not replayed or cancelled)",
+) -> JobNotFound:
     if not archived:
         return JobNotFound(f"no job {job_id}")
     status, at = archived[0]
     return JobNotFound(
         f"no job {job_id} in its queue: it was {status}, and retention moved it to the "
-        f"archive at {at.isoformat(timespec='seconds')} (an archived job is kept to be "
-        "read, not replayed or cancelled)"
+        f"archive at {at.isoformat(timespec='seconds')} {kept}"
     )

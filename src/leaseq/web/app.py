@@ -17,11 +17,11 @@ from starlette.types import ASGIApp
 
 import leaseq
 
+from .._secret_fields import SECRET_FIELDS, SecretMask
 from . import actions, pages, views
 from .context import Dashboard
 from .data import Aggregates, SharedCache
 from .security import Auth, Csrf, SecurityHeaders, TrustedHosts
-from .views import SECRET_FIELDS, SecretMask
 
 HERE = Path(__file__).resolve().parent
 #: Connections of the dashboard's own pool: pages run a few statements each, and

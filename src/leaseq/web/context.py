@@ -19,10 +19,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 import leaseq
 
 from .._logs import get_logger
+from .._secret_fields import SecretMask
 from . import security
 from .data import Aggregates
 from .security import Auth, Csrf, Principal
-from .views import SecretMask
 
 # leaseq's loggers scrub DSN passwords from messages and tracebacks.
 log = get_logger("leaseq.web")

@@ -13,7 +13,8 @@ from urllib.parse import urlencode
 
 import leaseq
 
-from .views import SecretMask, group_digest, retention
+from .._secret_fields import SecretMask
+from .views import group_digest, retention
 
 STATES = tuple(state.value for state in leaseq.JobStatus)
 #: ``failed_groups()`` groups failed jobs by the first this many characters of

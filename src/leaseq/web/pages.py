@@ -19,10 +19,10 @@ from starlette.responses import Response
 
 import leaseq
 
+from .._timeline import timeline
 from .context import Context, handler
 from .data import BLOCKED_KEYS_READ, FAILED_GROUPS_SHOWN
 from .forms import STATES, JobFilter, digits, failed_group, settings_text
-from .timeline import timeline
 from .views import Chart, chart, percent, queue_name
 
 #: Jobs per page of the Jobs list; running jobs shown at most on the Running page.

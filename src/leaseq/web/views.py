@@ -1,60 +1,18 @@
-"""Formatting for the templates: ages, durations, bytes, times, the masking of
-secret payload fields, and the geometry of the small throughput chart."""
+"""Formatting for the templates: ages, durations, bytes, times, and the geometry
+of the small throughput chart. (The masking of secret payload fields, shared
+with the CLI, is ``leaseq._secret_fields``.)"""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 from .._durations import duration_text
-from .._redact import SECRET_NAMES, redact
-
-#: Payload fields whose values are never shown: a field whose name, lowercased and
-#: without separators, contains one of these. The names whose values leaseq also
-#: masks in error texts and logs (``key=value``): one list.
-SECRET_FIELDS: tuple[str, ...] = SECRET_NAMES
-MASK = "••••••"
-_SEPARATORS = re.compile(r"[^a-z0-9]")
-
-
-def _normal(name: str) -> str:
-    return _SEPARATORS.sub("", name.lower())
-
-
-class SecretMask:
-    """Decides which field names are secret and masks them, at any depth; scrubs
-    password shapes (``scheme://user:password@``, ``password=...``) from text."""
-
-    def __init__(self, fields: Iterable[str] = SECRET_FIELDS) -> None:
-        self._parts = tuple({_normal(f) for f in fields if _normal(f)})
-
-    def secret(self, name: str) -> bool:
-        normal = _normal(name)
-        return any(part in normal for part in self._parts)
-
-    def mask(self, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {
-                key: MASK if self.secret(str(key)) else self.mask(item)
-                for key, item in value.items()
-            }
-        if isinstance(value, list | tuple):
-            return [self.mask(item) for item in value]
-        if isinstance(value, str):
-            # A DSN (or another password shape) quoted in a value keeps its
-            # password out of the page, as leaseq keeps it out of logs and errors.
-            return redact(value)
-        return value
-
-    def pretty(self, value: Any) -> str:
-        """The masked value as indented JSON."""
-        return json.dumps(self.mask(value), indent=2, ensure_ascii=False, default=str)
+from .._timeline import blocked_by
 
 
 def age(seconds: float | None) -> str:
@@ -216,11 +174,6 @@ def group_digest(error: str | None) -> str:
     only in line breaks would be one. An empty text and none are one group (the
     SQL's ``nullif``), "(no error text)"."""
     return hashlib.sha256((error or "").encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def blocked_by(job_id: int) -> str:
-    """What a queued job that failed job ``job_id`` holds back waits for."""
-    return f"blocked by failed job #{job_id} (replay or skip it)"
 
 
 FILTERS = {

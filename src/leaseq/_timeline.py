@@ -1,5 +1,6 @@
-"""A job's life as the Job page tells it: enqueued, every run (claimed, renewed,
-how it ended, replays and cancels between them), and where it is now.
+"""A job's life as the dashboard's Job page and ``leaseq job`` tell it: enqueued,
+every run (claimed, renewed, how it ended, replays and cancels between them), and
+where it is now.
 
 The history (``Job.history``) holds an entry per ended run and per operator
 action, each with the run's claim and last renewal; the run that is going on,
@@ -15,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import leaseq
-
-from .views import blocked_by
+from ._types import Job, JobStatus
 
 #: Entries a job's history keeps, the newest (``history_append``, migration 0001).
 HISTORY_KEPT = 50
@@ -38,6 +37,11 @@ ENDS_A_RUN = frozenset({"retry", "failed", "lease_expired", "released"})
 REAPED = "lease expired on its last attempt (worker lost): failed"
 
 
+def blocked_by(job_id: int) -> str:
+    """What a queued job that failed job ``job_id`` holds back waits for."""
+    return f"blocked by failed job #{job_id} (replay or skip it)"
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
     """One line of a job's timeline."""
@@ -51,7 +55,7 @@ class Event:
     href: str | None = None
 
 
-def timeline(job: leaseq.Job) -> list[Event]:
+def timeline(job: Job) -> list[Event]:
     """The job's life, oldest first."""
     events = [Event(job.created_at, "enqueued", "enqueued")]
     reaped = _reaped_entry(job)
@@ -108,7 +112,7 @@ def _ends_a_run(entry: dict[str, Any]) -> bool:
     )
 
 
-def _run(run: int, entry: dict[str, Any], reaped: leaseq.Job | None) -> list[Event]:
+def _run(run: int, entry: dict[str, Any], reaped: Job | None) -> list[Event]:
     """A run that ended with ``entry``: its claim, last renewal and end; ``reaped``:
     the job the reaper failed with this entry (the end is that failure)."""
     events = _run_start(run, entry.get("claimed_at"), entry.get("lease_version"))
@@ -126,11 +130,11 @@ def _run(run: int, entry: dict[str, Any], reaped: leaseq.Job | None) -> list[Eve
     return events
 
 
-def _reaped_entry(job: leaseq.Job) -> dict[str, Any] | None:
+def _reaped_entry(job: Job) -> dict[str, Any] | None:
     """The history entry of the reaper's failure of ``job``, if that is how it failed:
     a failed job's last entry is its failure, and ``lease_expired`` there means the
     reaper's (a claim recovers an expired lease only while attempts are left)."""
-    if job.status is not leaseq.JobStatus.FAILED or not job.history:
+    if job.status is not JobStatus.FAILED or not job.history:
         return None
     last = job.history[-1]
     return last if last.get("outcome") == "lease_expired" else None
@@ -143,10 +147,10 @@ def _run_start(run: int, claimed_at: Any, lease_version: Any) -> list[Event]:
     return [Event(claimed_at, "claimed", f"run {run} claimed{lease}")]
 
 
-def _now(job: leaseq.Job, runs: int) -> list[Event]:
+def _now(job: Job, runs: int) -> list[Event]:
     """Where the job is: the run going on or the one that completed it, or waiting."""
     status = job.status
-    if status is leaseq.JobStatus.RUNNING:
+    if status is JobStatus.RUNNING:
         return [
             Event(
                 job.claimed_at,
@@ -155,12 +159,12 @@ def _now(job: leaseq.Job, runs: int) -> list[Event]:
                 f"lease version {job.lease_version}",
             )
         ]
-    if status is leaseq.JobStatus.DONE:
+    if status is JobStatus.DONE:
         return [
             *_run_start(runs + 1, job.claimed_at, job.lease_version),
             Event(job.finished_at, "done", f"run {runs + 1}: done"),
         ]
-    if status is leaseq.JobStatus.QUEUED:
+    if status is JobStatus.QUEUED:
         if job.blocked_by is not None:
             # No claim takes it until an operator acts; `ahead` counts unfinished
             # jobs only, not the failed one that holds the key.
