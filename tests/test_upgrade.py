@@ -190,6 +190,45 @@ def test_a_key_held_by_a_lease_an_older_leaseq_cut_stays_held(
         assert queue.get(third).available_at >= lease_end
 
 
+def _cancel_as_leaseq_14_did(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, job_id: int
+) -> None:
+    """cancel(running=True) as leaseq at migration 14 sent it (cancel.sql): a
+    running job's history entry keeps the cut lease's end; a queued job is
+    cancelled at once."""
+    (changed,) = conn.execute(
+        f"UPDATE \"{schema}\".job SET status = 'cancelled', finished_at = now(), "
+        "lease_until = NULL, "
+        "lease_version = lease_version + CASE WHEN status = 'running' THEN 1 ELSE 0 END, "
+        "history = history || jsonb_build_array(jsonb_build_object("
+        "'attempt', attempts, 'at', now(), 'outcome', 'cancelled', 'previous_status', status) "
+        "|| CASE WHEN status = 'running' THEN jsonb_build_object('lease_version', "
+        "lease_version, 'claimed_at', claimed_at, 'cut_lease_until', lease_until) "
+        "ELSE '{}'::jsonb END) WHERE job_id = %s RETURNING job_id",
+        (job_id,),
+    ).fetchall()
+    assert changed == (job_id,)
+
+
+def _release_as_leaseq_14_did(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, job_id: int
+) -> None:
+    """A release while the handler runs on as leaseq at migration 14 sent it
+    (release.sql): queued again once the lease would have ended, its history
+    entry without that end."""
+    (changed,) = conn.execute(
+        f"UPDATE \"{schema}\".job SET status = 'queued', lease_until = NULL, "
+        "available_at = greatest(now(), lease_until), "
+        "attempts = greatest(attempts - 1, 0), "
+        "history = history || jsonb_build_array(jsonb_build_object("
+        "'attempt', attempts, 'at', now(), 'outcome', 'released', 'write', 'release', "
+        "'lease_version', lease_version, 'claimed_at', claimed_at)) "
+        "WHERE job_id = %s AND status = 'running' RETURNING job_id",
+        (job_id,),
+    ).fetchall()
+    assert changed == (job_id,)
+
+
 @pytest.mark.parametrize("cut", ["cancel", "release", "release, then cancel"])
 def test_a_slot_held_by_a_lease_cut_before_migration_15_stays_held(
     database_url: str, schema: str, cut: str
@@ -208,18 +247,16 @@ def test_a_slot_held_by_a_lease_cut_before_migration_15_stays_held(
                 "RETURNING job_id"
             ).fetchall()
         (claim,) = queue.claim("work", lease=300)
-        if cut == "cancel":
-            assert queue.cancel(cut_short, running=True)
-        else:
-            queue.release_many([claim], handlers_running=[True])
-        if cut == "release, then cancel":
-            with psycopg.connect(database_url, autocommit=True) as conn:  # as 14 wrote it
-                conn.execute(
-                    f"UPDATE \"{schema}\".job SET history = jsonb_set(history, '{{-1}}', "
-                    "(history -> -1) - 'cut_lease_until') WHERE job_id = %s",
-                    (cut_short,),
-                )
-            assert queue.cancel(cut_short)  # queued: cancelled at once
+        assert claim.job_id == cut_short
+        # (The cuts as leaseq at 14 wrote them: this leaseq's cancel and release
+        # write the slot_hold table of 0015 themselves.)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            if cut == "cancel":
+                _cancel_as_leaseq_14_did(conn, schema, cut_short)
+            else:
+                _release_as_leaseq_14_did(conn, schema, cut_short)
+            if cut == "release, then cancel":
+                _cancel_as_leaseq_14_did(conn, schema, cut_short)  # queued: at once
         queue.migrate()
         held = queue.claim("work", limit=5)
         assert (list(held), held.held_back) == ([], True)

@@ -10,7 +10,8 @@
 -- ("!lost <job_id>": not a queue name) that makes it renew that lease now. The
 -- history entry keeps the end of the lease cut short (cut_lease_until): a
 -- replay waits until then (see replay.sql), and so does every job of its
--- ordering key (the hold job_key_leave writes, migration 0014). One audit row
+-- ordering key (the hold job_key_leave writes, migration 0014), and so does its
+-- concurrency slot (slot_hold, counted by the limited claims). One audit row
 -- if it changed.
 WITH target AS (
     SELECT j.job_id, j.status FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
@@ -37,7 +38,27 @@ cancelled AS (
     -- The status the row had when this UPDATE took it (its new history entry
     -- says), not the statement snapshot's: a claim that committed while the
     -- cancel waited for the row made a running job of a queued one.
-    RETURNING j.job_id, j.queue, j.history -> -1 ->> 'previous_status' AS previous_status
+    RETURNING j.job_id, j.queue, j.group_key, j.limited,
+              j.history -> -1 ->> 'previous_status' AS previous_status,
+              (j.history -> -1 ->> 'cut_lease_until')::timestamptz AS cut_lease_until
+),
+-- A lease cut short while live keeps its slot until it would have ended: its
+-- handler may run until then. The job table's trigger job_slot_freed writes
+-- that hold for a job marked `limited` (claimed under a concurrency limit, or
+-- running when one was set); here it is written for the others, whose queue
+-- had no limit when they started, so that a limit set later (or set by a
+-- configure_queue racing their claim) counts the handler still running. Not
+-- in the trigger: its WHEN is re-read by every status update (the hot path).
+-- The reaper drops a hold once ended; a queue without limits never reads it.
+held AS (
+    INSERT INTO {schema}.slot_hold AS h (job_id, queue, group_key, until)
+    SELECT c.job_id, c.queue, c.group_key, c.cut_lease_until
+    FROM cancelled AS c
+    WHERE c.previous_status = 'running' AND NOT c.limited
+      AND c.cut_lease_until > {schema}.clock()
+    ON CONFLICT (job_id) DO UPDATE
+        SET queue = excluded.queue, group_key = excluded.group_key,
+            until = greatest(h.until, excluded.until)
 ),
 audit AS (
     INSERT INTO {schema}.audit (at, actor, action, queue, job_ids, detail)

@@ -45,10 +45,24 @@ released AS (
            OR (j.status = 'queued'
                AND j.history -> -1 @> jsonb_build_object(
                    'write', 'release', 'lease_version', c.lease_version)))
-    RETURNING j.job_id
-)
+    RETURNING j.job_id, j.queue, j.group_key, j.limited, j.available_at, c.handler_running
+),
 -- A keyed job whose handler runs on holds its key until its lease would have
 -- ended (key_hold, written by the job table's trigger job_key_leave, 0014).
+-- And its concurrency slot (slot_hold): the trigger job_slot_freed writes that
+-- hold for a job marked `limited`; here it is written for the others, whose
+-- queue had no limit when they started, so that a limit set later (or by a
+-- configure_queue racing their claim) counts the handler still running (see
+-- cancel.sql). Only a release whose handler runs on writes it.
+held AS (
+    INSERT INTO {schema}.slot_hold AS h (job_id, queue, group_key, until)
+    SELECT r.job_id, r.queue, r.group_key, r.available_at
+    FROM released AS r
+    WHERE r.handler_running AND NOT r.limited AND r.available_at > {schema}.clock()
+    ON CONFLICT (job_id) DO UPDATE
+        SET queue = excluded.queue, group_key = excluded.group_key,
+            until = greatest(h.until, excluded.until)
+)
 -- Rows as every fenced batch write returns them (see complete.sql): one per
 -- job this statement changed (written), then one per claim as the statement's
 -- snapshot saw it: accepted when this claim's own release had committed before
