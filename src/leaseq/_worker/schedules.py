@@ -153,7 +153,7 @@ class Schedule:
             if (
                 not on_offset
                 or hour_start.utcoffset() != last_instant.utcoffset()
-                or not _ticks_in_hour(cron, hour_start)
+                or not _ticks_in_hour(cron, hour_start.replace(tzinfo=None))
             ):
                 # A tick moved out of a skipped wall-clock time (into an hour of
                 # the cron's or not, at one of its offsets or not), or an hour a
@@ -201,10 +201,11 @@ def _repeated(local: datetime) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _ticks_in_hour(cron: str, hour_start: datetime) -> bool:
+def _ticks_in_hour(cron: str, naive: datetime) -> bool:
     """Whether ``cron`` ticks in this wall-clock hour by its own fields (naive: no
-    change of offset moves a tick in or out of it here)."""
-    naive = hour_start.replace(tzinfo=None)
+    change of offset moves a tick in or out of it here). Cached by the naive hour:
+    aware datetimes of two zones are equal at the same instant, and London's 02:00
+    would get the answer for Paris's 03:00."""
     first: datetime = croniter(cron, naive - timedelta(microseconds=1)).get_next(datetime)
     return first < naive + timedelta(hours=1)
 
