@@ -107,7 +107,13 @@ class Schedule:
             before_window = math.floor((window - first).total_seconds() / self.every)
             if before_window > 1:
                 skipped = before_window - 1
-                return start + timedelta(seconds=skipped * self.every), skipped
+                # Just before that tick as _ticks rounds it (first's own number,
+                # plus those skipped): first plus the skipped time, rounded on its
+                # own, may land on or past it, and that tick was neither walked nor
+                # counted.
+                number = math.floor(start.timestamp() / self.every) + 1 + skipped
+                tick = datetime.fromtimestamp(number * self.every, UTC)
+                return tick - timedelta(microseconds=1), skipped
             return start, 0
         assert self.cron is not None
         zone = ZoneInfo(self.tz)
