@@ -10,7 +10,8 @@ field names the hour skipped in spring ticks once for it, at the first time
 after the gap; one that ticks every hour has no tick in that hour and keeps
 its real-time spacing. A wall-clock time that happens twice (the hour repeated
 in autumn) ticks once, at its first occurrence. So "0 2 * * *" runs once on
-every day of the year, and "30 * * * *" once every real hour.
+every day of the year, and "30 * * * *" once every real hour but one: none in
+the repeated hour (02:30 CEST, then 03:30 CET, two real hours later).
 """
 
 from __future__ import annotations
