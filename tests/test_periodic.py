@@ -503,6 +503,24 @@ def test_catch_up_counts_what_it_skips() -> None:
     assert due.next_tick == first + timedelta(seconds=101)
 
 
+@pytest.mark.parametrize("every", [4 / 3, 7 / 3, 1.1, 2.7])
+def test_an_interval_not_whole_microseconds_counts_every_tick_it_skips(every: float) -> None:
+    """Every tick owed is enqueued or counted as skipped, never neither. The jump
+    over the ticks before the window landed on (not just before) a tick whose
+    time, rounded to the microsecond, is not a whole number of them: that tick
+    was not walked, nor counted (4/3 s, 08:57:34.666667 to 08:57:40: 4 skipped,
+    3 counted)."""
+    schedule = _declare(every=every)
+    start = datetime(2026, 1, 23, 8, 57, 30, tzinfo=UTC)
+    for step in range(300):
+        first = schedule.next_after(start + timedelta(seconds=step * 0.37))
+        now = first + timedelta(seconds=step * 0.731)
+        walked = _ticks(schedule, first - timedelta(microseconds=1), now)
+        due = schedule.due(first, now)
+        assert due.enqueue == (walked[-1],), (first, now)
+        assert due.skipped == len(walked) - 1, (first, now)
+
+
 def test_a_cron_catch_up_counts_what_it_skips() -> None:
     """Near: each skipped tick counted. Far (ten days of a tick a second): the
     latest tick enqueued, the skipped ones counted (estimated past a bound, from

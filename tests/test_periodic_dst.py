@@ -118,3 +118,35 @@ async def test_a_downtime_over_the_spring_gap_counts_the_ticks_it_skipped(
         owed += 1
     assert owed == 1 + 60  # 03:00 on the 31st, then 02:00-02:59 on 1 April
     assert info.enqueued + info.skipped == owed, (info.enqueued, info.skipped)
+
+
+async def test_two_zones_spring_gaps_count_each_schedules_own_skipped_ticks(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, schema: str
+) -> None:
+    """The same cron in Paris and in London, two days down over the spring gap
+    of 29 March 2026. London's 01:xx does not exist that day: its two ticks are
+    one, at 02:00 BST, the same instant as Paris's 03:00 CEST, an hour the cron
+    ticks in there. Each schedule's enqueued and skipped ticks must add up to
+    the ticks it owed, whatever the other schedule of the process computed
+    first (London's count took Paris's hour for its own: one tick too many)."""
+    app = leaseq.App(schema=schema)
+    cron = "0,30 1,3 * * *"
+    declared = [
+        app.periodic(f"at-1-and-3-{zone}", queue="ticks", cron=cron, tz=f"Europe/{zone}")
+        for zone in ("Paris", "London")
+    ]
+    scheduler = Scheduler(aqueue, app.schedules)
+    start, end = datetime(2026, 3, 27, 12, tzinfo=UTC), datetime(2026, 3, 31, 12, tzinfo=UTC)
+    await _move_clock_to(aqueue, aclock, start)
+    await scheduler.run_once()  # declared
+    await _move_clock_to(aqueue, aclock, end)  # days down
+    await scheduler.run_once()
+    infos = {info.name: info for info in await aqueue.schedules()}
+    for schedule in declared:
+        owed = 0
+        for tick in schedule._ticks(start):
+            if tick > end:
+                break
+            owed += 1
+        info = infos[schedule.name]
+        assert info.enqueued + info.skipped == owed, (schedule.tz, info.enqueued, info.skipped)

@@ -376,3 +376,38 @@ async def test_a_handlers_error_is_exported_without_the_payload_it_quotes(
     exported = repr(process.to_json())
     for value in ("acme-7731", "4111111111111111", "129900"):
         assert value not in exported
+
+
+async def test_an_attempt_whose_lease_was_lost_ends_its_span_as_an_error(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """An attempt cut short (its running job cancelled by an operator here; a
+    handler that outlived its lease alike) produced nothing the queue kept: its
+    span must not read as a success in the trace (status unset, as a done one's)."""
+    app = leaseq.App(schema=schema)
+    started = asyncio.Event()
+
+    @app.task("exports", max_attempts=1)
+    async def export(job: leaseq.JobContext) -> None:
+        started.set()
+        await asyncio.sleep(30)  # cancelled through the lease fence
+
+    tracer = trace.get_tracer("the application")
+    with tracer.start_as_current_span("POST /exports") as request:
+        job_id = await aqueue.enqueue("exports", {})
+    trace_id = request.get_span_context().trace_id
+    worker = Running(leaseq.Worker(app, dsn=database_url, concurrency=1, maintenance=False))
+    try:
+        await asyncio.wait_for(started.wait(), 20)
+        assert await aqueue.cancel(job_id, running=True)
+
+        async def span_ended() -> bool:
+            return any(s.name == "process exports" for s in _spans_of(trace_id))
+
+        await _until(span_ended)
+    finally:
+        await worker.stop()
+    (process,) = [s for s in _spans_of(trace_id) if s.name == "process exports"]
+    assert process.attributes is not None
+    assert process.attributes["leaseq.outcome"] == "lease_lost"
+    assert process.status.status_code is trace.StatusCode.ERROR

@@ -328,8 +328,11 @@ class WorkerError(PayloadFree):
 
 
 def _description(label: str, error: object) -> str | None:
-    """An error without an exception, for the attempt's span: a WorkerError, or
-    the reason of a retry requested with no attempt left (the job failed)."""
+    """An error without an exception, for the attempt's span: a WorkerError, the
+    reason of a retry requested with no attempt left (the job failed), or the lost
+    lease of an attempt that raised nothing (nothing it did was kept: no success)."""
+    if label == LOST_HERE and not isinstance(error, BaseException):
+        return LEASE_LOST
     if error is None or isinstance(error, BaseException):
         return None
     if isinstance(error, WorkerError):
@@ -372,6 +375,8 @@ def _log_finished(claim: Claim, label: str, elapsed: float, outcome: Outcome | N
 #: lease_lost is counted where the attempt is lost (AttemptRegistry.lose), not here.
 #: The same word as that label and the log's ``outcome``: the span's leaseq.outcome.
 LOST_HERE = "lease_lost"
+#: The status description of an attempt's span when its lease was lost.
+LEASE_LOST = WorkerError("lease lost: the attempt's result was not acknowledged")
 
 #: The ``outcome`` label of leaseq_jobs_finished_total for each answer of the database
 #: (a lost one is counted where the attempt is lost, AttemptRegistry.lose).

@@ -10,7 +10,8 @@ field names the hour skipped in spring ticks once for it, at the first time
 after the gap; one that ticks every hour has no tick in that hour and keeps
 its real-time spacing. A wall-clock time that happens twice (the hour repeated
 in autumn) ticks once, at its first occurrence. So "0 2 * * *" runs once on
-every day of the year, and "30 * * * *" once every real hour.
+every day of the year, and "30 * * * *" once every real hour but one: none in
+the repeated hour (02:30 CEST, then 03:30 CET, two real hours later).
 """
 
 from __future__ import annotations
@@ -107,7 +108,13 @@ class Schedule:
             before_window = math.floor((window - first).total_seconds() / self.every)
             if before_window > 1:
                 skipped = before_window - 1
-                return start + timedelta(seconds=skipped * self.every), skipped
+                # Just before that tick as _ticks rounds it (first's own number,
+                # plus those skipped): first plus the skipped time, rounded on its
+                # own, may land on or past it, and that tick was neither walked nor
+                # counted.
+                number = math.floor(start.timestamp() / self.every) + 1 + skipped
+                tick = datetime.fromtimestamp(number * self.every, UTC)
+                return tick - timedelta(microseconds=1), skipped
             return start, 0
         assert self.cron is not None
         zone = ZoneInfo(self.tz)
@@ -153,7 +160,7 @@ class Schedule:
             if (
                 not on_offset
                 or hour_start.utcoffset() != last_instant.utcoffset()
-                or not _ticks_in_hour(cron, hour_start)
+                or not _ticks_in_hour(cron, hour_start.replace(tzinfo=None))
             ):
                 # A tick moved out of a skipped wall-clock time (into an hour of
                 # the cron's or not, at one of its offsets or not), or an hour a
@@ -201,10 +208,11 @@ def _repeated(local: datetime) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _ticks_in_hour(cron: str, hour_start: datetime) -> bool:
+def _ticks_in_hour(cron: str, naive: datetime) -> bool:
     """Whether ``cron`` ticks in this wall-clock hour by its own fields (naive: no
-    change of offset moves a tick in or out of it here)."""
-    naive = hour_start.replace(tzinfo=None)
+    change of offset moves a tick in or out of it here). Cached by the naive hour:
+    aware datetimes of two zones are equal at the same instant, and London's 02:00
+    would get the answer for Paris's 03:00."""
     first: datetime = croniter(cron, naive - timedelta(microseconds=1)).get_next(datetime)
     return first < naive + timedelta(hours=1)
 
