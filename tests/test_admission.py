@@ -409,6 +409,24 @@ def test_replay_many_leaves_out_a_payload_over_a_lowered_limit_and_replays_the_r
     assert client.get(big) == before
 
 
+@pytest.mark.parametrize("limit", LOWERED_LIMITS)
+def test_a_payload_that_can_never_fit_leaves_its_unique_key_to_a_later_job(
+    client: Client, limit: str
+) -> None:
+    """Two failed jobs of one unique key, the older one too large now: a replay puts
+    back one job of a key, and it must be the one that can be put back, not none
+    (the older one, left failed, must not take the key in its place)."""
+    ids = []
+    for payload in (BIG, {"n": 1}):  # one at a time: the key has one unfinished job
+        ids.append(client.enqueue("reports", payload, unique_key="k", max_attempts=1))
+        (claim,) = client.claim("reports")
+        client.fail(claim, "boom")
+    big, small = ids
+    client.configure_queue("reports", **{limit: LIMIT})
+    assert client.replay_many([big, small]) == [small]
+    assert client.get(big).status is JobStatus.FAILED
+
+
 def test_a_bulk_replay_counts_room_without_a_payload_that_can_never_fit(client: Client) -> None:
     """Room for three of the jobs that can fit: those three are replayed, oldest
     first, then BacklogFull; the older one too large for the whole queue takes no
