@@ -289,7 +289,13 @@ def test_enqueue_many_takes_100k_jobs_in_one_call(client: Client) -> None:
 
 def _failed_jobs(client: Client, name: str, count: int) -> list[int]:
     """``count`` jobs of ``name`` that failed for good."""
-    ids = client.enqueue_many(name, [{"n": n} for n in range(count)], max_attempts=1)
+    return _failed_payloads(client, name, [{"n": n} for n in range(count)])
+
+
+def _failed_payloads(client: Client, name: str, payloads: list[Any]) -> list[int]:
+    """Jobs of ``name`` with these payloads that failed for good, in one statement:
+    one failure time, so the replay's oldest-failure-first order is their order."""
+    ids = client.enqueue_many(name, payloads, max_attempts=1)
     while claims := client.claim(name, limit=500):
         client.fail_many(claims, ["boom"] * len(claims))
     return ids
@@ -336,6 +342,108 @@ def test_replay_failed_runs_in_bounded_batches(client: Client) -> None:
         batches[at] = batches.get(at, 0) + 1
     assert max(batches.values()) <= 150
     assert len(batches) >= 1000 // 150
+
+
+#: The byte limits a failed job's payload may have outgrown since it was enqueued
+#: (an operator lowered them): enqueued now, it would be refused as too large.
+LOWERED_LIMITS = ("max_queued_bytes", "max_payload_bytes")
+#: A payload of over 200 bytes, and the limit it outgrew.
+BIG, LIMIT = {"blob": "x" * 200}, 100
+
+
+def _replays(client: Client) -> list[leaseq.AuditEntry]:
+    return [e for e in client.audit_log(queue="reports", limit=1000) if e.action == "replay"]
+
+
+@pytest.mark.parametrize("limit", LOWERED_LIMITS)
+def test_a_replay_of_a_payload_over_a_lowered_limit_is_refused_for_good(
+    client: Client, limit: str
+) -> None:
+    """A failed job whose payload is now larger than its queue takes at all (the
+    limit was lowered after it was enqueued): the replay is admission again, and
+    enqueued now the payload would be refused as too large. "Queue full, try
+    later" (BacklogFull) would be false for ever, however much the queue drains;
+    it is refused as too large, and nothing is written. Once the limit is raised
+    again, it replays."""
+    (big,) = _failed_payloads(client, "reports", [BIG])
+    client.configure_queue("reports", **{limit: LIMIT})
+    before = client.get(big)
+    with pytest.raises(PayloadTooLarge, match=limit) as refused:
+        client.replay(big)
+    assert not isinstance(refused.value, BacklogFull)
+    assert client.get(big) == before
+    assert client.queue_settings("reports").backlog_bytes == 0  # type: ignore[union-attr]
+    assert _replays(client) == []
+    client.configure_queue("reports", **{limit: 1000})
+    assert client.replay(big)
+
+
+@pytest.mark.parametrize("limit", LOWERED_LIMITS)
+@pytest.mark.timeout(60)
+def test_replay_failed_leaves_out_a_payload_over_a_lowered_limit_and_replays_the_rest(
+    client: Client, limit: str
+) -> None:
+    """One such job, the oldest failure, made every later job refused too (room was
+    counted as a running total from it), and every run of replay_failed said
+    "full" and replayed nothing. It is left failed and out of the count; the others
+    are replayed (in batches of one here: it must not stop the batches either),
+    and a run with nothing else to replay is not "full"."""
+    big, *small = _failed_payloads(client, "reports", [BIG] + [{"n": n} for n in range(5)])
+    client.configure_queue("reports", **{limit: LIMIT})
+    before = client.get(big)
+    assert sorted(client.replay_failed("reports", batch=1)) == small
+    assert client.get(big) == before
+    assert client.replay_failed("reports") == []
+    assert client.get(big) == before
+    assert sorted(i for e in _replays(client) for i in e.job_ids) == small
+
+
+@pytest.mark.parametrize("limit", LOWERED_LIMITS)
+def test_replay_many_leaves_out_a_payload_over_a_lowered_limit_and_replays_the_rest(
+    client: Client, limit: str
+) -> None:
+    big, *small = _failed_payloads(client, "reports", [BIG] + [{"n": n} for n in range(5)])
+    client.configure_queue("reports", **{limit: LIMIT})
+    before = client.get(big)
+    assert sorted(client.replay_many([big, *small])) == small
+    assert client.get(big) == before
+
+
+@pytest.mark.parametrize("limit", LOWERED_LIMITS)
+def test_a_payload_that_can_never_fit_leaves_its_unique_key_to_a_later_job(
+    client: Client, limit: str
+) -> None:
+    """Two failed jobs of one unique key, the older one too large now: a replay puts
+    back one job of a key, and it must be the one that can be put back, not none
+    (the older one, left failed, must not take the key in its place)."""
+    ids = []
+    for payload in (BIG, {"n": 1}):  # one at a time: the key has one unfinished job
+        ids.append(client.enqueue("reports", payload, unique_key="k", max_attempts=1))
+        (claim,) = client.claim("reports")
+        client.fail(claim, "boom")
+    big, small = ids
+    client.configure_queue("reports", **{limit: LIMIT})
+    assert client.replay_many([big, small]) == [small]
+    assert client.get(big).status is JobStatus.FAILED
+
+
+def test_a_bulk_replay_counts_room_without_a_payload_that_can_never_fit(client: Client) -> None:
+    """Room for three of the jobs that can fit: those three are replayed, oldest
+    first, then BacklogFull; the older one too large for the whole queue takes no
+    room and stays failed."""
+    big, *small = _failed_payloads(client, "reports", [BIG] + [{"n": n} for n in range(10)])
+    size = client.get(small[0]).payload_bytes
+    assert client.get(big).payload_bytes > 8 * size
+    client.configure_queue("reports", max_queued_bytes=5 * size)
+    client.enqueue_many("reports", [{"n": 0}, {"n": 1}])  # room for three left
+    with pytest.raises(BacklogFull) as full:
+        client.replay_many([big, *small])
+    assert sorted(full.value.replayed) == small[:3]
+    client.configure_queue("reports", max_queued_bytes=8 * size)  # three more
+    with pytest.raises(BacklogFull) as full:
+        client.replay_failed("reports")
+    assert sorted(full.value.replayed) == small[3:6]
+    assert client.get(big).status is JobStatus.FAILED
 
 
 def test_first_use_of_a_new_queue_inside_a_transaction_does_not_block_other_producers(

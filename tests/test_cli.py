@@ -402,6 +402,35 @@ def test_replay_of_a_mistyped_queue_says_so(invoke: Invoke, queue: leaseq.Queue)
     assert "replayed 0 jobs" in invoke("replay", "--queue", "reports", "--all-failed").output
 
 
+def test_replay_all_failed_leaves_out_a_job_too_large_for_its_queue_now(
+    invoke: Invoke, queue: leaseq.Queue
+) -> None:
+    """The queue's max_queued_bytes was lowered below one failed job's payload: every
+    `replay --all-failed` said "queue full" and replayed nothing, the jobs that fit
+    included. Those are replayed; that one is left failed, and said to be, and its
+    own replay says why, for good (not "full")."""
+    big, *small = queue.enqueue_many(
+        "reports", [{"blob": "x" * 200}, {"n": 1}, {"n": 2}], max_attempts=1
+    )
+    queue.fail_many(queue.claim("reports", limit=3), ["boom"] * 3)
+    queue.configure_queue("reports", max_queued_bytes=100)
+    output = invoke("replay", "--queue", "reports", "--all-failed").output
+    assert "replayed 2 jobs" in output
+    assert "1 failed jobs left as they were" in output
+    assert "larger than the queue's limits" in output
+    assert [queue.get(i).status for i in (big, *small)] == [
+        JobStatus.FAILED,
+        JobStatus.QUEUED,
+        JobStatus.QUEUED,
+    ]
+    result = invoke("replay", str(big), ok=False)
+    assert result.exit_code == 1
+    assert "error: " in result.output
+    assert "max_queued_bytes of 100 bytes" in result.output
+    assert "full" not in result.output
+    assert queue.get(big).status is JobStatus.FAILED
+
+
 @pytest.mark.parametrize("interval", ["0", "-1", "nan"])
 def test_the_maintenance_interval_is_checked_before_anything_runs(interval: str) -> None:
     """0 or less reaped in a busy loop, NaN never again."""

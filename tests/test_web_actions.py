@@ -467,6 +467,59 @@ async def test_a_bulk_replay_says_which_jobs_a_unique_key_held_back(
     assert queue.get(held).status is JobStatus.FAILED
 
 
+def _failed_too_large(queue: leaseq.Queue, limit: str) -> tuple[int, int]:
+    """A failed job whose payload its queue's ``limit`` was lowered below since, and
+    a failed job of the same queue that still fits."""
+    big, small = queue.enqueue_many("invoices", [{"blob": "x" * 200}, {"n": 1}], max_attempts=1)
+    queue.fail_many(queue.claim("invoices", limit=2), ["boom"] * 2)
+    queue.configure_queue("invoices", **{limit: 100})
+    return big, small
+
+
+@pytest.mark.parametrize("limit", ["max_queued_bytes", "max_payload_bytes"])
+@pytest.mark.parametrize("shown", [True, False], ids=["as-shown", "plain"])
+async def test_replaying_a_job_too_large_for_its_queue_now_says_why(
+    browser: Browser, queue: leaseq.Queue, limit: str, shown: bool
+) -> None:
+    """Its payload is over a limit lowered since it was enqueued: the replay can never
+    succeed, and the page must say that, not "queue full" (try later) nor "another
+    job holds its unique key". Sent as the job page sends it (the version shown),
+    or plain."""
+    big, _ = _failed_too_large(queue, limit)
+    before = queue.get(big)
+    fields = {"only_failed": "1", "lease_version": str(before.lease_version)} if shown else {}
+    response = await browser.post(f"/jobs/{big}/replay", fields)
+    assert response.headers["location"] == f"/jobs/{big}"
+    page = text_of((await browser.follow(response)).text)
+    assert f"Job {big} not replayed" in page
+    assert f"larger than its queue's {limit}" in page
+    assert "full" not in page
+    assert "unique key" not in page
+    assert queue.get(big) == before
+
+
+@pytest.mark.parametrize("limit", ["max_queued_bytes", "max_payload_bytes"])
+async def test_a_bulk_replay_says_which_jobs_are_too_large_for_their_queue_now(
+    browser: Browser, queue: leaseq.Queue, limit: str
+) -> None:
+    """One confirmed job too large for its queue now made the whole replay "queue
+    full" (none replayed), or was reported as held by a unique key: the others are
+    replayed, and the message says why that one is not."""
+    big, small = _failed_too_large(queue, limit)
+    confirm = await browser.post("/replay", {"queue": "invoices", "next": "/failed"})
+    assert _confirmed_ids(confirm.text) == {big, small}
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', confirm.text))
+    page = text_of((await browser.follow(await browser.post("/replay/confirm", fields))).text)
+    assert "Replayed 1 of 2 jobs" in page
+    assert "1 not replayed: their payload is larger than their queue's limits now" in page
+    assert "unique key" not in page
+    assert "changed meanwhile" not in page
+    assert (queue.get(big).status, queue.get(small).status) == (
+        JobStatus.FAILED,
+        JobStatus.QUEUED,
+    )
+
+
 @pytest.mark.parametrize("ids", ["²", "٣", "0", "4,x", "99999999999999999999", "1;2"])
 async def test_a_malformed_list_of_jobs_to_replay_is_refused(
     browser: Browser, jobs: Jobs, queue: leaseq.Queue, ids: str

@@ -52,8 +52,11 @@ class AsyncOperatorCalls:
         """Put a failed or cancelled job back (same id, fresh attempts): True if
         replayed, False if it was neither (a running job is never replayed: that
         would start a second run beside the first). BacklogFull if its queue has
-        no room. A job cancelled while running becomes claimable once the lease
-        the cancel cut short would have ended. Audited under ``actor``."""
+        no room; PayloadTooLarge if its payload is larger than its queue takes now
+        (``max_payload_bytes``, or its whole ``max_queued_bytes``, lowered since it
+        was enqueued): it can never fit. A job cancelled while running becomes
+        claimable once the lease the cancel cut short would have ended. Audited
+        under ``actor``."""
         return await self._db.run(self._store.replay(job_id, actor=actor))
 
     async def replay_many(
@@ -70,7 +73,8 @@ class AsyncOperatorCalls:
         checked on the locked row). ``lease_versions`` (one per id, the ids then
         distinct): the ``lease_version`` each job had when it was looked at; one
         that moved on since (replayed, run again, maybe failed again) is left
-        alone, checked on the locked row too. BacklogFull (its ``replayed``
+        alone, checked on the locked row too. So is one whose payload is larger than
+        its queue takes now (it takes no room). BacklogFull (its ``replayed``
         holding what was done) if a queue had no room for some. Audited under
         ``actor``."""
         return await self._db.run(
@@ -84,9 +88,10 @@ class AsyncOperatorCalls:
     ) -> list[int]:
         """Replay every failed job of ``queue`` in batches of short transactions;
         returns their ids. The jobs failed when it begins, each once: one that
-        fails again meanwhile stays failed. A queue with admission limits takes
-        back only what fits: then BacklogFull is raised, its ``replayed`` holding
-        what was done."""
+        fails again meanwhile stays failed, and so does one whose unique key another
+        job holds, or whose payload is larger than the queue takes now (it takes no
+        room). A queue with admission limits takes back only what fits: then
+        BacklogFull is raised, its ``replayed`` holding what was done."""
         # Here, under its own name: each batch is the store's replay ``limit``.
         validate.claim_limit(batch, "batch")
         steps = _steps.replay_failed(self._store, queue, batch=batch, actor=actor)

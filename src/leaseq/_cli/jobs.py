@@ -155,9 +155,11 @@ def _say_failed_left(queue: Queue, name: str) -> None:
     if left:
         about = "~" if JobStatus.FAILED in stats.estimated else ""
         click.echo(
-            f"{about}{left} failed jobs left as they were: failed since the replay began, or "
-            "held back by a unique key another job of the queue holds (`leaseq failed "
-            f"--queue {name}`; `leaseq replay JOB_ID` says why for one)"
+            f"{about}{left} failed jobs left as they were: failed since the replay began, "
+            "held back by a unique key another job of the queue holds, or larger than the "
+            "queue's limits now take (max_payload_bytes, max_queued_bytes: lowered since "
+            f"they were enqueued) (`leaseq failed --queue {name}`; `leaseq replay JOB_ID` "
+            "says why for one)"
         )
 
 

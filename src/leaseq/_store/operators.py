@@ -18,6 +18,7 @@ from .._errors import (
     InvalidArgument,
     JobFailed,
     JobNotFound,
+    PayloadTooLarge,
     ResultNotReady,
     UniqueKeyHeld,
 )
@@ -72,15 +73,23 @@ class OperatorOperations(StoreBase):
     def replay(self, job_id: int, *, actor: str | None = None) -> Operation[bool]:
         """True if replayed, False if the job was not failed or cancelled;
         BacklogFull (nothing written) if its queue has no room for it;
+        PayloadTooLarge if its payload is larger than its queue takes now;
         UniqueKeyHeld if another job of its queue holds its unique key."""
         params = self._replay_params([operator_input.job_id(job_id)], None, 1, actor)
 
         def decode(rows: list[Rows]) -> bool:
             if not rows[0]:
                 raise _not_found(job_id, rows[1])
-            ((_, status, changed, refused, held),) = rows[0]
+            ((_, status, changed, refused, held, too_large, limit, size),) = rows[0]
             if refused:
                 raise BacklogFull(f"queue of job {job_id} is full: {status} job not replayed")
+            if too_large is not None:
+                # Before held: a key is let go of some day, this limit stays.
+                raise PayloadTooLarge(
+                    f"job {job_id} not replayed: its payload of {size} bytes is larger than "
+                    f"its queue's {too_large} of {limit} bytes now, so it can never fit "
+                    "(raise the limit to replay it)"
+                )
             if held:
                 raise UniqueKeyHeld(
                     f"job {job_id} not replayed: another job of its queue holds its unique key"
@@ -102,7 +111,8 @@ class OperatorOperations(StoreBase):
         """Replay those of the jobs that are failed or cancelled (``only_failed``:
         failed), in one statement; their ids. BacklogFull (carrying them) if a
         queue had no room for some. A unique job whose key another job holds is
-        left as it is; so is one whose lease_version is no longer the one given
+        left as it is; so is one whose payload is larger than its queue takes now
+        (taking no room), and one whose lease_version is no longer the one given
         for it in ``lease_versions`` (one per id)."""
         ids = operator_input.job_ids(job_ids)
         params = self._replay_params(ids, None, max(len(ids), 1), actor)
@@ -135,7 +145,8 @@ class OperatorOperations(StoreBase):
     ) -> Operation[ReplayBatch]:
         """Replay one batch of up to ``limit`` failed jobs of ``queue``, oldest first,
         as many as its backlog limits have room for; with ``failed_before``, only
-        jobs that failed by then (by the schema's clock)."""
+        jobs that failed by then (by the schema's clock). Jobs whose unique key is
+        held, or whose payload is larger than the queue takes now, are left out."""
         params = self._replay_params(
             [], validate.queue_name(queue), validate.claim_limit(limit), actor
         )

@@ -10,7 +10,12 @@
 -- one: replayed again and again as long as workers failed it.)
 -- Admission: a queue with limits takes back only what fits in its backlog
 -- (jobs and bytes, as admit() counts them); the rest is reported `refused`
--- and left as it is. The UPDATE re-checks each row's status after locking it,
+-- and left as it is. A job whose payload is now larger than its queue takes
+-- at all (max_payload_bytes, or its whole max_queued_bytes: lowered since it
+-- was enqueued) can never be taken back, as admit() would refuse it now: it is
+-- reported `too_large` (the limit's name; `limit_bytes` its value) and left as
+-- it is, outside the room count, so it neither makes the jobs after it
+-- `refused` nor stops a queue's batches (which leave it out, like held jobs). The UPDATE re-checks each row's status after locking it,
 -- so concurrent replays never replay a job twice.
 -- A job cancelled while running becomes claimable only once the lease that
 -- the cancel cut short would have ended (its history entries keep that end):
@@ -33,6 +38,7 @@ WITH shown AS (
 ),
 candidates AS (
     SELECT j.job_id, j.queue, j.status, j.payload_bytes, j.finished_at, j.unique_key, h.held,
+           over.too_large, over.limit_bytes,
            shown.lease_version AS expected,
            coalesce(shown.lease_version <> j.lease_version, false) AS stale
     FROM {schema}.job AS j
@@ -45,8 +51,20 @@ candidates AS (
               AND NOT (o.status = 'done'
                        AND o.finished_at + make_interval(secs => o.unique_for) <= {schema}.clock()))
     ) AS h (held)
+    -- The first limit the payload is over, in admit()'s order (none: NULLs).
+    LEFT JOIN LATERAL (
+        SELECT l.name, l.bytes
+        FROM {schema}.queue AS q
+        CROSS JOIN LATERAL (VALUES (1, 'max_payload_bytes', q.max_payload_bytes::bigint),
+                                   (2, 'max_queued_bytes', q.max_queued_bytes))
+            AS l (rank, name, bytes)
+        WHERE q.name = j.queue AND j.payload_bytes > l.bytes
+        ORDER BY l.rank
+        LIMIT 1
+    ) AS over (too_large, limit_bytes) ON true
     WHERE j.job_id = ANY(%(job_ids)s::bigint[])
        OR (j.queue = %(queue)s::text AND j.status = 'failed' AND NOT h.held
+           AND over.too_large IS NULL
            AND (%(failed_before)s::timestamptz IS NULL
                 OR j.finished_at <= %(failed_before)s::timestamptz))
     ORDER BY j.finished_at, j.job_id
@@ -58,6 +76,7 @@ eligible AS (
                PARTITION BY c.queue, c.unique_key ORDER BY c.finished_at, c.job_id) > 1 AS twin
     FROM candidates AS c
     WHERE c.status = ANY(%(statuses)s::text[]) AND NOT c.held AND NOT c.stale
+      AND c.too_large IS NULL
 ),
 room AS (
     SELECT q.name,
@@ -117,8 +136,12 @@ audit AS (
 SELECT c.job_id, c.status,
        replayed.job_id IS NOT NULL AS changed,
        c.status = ANY(%(statuses)s::text[]) AND admitted.job_id IS NULL
-           AND NOT (c.held OR c.stale OR coalesce(e.twin, false)) AS refused,
-       c.held OR coalesce(e.twin, false) AS held
+           AND NOT (c.held OR c.stale OR coalesce(e.twin, false) OR c.too_large IS NOT NULL)
+           AS refused,
+       c.held OR coalesce(e.twin, false) AS held,
+       CASE WHEN c.status = ANY(%(statuses)s::text[]) AND NOT c.stale THEN c.too_large END
+           AS too_large,
+       c.limit_bytes, c.payload_bytes
 FROM candidates AS c
 LEFT JOIN eligible AS e ON e.job_id = c.job_id
 LEFT JOIN replayed ON replayed.job_id = c.job_id

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 import leaseq
 
-from . import security
+from . import replay_outcomes, security
 from .context import Context, Dashboard, handler, refuse
 from .forms import JobFilter, digits, edited, failed_group, group_search, settings_changes
 from .pages import settings_page
@@ -55,14 +55,6 @@ def _shown_version(form: dict[str, str]) -> int | None:
     return int(text)
 
 
-def _changed(job_id: int, job: leaseq.Job, undone: str) -> str:
-    """The refusal of an action on a job whose lease_version moved on since the page."""
-    return (
-        f"Job {job_id} changed meanwhile: replayed since the page was shown, it is "
-        f"{job.status.value} now (lease version {job.lease_version}). {undone}; look at it again."
-    )
-
-
 @handler(security.REPLAY, post=True)
 async def replay(request: Request, ctx: Context) -> Response:
     job_id: int = request.path_params["job_id"]
@@ -90,29 +82,12 @@ async def replay(request: Request, ctx: Context) -> Response:
         full = isinstance(exc, leaseq.BacklogFull)  # (its text counts jobs of a batch)
         why = "its queue is full (admission limits)" if full else str(exc)
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {why}")
+    except leaseq.PayloadTooLarge:
+        replayed = False  # said below, as the bulk form's refusal of it is
     if replayed:
         return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} replayed: it is queued again.")
-    job = await client.get(job_id)
-    return _done(ctx, form, f"/jobs/{job_id}", _not_replayed(job_id, job, only_failed, shown))
-
-
-def _not_replayed(job_id: int, job: leaseq.Job, only_failed: bool, shown: int | None) -> str:
-    """Why a replay of ``job_id`` (now ``job``) changed nothing."""
-    replayable = {leaseq.JobStatus.FAILED} | (
-        set() if only_failed else {leaseq.JobStatus.CANCELLED}
-    )
-    if only_failed and job.status is leaseq.JobStatus.CANCELLED:
-        return f"Job {job_id} was cancelled (skipped) meanwhile: not replayed."
-    if shown is not None and job.lease_version != shown:
-        return _changed(job_id, job, "Not replayed")
-    if job.status in replayable:
-        return f"Job {job_id} not replayed: another job of its queue holds its unique key."
-    if job.status is leaseq.JobStatus.RUNNING:
-        return (
-            f"Job {job_id} is running: retrying it now would start a second run beside "
-            "the first. Cancel it (its claim ends through the lease fence), then replay it."
-        )
-    return f"Job {job_id} is {job.status.value}: only failed or cancelled jobs replay."
+    message = await replay_outcomes.not_replayed(client, job_id, only_failed, shown)
+    return _done(ctx, form, f"/jobs/{job_id}", message)
 
 
 @handler(security.CANCEL, post=True)
@@ -188,7 +163,7 @@ async def skip(request: Request, ctx: Context) -> Response:
     if not await client.cancel(job_id, only_failed=True, lease_version=shown, actor=ctx.actor):
         now = await client.get(job_id)
         message = (
-            _changed(job_id, now, "Nothing skipped")
+            replay_outcomes.changed(job_id, now, "Nothing skipped")
             if shown is not None and now.lease_version != shown
             else f"Job {job_id} changed meanwhile: nothing skipped."
         )
@@ -306,45 +281,8 @@ async def replay_confirmed(request: Request, ctx: Context) -> Response:
         return _done(ctx, form, back, message)
     done = set(replayed)
     left = [job_id for job_id in ids if job_id not in done]
-    tail = await _left_alone(ctx.dashboard.client, left, ids, versions)
+    tail = await replay_outcomes.left_alone(ctx.dashboard.client, left, ids, versions)
     return _done(ctx, form, back, f"Replayed {len(replayed):,} of {len(ids):,} jobs{tail}.")
-
-
-#: The jobs a bulk replay left alone that are read again to say why (one read each).
-WHY_LEFT_READS = 100
-
-
-async def _left_alone(
-    client: leaseq.AsyncQueue, left: list[int], ids: list[int], versions: list[int] | None
-) -> str:
-    """Why a bulk replay left ``left`` alone, as the tail of its message. A job
-    still failed as shown was not replayed because another job of its queue holds
-    its unique key (a queue without room raises BacklogFull instead); the others
-    changed meanwhile (replayed, skipped, run again)."""
-    if not left:
-        return ""
-    if len(left) > WHY_LEFT_READS:
-        return (
-            f" ({len(left):,} were left alone: changed meanwhile, or another job of "
-            "their queue holds their unique key)"
-        )
-    shown = dict(zip(ids, versions, strict=True)) if versions is not None else {}
-    held = 0
-    for job_id in left:
-        try:
-            job = await client.get(job_id)
-        except leaseq.JobNotFound:
-            continue  # (removed meanwhile: changed)
-        if job.status is leaseq.JobStatus.FAILED and shown.get(job_id, job.lease_version) == (
-            job.lease_version
-        ):
-            held += 1
-    parts = []
-    if len(left) > held:
-        parts.append(f"{len(left) - held:,} had changed meanwhile and were left alone")
-    if held:
-        parts.append(f"{held:,} not replayed: another job of their queue holds their unique key")
-    return f" ({'; '.join(parts)})"
 
 
 def _numbers(text: str) -> list[int] | None:
