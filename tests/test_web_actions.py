@@ -442,6 +442,7 @@ async def test_replaying_a_job_whose_unique_key_is_held_says_why(
     page = text_of((await browser.follow(response)).text)
     assert f"Job {first} not replayed" in page
     assert "holds its unique key" in page
+    assert page.lower().count(f"job {first} not replayed") == 1  # said once, not twice
     assert queue.get(first).status is JobStatus.FAILED
     assert queue.get(holder).status is JobStatus.QUEUED
 

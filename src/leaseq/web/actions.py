@@ -80,8 +80,9 @@ async def replay(request: Request, ctx: Context) -> Response:
     except (leaseq.BacklogFull, leaseq.UniqueKeyHeld) as exc:
         # Refusals of this job, not outages: said on the job's page, like any outcome.
         full = isinstance(exc, leaseq.BacklogFull)  # (its text counts jobs of a batch)
-        why = "its queue is full (admission limits)" if full else str(exc)
-        return _done(ctx, form, f"/jobs/{job_id}", f"Job {job_id} not replayed: {why}")
+        # (UniqueKeyHeld's own text opens with "job N not replayed:" already.)
+        said = f"Job {job_id} not replayed: its queue is full (admission limits)"
+        return _done(ctx, form, f"/jobs/{job_id}", said if full else _capitalised(str(exc)))
     except leaseq.PayloadTooLarge:
         replayed = False  # said below, as the bulk form's refusal of it is
     if replayed:
@@ -421,3 +422,8 @@ async def logout(request: Request, ctx: Context) -> Response:
         security.LOGIN_COOKIE, samesite="lax", **security.cookie_options(request)
     )
     return response
+
+
+def _capitalised(text: str) -> str:
+    """A library message ("job 7 not replayed: ...") as the page's sentences start."""
+    return text[:1].upper() + text[1:]
