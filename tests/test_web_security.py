@@ -433,3 +433,34 @@ async def test_a_token_of_any_characters_works_as_a_bearer_token(
         assert (await browser.post("/login", {"token": token})).status_code == 303
     finally:
         await browser.close()
+
+
+@pytest.mark.parametrize(
+    ("base", "host", "origin"),
+    [
+        ("https://dash.example", "dash.example:443", "https://dash.example"),
+        ("http://dash.example", "dash.example:80", "http://dash.example"),
+        ("https://dash.example", "DASH.example", "https://dash.example"),
+    ],
+)
+async def test_an_origin_differing_only_by_a_default_port_or_case_is_the_same_origin(
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue, base: str, host: str, origin: str
+) -> None:
+    """Some proxies pass on ``Host: name:443``, and browsers never write a default
+    port (nor capitals) in ``Origin``: the same origin, so the operator's own
+    actions must go through, while another origin is still refused."""
+    browser = Browser(make_app(), base_url=base)
+    try:
+        page = await browser.post(
+            f"/jobs/{jobs.failed[0]}/replay", headers={"host": host, "origin": origin}
+        )
+        assert page.status_code == 303, text_of(page.text)[:300]
+        assert queue.get(jobs.failed[0]).status is JobStatus.QUEUED
+        other = await browser.post(
+            f"/jobs/{jobs.failed[1]}/replay",
+            headers={"host": host, "origin": origin.replace("dash.", "evil.")},
+        )
+        assert other.status_code == 403
+        assert queue.get(jobs.failed[1]).status is JobStatus.FAILED
+    finally:
+        await browser.close()

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse
@@ -195,9 +196,26 @@ def new_session() -> str:
     return secrets.token_urlsafe(32)
 
 
-def own_origin(request: HTTPConnection) -> str:
+#: The port an origin without one means.
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(scheme: str, netloc: str) -> tuple[str, str, int | None] | None:
+    """An origin as compared: scheme and host without case, the scheme's default
+    port written out (a browser never writes it in ``Origin``; some proxies pass
+    ``Host: name:443`` on). None for one that does not parse."""
+    try:
+        parts = urlsplit(f"//{netloc}")
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = scheme.lower()
+    return scheme, (parts.hostname or ""), _DEFAULT_PORTS.get(scheme) if port is None else port
+
+
+def own_origin(request: HTTPConnection) -> tuple[str, str, int | None] | None:
     """The origin the browser addressed: scheme and Host of this request."""
-    return f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+    return _origin(request.url.scheme, request.headers.get("host", request.url.netloc))
 
 
 def cross_site_reason(request: HTTPConnection) -> str | None:
@@ -205,8 +223,12 @@ def cross_site_reason(request: HTTPConnection) -> str | None:
     ``Origin`` on every POST and ``Sec-Fetch-Site`` with it; clients that send
     neither (curl with a token) are left to the CSRF token."""
     origin = request.headers.get("origin")
-    if origin is not None and origin != own_origin(request):
-        return f"the request came from another origin ({origin})"
+    if origin is not None:
+        scheme, _, netloc = origin.partition("://")
+        plain = netloc and not any(c in netloc for c in "/@?#")  # as browsers write it
+        sent = _origin(scheme, netloc) if plain else None
+        if sent is None or sent != own_origin(request):
+            return f"the request came from another origin ({origin})"
     site = request.headers.get("sec-fetch-site")
     if site is not None and site not in ("same-origin", "none"):
         return f"the browser says the request is {site}"
