@@ -14,6 +14,13 @@ A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
 signal (see :mod:`leaseq._worker.signals`), so the group's SIGTERM stops them
 gracefully, exactly like a SIGTERM to the supervisor alone.
+
+A supervisor killed outright (SIGKILL, the OOM killer) can neither stop nor
+restart its children: each child then stops itself, as on a SIGTERM (its jobs
+finished within the grace, or given back), rather than run on unsupervised, out
+of reach of the next supervisor's stop and beside its new children. It notices
+through spawn's pipe (:mod:`.orphans`), even when the supervisor died while the
+child was still starting.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 from .._logs import get_logger
+from .orphans import when_parent_gone
 from .signals import treat_repeats_as_echoes
 
 log = get_logger("leaseq.supervisor")
@@ -152,4 +160,14 @@ SETUP_FAILED = 78
 def _supervised_child(target: Callable[..., None], args: tuple[Any, ...]) -> None:
     """A child's entry point: the group's signal and our forwarded copy are one signal."""
     treat_repeats_as_echoes()
+    when_parent_gone(_stop_orphaned, name="leaseq-orphan-watch")
     target(*args)
+
+
+def _stop_orphaned() -> None:
+    """The supervisor is gone: stop as a SIGTERM from it would have, gracefully.
+    (Before the worker has set its handler, the signal ends the process at once:
+    it holds no job yet.) Signalled before the line is logged: a log whose
+    reader went with the supervisor must not hold the stop up."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    log.warning("the supervisor is gone; stopping this worker")
