@@ -134,10 +134,15 @@ def test_sigterm_finishes_or_releases_running_jobs(
     assert stats.running == 0
 
 
-def test_second_signal_exits_at_once(setup_tables: leaseq.Queue, spawn_worker: Spawn) -> None:
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_second_signal_exits_at_once(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn, processes: str
+) -> None:
+    """A second signal leaves the running jobs to their leases: the exit code says
+    the stop was not clean (under --processes N, the supervisor's said 0)."""
     queue = setup_tables
     job_id = queue.enqueue("work", {"sleep": 120})
-    worker = spawn_worker("--shutdown-grace", "60")
+    worker = spawn_worker("--shutdown-grace", "60", "--processes", processes)
     _wait(lambda: _attempts_logged(queue, job_id) == 1, what="job started")
     worker.send_signal(signal.SIGTERM)
     time.sleep(0.5)

@@ -4,7 +4,9 @@ Children are started with the ``spawn`` method (no inherited connections or
 threads). SIGTERM/SIGINT are forwarded to them so each stops gracefully; a
 second signal kills them. A child that exits on its own is restarted after a
 backoff that grows while it keeps crashing (under ``--burst`` one that exits
-with 0 is done). A child runs ``target(*args, slot)``:
+with 0 is done). The supervisor exits 0 once every child stopped cleanly, 1 if
+one did not (a second signal, the shutdown timeout: their jobs left to their
+leases). A child runs ``target(*args, slot)``:
 its slot (0..N-1) stays the same across restarts (its metrics port is PORT+slot).
 A child that exits with SETUP_FAILED (its schema is not migrated, or its database
 URL cannot be parsed: restarting it would fail the same way, for ever) stops the
@@ -147,11 +149,25 @@ class Supervisor:
                 if child.is_alive() and child.pid is not None:
                     os.kill(child.pid, signal.SIGKILL)
                     child.join(5)
-            return exit_code
+            # A child that did not stop cleanly (killed by a second signal or at
+            # the timeout, its jobs left to their leases) makes the whole stop
+            # unclean, as a single worker's exit code says. (One that crashed
+            # before the stop and awaited its restart held no job, nor one
+            # that the stop signal ended before it had set its handler.)
+            unclean = any(
+                child.exitcode not in _STOPPED_CLEANLY
+                for slot, child in self._children.items()
+                if slot not in restart_at
+            )
+            return exit_code or (1 if unclean else 0)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+
+#: The exit codes of a child that stopped with no job left behind: its own clean
+#: exit, or the stop signal itself (arrived before it set its handler: no job yet).
+_STOPPED_CLEANLY = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
 
 #: A child's exit code when the worker cannot run as set up (sysexits' EX_CONFIG).
 SETUP_FAILED = 78
