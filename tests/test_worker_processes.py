@@ -15,6 +15,7 @@ import pytest
 
 import leaseq
 from leaseq import JobStatus
+from leaseq._worker.signals import ECHO_WINDOW
 
 from .conftest import ROOT
 from .worker_app import TABLES
@@ -473,3 +474,29 @@ def test_children_still_starting_when_their_supervisor_is_killed_stop_too(
     with worker_processes(database_url, schema, own_session=True) as spawn:
         supervisor = spawn("--processes", "2")
         _kill_supervisor_and_wait_for_its_children(supervisor)
+
+
+@pytest.mark.server_agnostic  # the supervisor's children and their signals
+def test_a_supervisor_killed_during_its_graceful_stop_leaves_that_stop_graceful(
+    setup_tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """SIGTERM, then (the stop taking long) a kill -9 of the supervisor. Its
+    children, stopping gracefully already, took the loss of their supervisor for
+    a second signal and left at once, their running jobs neither finished nor
+    given back (left to their leases)."""
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 120})
+    with worker_processes(database_url, schema, own_session=True) as spawn:
+        supervisor = spawn("--processes", "2", "--shutdown-grace", "3")
+        _wait(lambda: _attempts_logged(queue, job_id) == 1, what="the job started")
+        _wait(lambda: "started worker 1" in output_of(supervisor), what="both workers started")
+        children = _children_of(supervisor.pid)
+        supervisor.send_signal(signal.SIGTERM)
+        _wait(lambda: output_of(supervisor).count("stopping:") == 2, what="both stopping")
+        time.sleep(ECHO_WINDOW + 0.2)  # what comes now is no echo of the stop signal
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait(10)
+        _wait(lambda: not any(map(_running, children)), timeout=40, what="the children stopped")
+    job = queue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    assert job.history[-1]["outcome"] == "released"

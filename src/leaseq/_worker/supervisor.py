@@ -38,7 +38,7 @@ from typing import Any
 
 from .._logs import get_logger
 from .orphans import when_parent_gone
-from .signals import treat_repeats_as_echoes
+from .signals import StopSignals, treat_repeats_as_echoes
 
 log = get_logger("leaseq.supervisor")
 
@@ -183,7 +183,12 @@ def _supervised_child(target: Callable[..., None], args: tuple[Any, ...]) -> Non
 def _stop_orphaned() -> None:
     """The supervisor is gone: stop as a SIGTERM from it would have, gracefully.
     (Before the worker has set its handler, the signal ends the process at once:
-    it holds no job yet.) Signalled before the line is logged: a log whose
-    reader went with the supervisor must not hold the stop up."""
+    it holds no job yet.) Not when a stop signal came already: the worker stops
+    gracefully then, and a SIGTERM now would be its second signal (leave at once,
+    jobs abandoned). Signalled before the line is logged: a log whose reader
+    went with the supervisor must not hold the stop up."""
+    if StopSignals.any_received:
+        log.warning("the supervisor is gone; this worker is stopping already")
+        return
     os.kill(os.getpid(), signal.SIGTERM)
     log.warning("the supervisor is gone; stopping this worker")
