@@ -641,11 +641,12 @@ from leaseq._worker.process_child import child_main
 from leaseq._worker.processes import ProcessPool
 
 schema, dsn = sys.argv[1], sys.argv[2]
+handler = sys.argv[3] if len(sys.argv) > 3 else "stubborn"
 with leaseq.Queue(dsn, schema=schema) as queue:
-    (claim,) = queue.claim("stubborn", lease=300)
+    (claim,) = queue.claim(handler, lease=300)
 pool = ProcessPool(1, dsn, schema)
 child = pool._spawn()
-child.pipe.send(("tests.process_app", "stubborn", claim, None, 1 << 20))
+child.pipe.send(("tests.process_app", handler, claim, None, 1 << 20))
 os._exit(0)  # before the child, still importing, has run a line of its own
 """
 
@@ -677,3 +678,26 @@ def test_a_child_whose_worker_died_while_it_started_leaves_too(
         assert _rows(queue, "SELECT what FROM {schema}.seen WHERE what = 'still alive'") == []
     finally:
         _kill_all([child])
+
+
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+def test_an_orphaned_child_whose_handler_answers_leaves_without_a_traceback(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """Told that its worker is gone, the handler returns: its answer has nowhere
+    to go. The child printed a BrokenPipeError's traceback, read in a log as a
+    crash of the worker."""
+    queue = tables
+    job_id = queue.enqueue("polite", {"schema": schema})  # returns once told
+    helper = subprocess.run(
+        [sys.executable, "-c", _DIES_DURING_THE_CHILDS_START, schema, database_url, "polite"],
+        cwd=ROOT,
+        capture_output=True,  # (the child's too: read until the child is gone)
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "Traceback" not in helper.stderr, helper.stderr
+    assert _rows(queue, "SELECT what FROM {schema}.seen") == [("started",), ("told",)]
+    # Told, its attempt is lost: its completion refused, the job left to its lease.
+    assert queue.get(job_id).status is JobStatus.RUNNING

@@ -91,8 +91,8 @@ def child_main(
                 with _tracing.continued(trace_context):
                     answer = _run_one(handler, context, lost)
             pipe.send(_packed(answer))
-    except EOFError:
-        pass  # the worker went away
+    except (EOFError, BrokenPipeError):
+        pass  # the worker went away (an answer to it has nowhere to go)
     finally:
         sync_queue.close()
 
