@@ -630,3 +630,74 @@ def test_a_process_handlers_sessions_are_set_up_as_a_thread_handlers(
     assert stats.completed == 2
     assert queue.result(threaded) == {"connection": "1min", "transaction": "1min"}
     assert queue.result(in_process) == queue.result(threaded)
+
+
+#: A worker's hand-over, then its death at once: a child is spawned for a claim,
+#: given it, and its worker dies while the child is still starting.
+_DIES_DURING_THE_CHILDS_START = """
+import multiprocessing, os, sys
+import leaseq
+from leaseq._worker.process_child import child_main
+from leaseq._worker.processes import ProcessPool
+
+schema, dsn = sys.argv[1], sys.argv[2]
+handler = sys.argv[3] if len(sys.argv) > 3 else "stubborn"
+with leaseq.Queue(dsn, schema=schema) as queue:
+    (claim,) = queue.claim(handler, lease=300)
+pool = ProcessPool(1, dsn, schema)
+child = pool._spawn()
+child.pipe.send(("tests.process_app", handler, claim, None, 1 << 20))
+os._exit(0)  # before the child, still importing, has run a line of its own
+"""
+
+
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+def test_a_child_whose_worker_died_while_it_started_leaves_too(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """The worker killed in the second its new child spends starting (right after
+    handing it a job): the child looked for its parent only once started, found
+    the process that adopted it, took that for its worker, and ran its handler
+    on, unsupervised, beside the job's next attempt (for ever, one that never
+    returns)."""
+    queue = tables
+    queue.enqueue("stubborn", {"schema": schema})  # its first attempt never returns
+    subprocess.run(
+        [sys.executable, "-c", _DIES_DURING_THE_CHILDS_START, schema, database_url],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+    deadline = time.monotonic() + 60
+    while not (started := _rows(queue, "SELECT pid FROM {schema}.seen WHERE what = 'started'")):
+        assert time.monotonic() < deadline, "the handler never started"
+        time.sleep(0.05)
+    ((child,),) = started
+    try:
+        assert _still_running([child], within=processes.KILL_AFTER + 10) == []
+        assert _rows(queue, "SELECT what FROM {schema}.seen WHERE what = 'still alive'") == []
+    finally:
+        _kill_all([child])
+
+
+@pytest.mark.server_agnostic  # the child processes' lifecycle
+def test_an_orphaned_child_whose_handler_answers_leaves_without_a_traceback(
+    tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """Told that its worker is gone, the handler returns: its answer has nowhere
+    to go. The child printed a BrokenPipeError's traceback, read in a log as a
+    crash of the worker."""
+    queue = tables
+    job_id = queue.enqueue("polite", {"schema": schema})  # returns once told
+    helper = subprocess.run(
+        [sys.executable, "-c", _DIES_DURING_THE_CHILDS_START, schema, database_url, "polite"],
+        cwd=ROOT,
+        capture_output=True,  # (the child's too: read until the child is gone)
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "Traceback" not in helper.stderr, helper.stderr
+    assert _rows(queue, "SELECT what FROM {schema}.seen") == [("started",), ("told",)]
+    # Told, its attempt is lost: its completion refused, the job left to its lease.
+    assert queue.get(job_id).status is JobStatus.RUNNING

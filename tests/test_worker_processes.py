@@ -15,6 +15,7 @@ import pytest
 
 import leaseq
 from leaseq import JobStatus
+from leaseq._worker.signals import ECHO_WINDOW
 
 from .conftest import ROOT
 from .worker_app import TABLES
@@ -134,10 +135,15 @@ def test_sigterm_finishes_or_releases_running_jobs(
     assert stats.running == 0
 
 
-def test_second_signal_exits_at_once(setup_tables: leaseq.Queue, spawn_worker: Spawn) -> None:
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_second_signal_exits_at_once(
+    setup_tables: leaseq.Queue, spawn_worker: Spawn, processes: str
+) -> None:
+    """A second signal leaves the running jobs to their leases: the exit code says
+    the stop was not clean (under --processes N, the supervisor's said 0)."""
     queue = setup_tables
     job_id = queue.enqueue("work", {"sleep": 120})
-    worker = spawn_worker("--shutdown-grace", "60")
+    worker = spawn_worker("--shutdown-grace", "60", "--processes", processes)
     _wait(lambda: _attempts_logged(queue, job_id) == 1, what="job started")
     worker.send_signal(signal.SIGTERM)
     time.sleep(0.5)
@@ -395,3 +401,103 @@ def test_a_worker_whose_log_reader_is_gone_still_stops_gracefully(
             worker.kill()
             worker.wait(10)
     assert queue.get(job_id).status is JobStatus.DONE
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` names a live process (a zombie left unreaped is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children_of(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (its workers, its resource tracker)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.add(int(entry))
+    return children
+
+
+def _kill_supervisor_and_wait_for_its_children(supervisor: subprocess.Popen[str]) -> None:
+    """SIGKILL the supervisor once both its workers were started; every process
+    it had started must then end by itself (none is left running for ever)."""
+    _wait(lambda: "started worker 1" in output_of(supervisor), what="both workers started")
+    children = _children_of(supervisor.pid)
+    assert len(children) >= 2, output_of(supervisor)
+    supervisor.send_signal(signal.SIGKILL)
+    supervisor.wait(10)
+    _wait(
+        lambda: not any(_running(child) for child in children),
+        timeout=40,
+        what=f"the orphaned processes {sorted(children)} stopped",
+    )
+
+
+@pytest.mark.server_agnostic  # the supervisor's children and their signals
+def test_children_of_a_supervisor_killed_outright_stop_and_give_their_jobs_back(
+    setup_tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """A supervisor killed with SIGKILL (the OOM killer) can stop no child: a child
+    that ran on was out of reach of every stop (the next supervisor's included),
+    working beside that supervisor's new children for ever. Each stops as on a
+    SIGTERM: its running job, past the grace, is given back, and no other child
+    runs it meanwhile."""
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 120})
+    with worker_processes(database_url, schema, own_session=True) as spawn:
+        supervisor = spawn("--processes", "2", "--shutdown-grace", "1")
+        _wait(lambda: _attempts_logged(queue, job_id) == 1, what="the job started")
+        _kill_supervisor_and_wait_for_its_children(supervisor)
+    job = queue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    assert job.history[-1]["outcome"] == "released"
+    assert _effects(queue) == {}
+
+
+@pytest.mark.server_agnostic  # the supervisor's children and their signals
+def test_children_still_starting_when_their_supervisor_is_killed_stop_too(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """The supervisor killed while its children were still starting (importing,
+    before any job): a child that only then looked for its parent found the
+    adopting process and never noticed the loss; it worked on unsupervised."""
+    with worker_processes(database_url, schema, own_session=True) as spawn:
+        supervisor = spawn("--processes", "2")
+        _kill_supervisor_and_wait_for_its_children(supervisor)
+
+
+@pytest.mark.server_agnostic  # the supervisor's children and their signals
+def test_a_supervisor_killed_during_its_graceful_stop_leaves_that_stop_graceful(
+    setup_tables: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """SIGTERM, then (the stop taking long) a kill -9 of the supervisor. Its
+    children, stopping gracefully already, took the loss of their supervisor for
+    a second signal and left at once, their running jobs neither finished nor
+    given back (left to their leases)."""
+    queue = setup_tables
+    job_id = queue.enqueue("work", {"sleep": 120})
+    with worker_processes(database_url, schema, own_session=True) as spawn:
+        supervisor = spawn("--processes", "2", "--shutdown-grace", "3")
+        _wait(lambda: _attempts_logged(queue, job_id) == 1, what="the job started")
+        # (Their stop handlers set: a SIGTERM before ends a worker at once.)
+        _wait(lambda: output_of(supervisor).count("worker started") == 2, what="both running")
+        children = _children_of(supervisor.pid)
+        supervisor.send_signal(signal.SIGTERM)
+        _wait(lambda: output_of(supervisor).count("stopping:") == 2, what="both stopping")
+        time.sleep(ECHO_WINDOW + 0.2)  # what comes now is no echo of the stop signal
+        supervisor.send_signal(signal.SIGKILL)
+        supervisor.wait(10)
+        _wait(lambda: not any(map(_running, children)), timeout=40, what="the children stopped")
+    job = queue.get(job_id)
+    assert (job.status, job.attempts) == (JobStatus.QUEUED, 0), job.history
+    assert job.history[-1]["outcome"] == "released"

@@ -11,6 +11,7 @@ fails the attempt with :class:`InvalidResult`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import pickle
@@ -29,6 +30,7 @@ from .._errors import InvalidResult
 from .._sync_client import Queue
 from .._types import Claim
 from .context import JobContext
+from .orphans import when_parent_gone
 
 #: A byte shared with a child (``multiprocessing.Value("b", lock=False)``): 1 once
 #: its attempt is lost. One writer (the worker), one reader: no lock needed.
@@ -39,9 +41,6 @@ Flag = Any
 KILL_AFTER = 5.0
 #: How often a waiting thread (the worker's, the child's watcher) looks at a flag.
 POLL = 0.05
-#: How often a child looks whether its worker is still there.
-_ORPHAN_POLL = 0.5
-
 #: What a terminal's Ctrl-C and a service manager's stop send the process group.
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
@@ -70,7 +69,7 @@ def child_main(
     # Ctrl-C was ignored here, and the worker ends its children itself.)
     os.setpgrp()
     leads_group.value = 1
-    threading.Thread(target=_leave_with_the_worker, args=(os.getppid(), lost), daemon=True).start()
+    when_parent_gone(functools.partial(_leave_with_the_worker, lost), name="leaseq-orphan-watch")
     # The worker's session settings (keepalives, a TCP user timeout, an
     # idle_in_transaction_session_timeout), as on its handler threads' connections:
     # a transaction left open here (the host cut off from the database) must not
@@ -92,8 +91,8 @@ def child_main(
                 with _tracing.continued(trace_context):
                     answer = _run_one(handler, context, lost)
             pipe.send(_packed(answer))
-    except EOFError:
-        pass  # the worker went away
+    except (EOFError, BrokenPipeError):
+        pass  # the worker went away (an answer to it has nowhere to go)
     finally:
         sync_queue.close()
 
@@ -144,15 +143,14 @@ def unpacked(packed: Packed) -> tuple[str, Any, bool, Any]:
     return kind, value, completed, result
 
 
-def _leave_with_the_worker(worker_pid: int, lost: Flag) -> None:
+def _leave_with_the_worker(lost: Flag) -> None:
     """A worker killed outright (SIGKILL, the OOM killer) cannot tell its children
     nor kill them, and a busy child never reads the pipe that would say so: it ran
     on, orphaned, beside the job's next attempt elsewhere. Once the worker is gone
-    (this process was handed to another parent) the handler is told, as the
-    worker would have told it, and the process leaves ``KILL_AFTER`` seconds later,
-    ending the processes its handler started with it (its process group)."""
-    while os.getppid() == worker_pid:
-        time.sleep(_ORPHAN_POLL)
+    (:mod:`.orphans`: noticed even when it died while this process was starting)
+    the handler is told, as the worker would have told it, and the process leaves
+    ``KILL_AFTER`` seconds later, ending the processes its handler started with it
+    (its process group)."""
     lost.value = 1  # the handler's job.lost (its _watch)
     time.sleep(KILL_AFTER)
     if os.getpgrp() == os.getpid():  # (never the worker's group: its siblings are in it)

@@ -34,6 +34,10 @@ class StopSignals:
 
     #: 0 outside supervised children: there, every signal counts.
     echo_window: ClassVar[float] = 0.0
+    #: Whether any Worker of this process received a stop signal: a supervised
+    #: child whose supervisor is gone stops as on a SIGTERM, unless stopping
+    #: already (that SIGTERM would count as a second signal: jobs abandoned).
+    any_received: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.count = 0
@@ -41,6 +45,7 @@ class StopSignals:
 
     def received(self) -> int:
         """1 for the first signal, 2 and more for deliberate repeats, 0 for an echo."""
+        StopSignals.any_received = True
         now = time.monotonic()
         if self._first_at is None:
             self._first_at = now

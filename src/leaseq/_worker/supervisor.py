@@ -4,7 +4,9 @@ Children are started with the ``spawn`` method (no inherited connections or
 threads). SIGTERM/SIGINT are forwarded to them so each stops gracefully; a
 second signal kills them. A child that exits on its own is restarted after a
 backoff that grows while it keeps crashing (under ``--burst`` one that exits
-with 0 is done). A child runs ``target(*args, slot)``:
+with 0 is done). The supervisor exits 0 once every child stopped cleanly, 1 if
+one did not (a second signal, the shutdown timeout: their jobs left to their
+leases). A child runs ``target(*args, slot)``:
 its slot (0..N-1) stays the same across restarts (its metrics port is PORT+slot).
 A child that exits with SETUP_FAILED (its schema is not migrated, or its database
 URL cannot be parsed: restarting it would fail the same way, for ever) stops the
@@ -14,6 +16,13 @@ A signal sent to the whole process group (Ctrl-C, systemd) reaches each child
 twice, directly and forwarded; children take the repeat as an echo of the same
 signal (see :mod:`leaseq._worker.signals`), so the group's SIGTERM stops them
 gracefully, exactly like a SIGTERM to the supervisor alone.
+
+A supervisor killed outright (SIGKILL, the OOM killer) can neither stop nor
+restart its children: each child then stops itself, as on a SIGTERM (its jobs
+finished within the grace, or given back), rather than run on unsupervised, out
+of reach of the next supervisor's stop and beside its new children. It notices
+through spawn's pipe (:mod:`.orphans`), even when the supervisor died while the
+child was still starting.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from types import FrameType
 from typing import Any
 
 from .._logs import get_logger
-from .signals import treat_repeats_as_echoes
+from .orphans import when_parent_gone
+from .signals import StopSignals, treat_repeats_as_echoes
 
 log = get_logger("leaseq.supervisor")
 
@@ -139,11 +149,25 @@ class Supervisor:
                 if child.is_alive() and child.pid is not None:
                     os.kill(child.pid, signal.SIGKILL)
                     child.join(5)
-            return exit_code
+            # A child that did not stop cleanly (killed by a second signal or at
+            # the timeout, its jobs left to their leases) makes the whole stop
+            # unclean, as a single worker's exit code says. (One that crashed
+            # before the stop and awaited its restart held no job, nor one
+            # that the stop signal ended before it had set its handler.)
+            unclean = any(
+                child.exitcode not in _STOPPED_CLEANLY
+                for slot, child in self._children.items()
+                if slot not in restart_at
+            )
+            return exit_code or (1 if unclean else 0)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+
+#: The exit codes of a child that stopped with no job left behind: its own clean
+#: exit, or the stop signal itself (arrived before it set its handler: no job yet).
+_STOPPED_CLEANLY = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
 
 #: A child's exit code when the worker cannot run as set up (sysexits' EX_CONFIG).
 SETUP_FAILED = 78
@@ -152,4 +176,19 @@ SETUP_FAILED = 78
 def _supervised_child(target: Callable[..., None], args: tuple[Any, ...]) -> None:
     """A child's entry point: the group's signal and our forwarded copy are one signal."""
     treat_repeats_as_echoes()
+    when_parent_gone(_stop_orphaned, name="leaseq-orphan-watch")
     target(*args)
+
+
+def _stop_orphaned() -> None:
+    """The supervisor is gone: stop as a SIGTERM from it would have, gracefully.
+    (Before the worker has set its handler, the signal ends the process at once:
+    it holds no job yet.) Not when a stop signal came already: the worker stops
+    gracefully then, and a SIGTERM now would be its second signal (leave at once,
+    jobs abandoned). Signalled before the line is logged: a log whose reader
+    went with the supervisor must not hold the stop up."""
+    if StopSignals.any_received:
+        log.warning("the supervisor is gone; this worker is stopping already")
+        return
+    os.kill(os.getpid(), signal.SIGTERM)
+    log.warning("the supervisor is gone; stopping this worker")
