@@ -436,7 +436,7 @@ async def test_a_token_of_any_characters_works_as_a_bearer_token(
 
 
 @pytest.mark.parametrize(
-    ("base", "host", "origin"),
+    "sent",
     [
         ("https://dash.example", "dash.example:443", "https://dash.example"),
         ("http://dash.example", "dash.example:80", "http://dash.example"),
@@ -444,11 +444,12 @@ async def test_a_token_of_any_characters_works_as_a_bearer_token(
     ],
 )
 async def test_an_origin_differing_only_by_a_default_port_or_case_is_the_same_origin(
-    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue, base: str, host: str, origin: str
+    make_app: AppFactory, jobs: Jobs, queue: leaseq.Queue, sent: tuple[str, str, str]
 ) -> None:
     """Some proxies pass on ``Host: name:443``, and browsers never write a default
     port (nor capitals) in ``Origin``: the same origin, so the operator's own
     actions must go through, while another origin is still refused."""
+    base, host, origin = sent
     browser = Browser(make_app(), base_url=base)
     try:
         page = await browser.post(
