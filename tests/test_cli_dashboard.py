@@ -268,3 +268,61 @@ async def test_without_auth_it_answers_only_to_loopback_names(
         assert await _status(app, "http://dashboard.example.com") == 401  # asked to sign in
     finally:
         await app.state.leaseq.client.close()
+
+
+@pytest.mark.parametrize("proxy", ["strips the prefix", "keeps the prefix"])
+def test_the_dashboard_served_under_a_path_prefix_links_within_it(
+    database_url: str, schema: str, queue: leaseq.Queue, proxy: str
+) -> None:
+    """Behind a reverse proxy at https://ops.example/queues/ (``--root-path
+    /queues``): every link, form and cookie of its pages stays under the prefix,
+    whether the proxy strips it from the path it forwards or keeps it."""
+    job_id = queue.enqueue("reports", {"customer": "acme"})
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "leaseq", "dashboard", "--port", str(port)),
+            *("--root-path", "/queues", "--database-url", database_url, "--schema", schema),
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("LEASEQ_DASHBOARD_")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    forwarded = "" if proxy == "strips the prefix" else "/queues"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}{forwarded}/jobs")
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.communicate()[0]
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.2)
+        assert page.status_code == 200, page.text[:300]
+        assert f'href="/queues/jobs/{job_id}"' in page.text
+        links = re.findall(r'(?:href|action|src)="(/[^"]*)"', page.text)
+        assert links, page.text[:300]
+        assert all(link.startswith("/queues/") for link in links), links
+        cookies = page.headers.get_list("set-cookie")
+        assert cookies and all("path=/queues" in c.lower() for c in cookies), cookies
+        job = httpx.get(f"http://127.0.0.1:{port}{forwarded}/jobs/{job_id}")
+        assert job.status_code == 200
+        assert "acme" in job.text
+        style = re.search(r'<link[^>]+href="(/queues/[^"]+\.css[^"]*)"', page.text)
+        assert style is not None
+        static = httpx.get(f"http://127.0.0.1:{port}{forwarded}{style[1][len('/queues') :]}")
+        assert static.status_code == 200
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=30)
+    assert f"on http://127.0.0.1:{port}/ (no auth: loopback only; under /queues)" in output
+
+
+@pytest.mark.parametrize("prefix", ["queues", "/a//b", "/a/../b", "/a?b", "/a b", "/a\nb"])
+def test_a_root_path_that_is_no_url_path_is_refused(prefix: str) -> None:
+    result = CliRunner().invoke(cli, ["dashboard", "--root-path", prefix])
+    assert result.exit_code == 2
+    assert "a URL path like /queues" in result.output

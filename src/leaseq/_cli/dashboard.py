@@ -72,14 +72,25 @@ def auth_from_environment(host: str, environ: Mapping[str, str]) -> Any:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--read-only", is_flag=True, help="Look only: every action is refused.")
+@click.option(
+    "--root-path",
+    default="",
+    metavar="PREFIX",
+    callback=lambda _ctx, _param, value: checked_root_path(value),
+    help="The path a reverse proxy serves it under (/queues): its links, forms and "
+    "cookies stay below it, whether the proxy strips the prefix or forwards it.",
+)
 @database_options
-def dashboard(host: str, port: int, read_only: bool, database_url: str | None, schema: str) -> None:
+def dashboard(  # (click passes every option by name)
+    *, host: str, port: int, read_only: bool, root_path: str, database_url: str | None, schema: str
+) -> None:
     """Serve the web dashboard (needs the web extra). Off loopback it needs
     $LEASEQ_DASHBOARD_TOKEN or $LEASEQ_DASHBOARD_USER + $LEASEQ_DASHBOARD_PASSWORD."""
     try:
         import uvicorn  # noqa: PLC0415 - the optional web extra
 
         from leaseq.web import create_app  # noqa: PLC0415
+        from leaseq.web.app import served_under  # noqa: PLC0415
     except ImportError as exc:
         raise InvalidArgument(
             f"the dashboard needs its extra: pip install 'leaseq[web]' ({exc.name} is missing)"
@@ -102,6 +113,26 @@ def dashboard(host: str, port: int, read_only: bool, database_url: str | None, s
         shown = f"[{host}]" if ":" in host else host
         mode = " (read-only)" if read_only else ""
         how = "no auth: loopback only" if auth is None else type(auth).__name__
+        if root_path:
+            how += f"; under {root_path}"
         served = f"http://{shown}:{sock.getsockname()[1]}/"
         click.echo(f"leaseq dashboard{mode} on {served} ({how}); Ctrl-C stops it")
-        uvicorn.run(app, fd=sock.fileno(), log_level="warning", server_header=False)
+        served_app = served_under(app, root_path)
+        uvicorn.run(served_app, fd=sock.fileno(), log_level="warning", server_header=False)
+
+
+def checked_root_path(value: str) -> str:
+    """``--root-path`` as the ASGI scope takes it: "" or "/a/b" (no trailing
+    slash); anything a URL path would not carry as written is refused."""
+    prefix = value.strip().rstrip("/")
+    if not prefix:
+        return ""
+    if (
+        not prefix.startswith("/")
+        or any(c in prefix for c in "?#\\\"<>'` " + "".join(map(chr, range(32))))
+        or "//" in prefix
+        or "/../" in f"{prefix}/"
+        or "/./" in f"{prefix}/"
+    ):
+        raise click.BadParameter(f"a URL path like /queues, got {value!r}")
+    return prefix

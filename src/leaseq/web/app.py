@@ -13,7 +13,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import leaseq
 
@@ -187,3 +187,22 @@ def _routes() -> list[Any]:
         Route("/logout", actions.logout, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
+
+
+def served_under(app: ASGIApp, prefix: str) -> ASGIApp:
+    """``app`` served by a reverse proxy at ``prefix`` ("/queues"; "" for none):
+    its links, forms and cookies are written under the prefix (the scope's
+    ``root_path``), whether the proxy strips the prefix from the paths it
+    forwards or keeps it. (uvicorn's own ``root_path`` takes only the first.)"""
+    if not prefix:
+        return app
+
+    async def under_prefix(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            path: str = scope["path"]
+            if path == prefix or path.startswith(f"{prefix}/"):
+                path = path[len(prefix) :]
+            scope = {**scope, "root_path": prefix, "path": f"{prefix}{path or '/'}"}
+        await app(scope, receive, send)
+
+    return under_prefix
