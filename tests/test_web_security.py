@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+from html import unescape
 
 import httpx
 import pytest
@@ -465,3 +466,30 @@ async def test_an_origin_differing_only_by_a_default_port_or_case_is_the_same_or
         assert queue.get(jobs.failed[1]).status is JobStatus.FAILED
     finally:
         await browser.close()
+
+
+async def test_signing_in_lands_on_the_page_asked_for(make_app: AppFactory, jobs: Jobs) -> None:
+    """An operator follows an alert's link to a job, meets the login form there,
+    and after signing in (even after a wrong token first) is on that job's page,
+    never on another site's."""
+    app = make_app(auth=TokenAuth(TOKEN))
+    anonymous = Browser(app)
+    try:
+        asked = "/jobs?queue=reports&status=failed"
+        form = await anonymous.get(asked)
+        assert form.status_code == 401
+        sent = re.search(r'name="next" value="([^"]*)"', form.text)
+        assert sent is not None, form.text
+        bad = await anonymous.post("/login", {"token": "not it", "next": unescape(sent[1])})
+        assert bad.status_code == 401
+        again = re.search(r'name="next" value="([^"]*)"', bad.text)
+        assert again is not None
+        assert unescape(again[1]) == asked
+        login = await anonymous.post("/login", {"token": TOKEN, "next": unescape(again[1])})
+        assert login.status_code == 303
+        assert login.headers["location"] == asked
+        for elsewhere in ("https://evil.example/", "//evil.example", "/\\evil.example"):
+            away = await Browser(app).post("/login", {"token": TOKEN, "next": elsewhere})
+            assert away.headers["location"] == "/", elsewhere
+    finally:
+        await anonymous.close()

@@ -399,9 +399,11 @@ async def login(request: Request, ctx: Context) -> Response:
     form = await _form(request)
     if not isinstance(auth, security.TokenAuth):
         return refuse(ctx, 404, "This dashboard has no login form.")
+    asked = ctx.local(form.get("next") or "/")  # (the page the form was met on)
     if not auth.check_token(form.get("token", "").strip()):
-        return ctx.render("login.html", status=401, error="That token is not the right one.")
-    response = ctx.redirect("/")
+        error = "That token is not the right one."
+        return ctx.render("login.html", status=401, error=error, next=asked)
+    response = ctx.redirect(asked)
     response.set_cookie(
         security.LOGIN_COOKIE,
         auth.login_cookie(),

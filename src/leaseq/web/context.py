@@ -79,6 +79,19 @@ class Context:
     def url(self, path: str) -> str:
         return f"{self.root}{path}"
 
+    @property
+    def page_asked_for(self) -> str:
+        """Where signing in leads: the page this request asked for (within the app,
+        with its query), or the overview for an action or a live fragment, which
+        a redirect after the login could not open."""
+        path: str = self.request.scope["path"]
+        if self.root and (path == self.root or path.startswith(f"{self.root}/")):
+            path = path[len(self.root) :] or "/"
+        if self.request.method != "GET" or path.startswith(("/live/", "/login", "/static/")):
+            return "/"
+        query = self.request.url.query
+        return self.local(f"{path}?{query}" if query else path)
+
     def render(self, template: str, status: int = 200, **values: Any) -> Response:
         page = self.dashboard.templates.get_template(template).render(
             ctx=self, title=self.dashboard.title, **values
@@ -131,7 +144,7 @@ Handler = Callable[[Request, Context], Awaitable[Response]]
 def _unauthenticated(ctx: Context) -> Response:
     dashboard = ctx.dashboard
     if getattr(dashboard.auth, "login_form", False):
-        return ctx.render("login.html", status=401, error=None)
+        return ctx.render("login.html", status=401, error=None, next=ctx.page_asked_for)
     response = ctx.render(
         "error.html", status=401, heading="Sign in needed", message="This dashboard needs auth."
     )

@@ -368,4 +368,6 @@ async def queue_settings(request: Request, ctx: Context) -> Response:
 
 @handler(login=True)
 async def login_form(request: Request, ctx: Context) -> Response:
-    return ctx.render("login.html", error=None)
+    return ctx.render(
+        "login.html", error=None, next=ctx.local(request.query_params.get("next", "/"))
+    )
