@@ -197,6 +197,18 @@ def _dashboard(*arguments: str, database_url: str, schema: str) -> subprocess.Po
     )
 
 
+def _first_answer(process: subprocess.Popen[str], url: str) -> httpx.Response:
+    """``url``'s answer once the dashboard ``process`` serves (within a minute)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return httpx.get(url)
+        except httpx.TransportError:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the dashboard did not start"
+            time.sleep(0.2)
+
+
 def test_port_0_prints_the_port_it_serves_on(database_url: str, queue: leaseq.Queue) -> None:
     """Not http://127.0.0.1:0/ while it served on a port it never showed."""
     process = _dashboard("--port", "0", database_url=database_url, schema=queue.schema)
@@ -207,16 +219,7 @@ def test_port_0_prints_the_port_it_serves_on(database_url: str, queue: leaseq.Qu
         assert match, banner
         port = int(match[1])
         assert port != 0, banner
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/")
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, process.communicate()
-                assert time.monotonic() < deadline, "the dashboard did not start"
-                time.sleep(0.2)
-        assert response.status_code == 200
+        assert _first_answer(process, f"http://127.0.0.1:{port}/").status_code == 200
     finally:
         process.terminate()
         process.communicate(timeout=30)
@@ -278,29 +281,19 @@ def test_the_dashboard_served_under_a_path_prefix_links_within_it(
     /queues``): every link, form and cookie of its pages stays under the prefix,
     whether the proxy strips it from the path it forwards or keeps it."""
     job_id = queue.enqueue("reports", {"customer": "acme"})
-    port = _free_port()
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "leaseq", "dashboard", "--port", str(port)),
-            *("--root-path", "/queues", "--database-url", database_url, "--schema", schema),
-        ],
-        cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("LEASEQ_DASHBOARD_")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    process = _dashboard(
+        "--port", "0", "--root-path", "/queues", database_url=database_url, schema=schema
     )
     forwarded = "" if proxy == "strips the prefix" else "/queues"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                page = httpx.get(f"http://127.0.0.1:{port}{forwarded}/jobs")
-                break
-            except httpx.TransportError:
-                assert process.poll() is None, process.communicate()[0]
-                assert time.monotonic() < deadline, "the dashboard did not start"
-                time.sleep(0.2)
+        assert process.stdout is not None
+        banner = process.stdout.readline()  # printed once the port is bound
+        match = re.search(
+            r"on http://127\.0\.0\.1:(\d+)/ \(no auth: loopback only; under /queues\)", banner
+        )
+        assert match, banner
+        port = int(match[1])
+        page = _first_answer(process, f"http://127.0.0.1:{port}{forwarded}/jobs")
         assert page.status_code == 200, page.text[:300]
         assert f'href="/queues/jobs/{job_id}"' in page.text
         links = re.findall(r'(?:href|action|src)="(/[^"]*)"', page.text)
@@ -317,8 +310,7 @@ def test_the_dashboard_served_under_a_path_prefix_links_within_it(
         assert static.status_code == 200
     finally:
         process.terminate()
-        output, _ = process.communicate(timeout=30)
-    assert f"on http://127.0.0.1:{port}/ (no auth: loopback only; under /queues)" in output
+        process.communicate(timeout=30)
 
 
 @pytest.mark.parametrize("prefix", ["queues", "/a//b", "/a/../b", "/a?b", "/a b", "/a\nb"])
