@@ -300,7 +300,8 @@ def test_the_dashboard_served_under_a_path_prefix_links_within_it(
         assert links, page.text[:300]
         assert all(link.startswith("/queues/") for link in links), links
         cookies = page.headers.get_list("set-cookie")
-        assert cookies and all("path=/queues" in c.lower() for c in cookies), cookies
+        assert cookies
+        assert all("path=/queues" in c.lower() for c in cookies), cookies
         job = httpx.get(f"http://127.0.0.1:{port}{forwarded}/jobs/{job_id}")
         assert job.status_code == 200
         assert "acme" in job.text
