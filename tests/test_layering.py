@@ -38,7 +38,7 @@ LAYERS: list[set[str]] = [
         "_waiting",
         "_durations",
     },
-    {"_json_text", "_payload_masking"},
+    {"_json_text", "_payload_masking", "_secret_fields", "_timeline"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},
     {"_validate_payloads"},
     {"_embedded", "_retry", "_gauges", "_validate_settings", "_validate_operators"},
@@ -55,8 +55,19 @@ LAYERS: list[set[str]] = [
 BEHIND_THE_CLIENTS = {"_db", "_store", "_statement", "_steps", "_migrate", "_client_base"}
 #: What the CLI may take from the internals besides the public API (_embedded:
 #: `leaseq embedded status|stop`, the server of a folder, not the library's API).
-#: _durations: settings in seconds as text, shared with the dashboard.
-CLI_INTERNALS = {"_config", "_durations", "_embedded", "_logs", "_redact", "_worker.supervisor"}
+#: _durations: settings in seconds as text, shared with the dashboard; _secret_fields
+#: and _timeline: a job shown as the dashboard shows it (`leaseq job`), the same
+#: mask of its payload's secret fields and the same run history.
+CLI_INTERNALS = {
+    "_config",
+    "_durations",
+    "_embedded",
+    "_logs",
+    "_redact",
+    "_secret_fields",
+    "_timeline",
+    "_worker.supervisor",
+}
 DRIVERS = {"psycopg", "psycopg_pool"}
 
 
@@ -108,8 +119,15 @@ def _layer(unit: str) -> int:
 #: What the dashboard may take from the internals besides the public API: the
 #: logger that scrubs secrets (every leaseq logger must) and the scrubbing of
 #: password shapes in what it renders (as the CLI uses it); settings in seconds as
-#: the text the CLI shows too (one formatter, so the two never disagree).
-WEB_INTERNALS = {"leaseq._durations", "leaseq._logs", "leaseq._redact"}
+#: the text the CLI shows too (one formatter, so the two never disagree); a job's
+#: secret fields and run history as `leaseq job` shows them too.
+WEB_INTERNALS = {
+    "leaseq._durations",
+    "leaseq._logs",
+    "leaseq._redact",
+    "leaseq._secret_fields",
+    "leaseq._timeline",
+}
 #: Public subpackages that sit on the public API only (checked by their own tests).
 ON_THE_PUBLIC_API = ("demo", "web", "contrib")
 LIBRARY = {n: p for n, p in _modules().items() if not n.startswith(ON_THE_PUBLIC_API)}

@@ -1,6 +1,6 @@
 """Formatting for the templates: ages, durations, bytes, times, and the geometry
 of the small throughput chart. (The masking of secret payload fields, shared
-with the CLI, is ``leaseq._secret_fields``.)"""
+with the CLI, is ``.._secret_fields``.)"""
 
 from __future__ import annotations
 
