@@ -379,3 +379,33 @@ def test_only_a_job_someone_waits_for_notifies_its_end(queue: leaseq.Queue, conn
     heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert heard == [str(watched)]
     assert (queue.result(unwatched), queue.result(watched)) == (1, 2)
+
+
+@pytest.mark.asyncio
+async def test_many_waiters_share_one_listening_connection(
+    aqueue: leaseq.AsyncQueue, connect: Any
+) -> None:
+    """Waiters must not each take a server connection of their own: a web app
+    with a few hundred requests waiting on results would use up the server's
+    max_connections and lock its workers out."""
+    ids = await aqueue.enqueue_many("reports", [{"n": n} for n in range(12)])
+    channel = aqueue._store.results_channel
+    waiters = [asyncio.create_task(aqueue.wait_result(i, timeout=30)) for i in ids]
+    with connect(autocommit=True) as probe:
+
+        def listening() -> int:
+            row = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                " AND query LIKE %s",
+                (f"LISTEN %{channel}%",),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        deadline = time.monotonic() + 10
+        while listening() == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # every waiter had its turn to start listening
+        assert listening() == 1
+    claims = await aqueue.claim("reports", limit=len(ids))
+    await aqueue.complete_many(claims, results=[c.payload["n"] for c in claims])
+    assert sorted(await asyncio.gather(*waiters)) == list(range(len(ids)))

@@ -104,6 +104,76 @@ async def anotified(
         raise_if_cancelling()
 
 
+class SharedListener:
+    """One LISTEN connection for every waiter of a database, not one each: a few
+    hundred concurrent ``wait_result`` calls would otherwise take as many server
+    connections (past max_connections, locking workers out). Each waiter gets an
+    event of its own, set by every notification; the connection opens with the
+    first waiter and closes with the last (or when the event loop changes)."""
+
+    def __init__(self, dsn: str, options: dict[str, Any], statement: Statement) -> None:
+        self._dsn = dsn
+        self._options = options
+        self._statement = statement
+        self._waiters: set[asyncio.Event] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        try:
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn = await psycopg.AsyncConnection.connect(
+                    self._dsn, **{**self._options, "autocommit": True}
+                )
+                async with conn:
+                    await conn.execute(self._statement.sql)
+                    ready.set()
+                    async for _ in conn.notifies():
+                        for woken in self._waiters:
+                            woken.set()
+        finally:
+            ready.set()
+
+    @contextlib.asynccontextmanager
+    async def waiting(self) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+        """As :func:`anotified`, on the shared connection."""
+        woken = asyncio.Event()
+        task = self._task
+        if task is not None and task.get_loop() is not asyncio.get_running_loop():
+            # Another event loop's listener: this loop cannot await it.
+            async with anotified(self._dsn, self._options, self._statement) as private:
+                yield private
+            return
+        if task is None or task.done():
+            # None yet, or its connection broke: a new one for this waiter on
+            # (those already waiting poll until they next wait).
+            self._ready = asyncio.Event()
+            task = self._task = asyncio.create_task(self._listen(self._ready))
+        self._waiters.add(woken)
+
+        async def wait(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await woken.wait()
+            woken.clear()
+
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LISTEN_READY_SECONDS):
+                    await self._ready.wait()
+            yield wait
+        finally:
+            self._waiters.discard(woken)
+            if not self._waiters and self._task is task:
+                self._task = None
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            # A cancellation of the caller swallowed with the listener's own just
+            # above must still propagate.
+            raise_if_cancelling()
+
+
 @contextlib.contextmanager
 def sleeping() -> Iterator[Callable[[float], None]]:
     """``wait(seconds)`` with no LISTEN: behind a transaction pooler a LISTEN stays
