@@ -409,3 +409,40 @@ async def test_many_waiters_share_one_listening_connection(
     claims = await aqueue.claim("reports", limit=len(ids))
     await aqueue.complete_many(claims, results=[c.payload["n"] for c in claims])
     assert sorted(await asyncio.gather(*waiters)) == list(range(len(ids)))
+
+
+def test_many_sync_waiters_share_one_listening_connection(
+    queue: leaseq.Queue, connect: Any
+) -> None:
+    """As for the async client: threads waiting on results share one LISTEN
+    connection, not one server connection each."""
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(8)])
+    channel = queue._store.results_channel
+    results: dict[int, Any] = {}
+
+    def wait(job_id: int) -> None:
+        results[job_id] = queue.wait_result(job_id, timeout=30)
+
+    waiters = [threading.Thread(target=wait, args=(i,)) for i in ids]
+    for waiter in waiters:
+        waiter.start()
+    with connect(autocommit=True) as probe:
+
+        def listening() -> int:
+            row = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                " AND query LIKE %s",
+                (f"LISTEN %{channel}%",),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        deadline = time.monotonic() + 10
+        while listening() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # every waiter had its turn to start listening
+        assert listening() == 1
+    claims = queue.claim("reports", limit=len(ids))
+    queue.complete_many(claims, results=[c.payload["n"] for c in claims])
+    for waiter in waiters:
+        waiter.join(30)
+    assert sorted(results.values()) == list(range(len(ids)))

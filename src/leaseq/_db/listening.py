@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -172,6 +173,76 @@ class SharedListener:
             # A cancellation of the caller swallowed with the listener's own just
             # above must still propagate.
             raise_if_cancelling()
+
+
+class SharedThreadListener:
+    """The sync twin of :class:`SharedListener`: one LISTEN connection, read by a
+    thread of its own, for every thread of a client that waits; it opens with the
+    first waiter and closes with the last."""
+
+    #: How often the reading thread looks whether its last waiter left.
+    STOP_SECONDS = 0.2
+
+    def __init__(self, dsn: str, options: dict[str, Any], statement: Statement) -> None:
+        self._dsn = dsn
+        self._options = options
+        self._statement = statement
+        self._lock = threading.Lock()
+        self._waiters: set[threading.Event] = set()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+
+    def _listen(self, ready: threading.Event, stop: threading.Event) -> None:
+        try:
+            with contextlib.suppress(psycopg.Error, OSError):
+                options = {"connect_timeout": LISTEN_CONNECT_SECONDS, **self._options}
+                with psycopg.Connection.connect(
+                    self._dsn, **{**options, "autocommit": True}
+                ) as conn:
+                    conn.execute(self._statement.sql)
+                    ready.set()
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=self.STOP_SECONDS, stop_after=1):
+                            with self._lock:
+                                for woken in self._waiters:
+                                    woken.set()
+        finally:
+            ready.set()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[Callable[[float], None]]:
+        """As :func:`notified`, on the shared connection."""
+        woken = threading.Event()
+        with self._lock:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                # None yet, or its connection broke (or this is a forked child):
+                # a new one (those already waiting poll until they next wait).
+                self._ready, self._stop = threading.Event(), threading.Event()
+                thread = self._thread = threading.Thread(
+                    target=self._listen,
+                    args=(self._ready, self._stop),
+                    name="leaseq-results-listener",
+                    daemon=True,
+                )
+                thread.start()
+            self._waiters.add(woken)
+            ready, stop = self._ready, self._stop
+
+        def wait(seconds: float) -> None:
+            woken.wait(max(seconds, 0.0))
+            woken.clear()
+
+        try:
+            ready.wait(LISTEN_CONNECT_SECONDS)
+            yield wait
+        finally:
+            with self._lock:
+                self._waiters.discard(woken)
+                if not self._waiters and self._thread is thread:
+                    self._thread = None
+                    stop.set()
 
 
 @contextlib.contextmanager
