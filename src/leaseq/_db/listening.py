@@ -1,7 +1,8 @@
 """Waiting that a notification cuts short: what ``wait_result`` waits with.
 
 Each is a context manager around a connection of its own (outside the pool: a
-LISTEN must not leak into a pooled connection's next user) that yields
+LISTEN must not leak into a pooled connection's next user; the shared listeners
+give every waiter of a client the same one) that yields
 ``wait(seconds)``: it returns when a notification arrives on the channel the
 statement listens to, or when the seconds have passed; it yields once the
 LISTEN is in place, so what the caller does next cannot be missed. Without the connection
