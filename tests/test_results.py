@@ -446,3 +446,47 @@ def test_many_sync_waiters_share_one_listening_connection(
     for waiter in waiters:
         waiter.join(30)
     assert sorted(results.values()) == list(range(len(ids)))
+
+
+def test_wait_result_keeps_its_timeout_while_the_jobs_row_is_locked(
+    queue: leaseq.Queue, connect: Any, schema: str
+) -> None:
+    """A transaction holding the job's row (a handler completing in its own
+    transaction, an operator's UPDATE) must not hold wait_result past its timeout:
+    it raises TimeoutError while the lock is still held."""
+    job = queue.enqueue("reports", {})
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            queue.wait_result(job, timeout=0.3)
+        except BaseException as exc:
+            raised.append(exc)
+
+    with connect() as locker:
+        locker.execute(f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job,))
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        waiter.join(20)
+        returned_while_locked = not waiter.is_alive()
+    waiter.join(30)
+    assert returned_while_locked
+    assert [type(exc) for exc in raised] == [TimeoutError]
+
+
+def test_wait_result_hears_a_job_whose_row_was_locked_when_it_began(
+    queue: leaseq.Queue, connect: Any, schema: str
+) -> None:
+    """A waiter that began while the row was locked still gets the result."""
+    job = queue.enqueue("reports", {})
+    results: list[Any] = []
+    with connect() as locker:
+        locker.execute(f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job,))
+        waiter = threading.Thread(
+            target=lambda: results.append(queue.wait_result(job, timeout=30, poll_interval=0.2))
+        )
+        waiter.start()
+        time.sleep(0.3)  # the waiter began while the row was locked
+    queue.complete(_claim(queue), result="done")
+    waiter.join(30)
+    assert results == ["done"]
