@@ -76,8 +76,9 @@ class AsyncDatabase:
 
     def forget_after_fork(self) -> object:
         """In a forked child: the parent's pool, locks and tasks are not ours (see forks)."""
-        kept = (self._pool, self._lock, self._closing)
+        kept = (self._pool, self._lock, self._closing, self._listeners)
         self._pool = None
+        self._listeners = {}  # the parent's listener connection is not ours
         self._lock = asyncio.Lock()
         self._failures = OpenFailures()
         self._lent = 0

@@ -77,8 +77,10 @@ class Database:
 
     def forget_after_fork(self) -> object:
         """In a forked child: the parent's pool, locks and tasks are not ours (see forks)."""
-        kept = (self._pool, self._lock, self._lent_lock)
+        kept = (self._pool, self._lock, self._lent_lock, self._listeners)
         self._pool = None
+        # The parent's listener thread did not come along (and may have held its lock).
+        self._listeners = {}
         self._lock = threading.Lock()
         self._failures = OpenFailures()
         self._lent = 0
