@@ -490,3 +490,39 @@ def test_wait_result_hears_a_job_whose_row_was_locked_when_it_began(
     queue.complete(_claim(queue), result="done")
     waiter.join(30)
     assert results == ["done"]
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_wait_result_hears_a_cancel(queue: leaseq.Queue, running: bool) -> None:
+    """A cancelled job ends its waiters' wait with JobFailed when it is cancelled,
+    not at their next look (an hour later with poll_interval=3600)."""
+    job = queue.enqueue("reports", {})
+    if running:
+        _claim(queue)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            queue.wait_result(job, timeout=30, poll_interval=3600)
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not _marked(queue, job) and time.monotonic() < deadline:  # the waiter listens
+        time.sleep(0.02)
+    assert queue.cancel(job, running=running)
+    waiter.join(10)  # bounded: a waiter that heard nothing sits out its 30 s timeout
+    finished_in_time = not waiter.is_alive()
+    waiter.join(40)
+    assert finished_in_time
+    assert [type(exc) for exc in raised] == [leaseq.JobFailed]
+
+
+def _marked(queue: leaseq.Queue, job_id: int) -> bool:
+    with queue.connection() as conn:
+        row = conn.execute(
+            f'SELECT result_awaited FROM "{queue._store.schema}".job WHERE job_id = %s', (job_id,)
+        ).fetchone()
+    return bool(row and row[0])

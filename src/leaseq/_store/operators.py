@@ -187,6 +187,7 @@ class OperatorOperations(StoreBase):
             ),
             "actor": operator_input.actor(actor),
             "channel": self._notify_channel,
+            "results_channel": self.results_channel if self._notify_channel else None,
         }
 
         def decode(rows: list[Rows]) -> bool:
