@@ -782,6 +782,11 @@ def test_limits_are_read_back_and_lifted(client: Client) -> None:
         {"rate_limit": "50/s"},
         {"rate_limit": (5, float("inf"))},
         {"rate_limit_per_group": (1.5, 1)},
+        # A period shorter than the database's clock can tell apart: the claims
+        # of the queue then failed with an overflow, and the queue stood still.
+        {"rate_limit": (5, 1e-300)},
+        {"rate_limit_per_group": (5, 1e-300)},
+        {"rate_limit": (5, 1e-7)},
     ],
 )
 def test_bad_limits_are_refused_and_change_nothing(

@@ -379,3 +379,150 @@ def test_only_a_job_someone_waits_for_notifies_its_end(queue: leaseq.Queue, conn
     heard = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert heard == [str(watched)]
     assert (queue.result(unwatched), queue.result(watched)) == (1, 2)
+
+
+@pytest.mark.asyncio
+async def test_many_waiters_share_one_listening_connection(
+    aqueue: leaseq.AsyncQueue, connect: Any
+) -> None:
+    """Waiters must not each take a server connection of their own: a web app
+    with a few hundred requests waiting on results would use up the server's
+    max_connections and lock its workers out."""
+    ids = await aqueue.enqueue_many("reports", [{"n": n} for n in range(12)])
+    channel = aqueue._store.results_channel
+    waiters = [asyncio.create_task(aqueue.wait_result(i, timeout=30)) for i in ids]
+    with connect(autocommit=True) as probe:
+
+        def listening() -> int:
+            row = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                " AND query LIKE %s",
+                (f"LISTEN %{channel}%",),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        deadline = time.monotonic() + 10
+        while listening() == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # every waiter had its turn to start listening
+        assert listening() == 1
+    claims = await aqueue.claim("reports", limit=len(ids))
+    await aqueue.complete_many(claims, results=[c.payload["n"] for c in claims])
+    assert sorted(await asyncio.gather(*waiters)) == list(range(len(ids)))
+
+
+def test_many_sync_waiters_share_one_listening_connection(
+    queue: leaseq.Queue, connect: Any
+) -> None:
+    """As for the async client: threads waiting on results share one LISTEN
+    connection, not one server connection each."""
+    ids = queue.enqueue_many("reports", [{"n": n} for n in range(8)])
+    channel = queue._store.results_channel
+    results: dict[int, Any] = {}
+
+    def wait(job_id: int) -> None:
+        results[job_id] = queue.wait_result(job_id, timeout=30)
+
+    waiters = [threading.Thread(target=wait, args=(i,)) for i in ids]
+    for waiter in waiters:
+        waiter.start()
+    with connect(autocommit=True) as probe:
+
+        def listening() -> int:
+            row = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                " AND query LIKE %s",
+                (f"LISTEN %{channel}%",),
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        deadline = time.monotonic() + 10
+        while listening() == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # every waiter had its turn to start listening
+        assert listening() == 1
+    claims = queue.claim("reports", limit=len(ids))
+    queue.complete_many(claims, results=[c.payload["n"] for c in claims])
+    for waiter in waiters:
+        waiter.join(30)
+    assert sorted(results.values()) == list(range(len(ids)))
+
+
+def test_wait_result_keeps_its_timeout_while_the_jobs_row_is_locked(
+    queue: leaseq.Queue, connect: Any, schema: str
+) -> None:
+    """A transaction holding the job's row (a handler completing in its own
+    transaction, an operator's UPDATE) must not hold wait_result past its timeout:
+    it raises TimeoutError while the lock is still held."""
+    job = queue.enqueue("reports", {})
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            queue.wait_result(job, timeout=0.3)
+        except BaseException as exc:
+            raised.append(exc)
+
+    with connect() as locker:
+        locker.execute(f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job,))
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        waiter.join(20)
+        returned_while_locked = not waiter.is_alive()
+    waiter.join(30)
+    assert returned_while_locked
+    assert [type(exc) for exc in raised] == [TimeoutError]
+
+
+def test_wait_result_hears_a_job_whose_row_was_locked_when_it_began(
+    queue: leaseq.Queue, connect: Any, schema: str
+) -> None:
+    """A waiter that began while the row was locked still gets the result."""
+    job = queue.enqueue("reports", {})
+    results: list[Any] = []
+    with connect() as locker:
+        locker.execute(f'SELECT 1 FROM "{schema}".job WHERE job_id = %s FOR UPDATE', (job,))
+        waiter = threading.Thread(
+            target=lambda: results.append(queue.wait_result(job, timeout=30, poll_interval=0.2))
+        )
+        waiter.start()
+        time.sleep(0.3)  # the waiter began while the row was locked
+    queue.complete(_claim(queue), result="done")
+    waiter.join(30)
+    assert results == ["done"]
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_wait_result_hears_a_cancel(queue: leaseq.Queue, running: bool) -> None:
+    """A cancelled job ends its waiters' wait with JobFailed when it is cancelled,
+    not at their next look (an hour later with poll_interval=3600)."""
+    job = queue.enqueue("reports", {})
+    if running:
+        _claim(queue)
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            queue.wait_result(job, timeout=30, poll_interval=3600)
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not _marked(queue, job) and time.monotonic() < deadline:  # the waiter listens
+        time.sleep(0.02)
+    assert queue.cancel(job, running=running)
+    waiter.join(10)  # bounded: a waiter that heard nothing sits out its 30 s timeout
+    finished_in_time = not waiter.is_alive()
+    waiter.join(40)
+    assert finished_in_time
+    assert [type(exc) for exc in raised] == [leaseq.JobFailed]
+
+
+def _marked(queue: leaseq.Queue, job_id: int) -> bool:
+    with queue.connection() as conn:
+        row = conn.execute(
+            f'SELECT result_awaited FROM "{queue._store.schema}".job WHERE job_id = %s', (job_id,)
+        ).fetchone()
+    return bool(row and row[0])

@@ -36,6 +36,10 @@ from ._types import (
     ScheduleInfo,
 )
 
+#: How soon wait_result tries again to mark a job whose row another transaction
+#: held (a claim holds it for milliseconds; a transactional completion longer).
+MARK_RETRY_SECONDS = 0.05
+
 
 class AsyncOperatorCalls:
     """What operators call; the client supplies its store and database."""
@@ -194,8 +198,10 @@ class AsyncOperatorCalls:
         interval = validate.seconds(poll_interval, "poll_interval", 3600.0, allow_zero=False)
         deadline = None if limit is None else monotonic() + limit
         async with self._db.notified(self._store.listen_results()) as wait:
-            await self._db.run(self._store.await_result(job_id))  # listening already
+            marked = False
             while True:
+                if not marked:  # listening already
+                    marked = await self._db.run(self._store.await_result(job_id))
                 try:
                     return await self.result(job_id)
                 except ResultNotReady:
@@ -203,7 +209,11 @@ class AsyncOperatorCalls:
                 left = interval if deadline is None else deadline - monotonic()
                 if left <= 0:
                     raise TimeoutError(f"job {job_id} did not finish within {limit:g}s")
-                await wait(min(interval, left))
+                # Not marked (its row was held): its end may notify nothing, so
+                # try the mark again soon rather than after a whole interval.
+                await wait(
+                    min(interval, left) if marked else min(MARK_RETRY_SECONDS, interval, left)
+                )
 
     async def schedules(self) -> list[ScheduleInfo]:
         """Every periodic job the app's workers declared, with its bookkeeping."""

@@ -33,6 +33,10 @@ from ._types import (
     ScheduleInfo,
 )
 
+#: How soon wait_result tries again to mark a job whose row another transaction
+#: held (a claim holds it for milliseconds; a transactional completion longer).
+MARK_RETRY_SECONDS = 0.05
+
 
 class OperatorCalls:
     """What operators call; the client supplies its store and database."""
@@ -191,8 +195,10 @@ class OperatorCalls:
         interval = validate.seconds(poll_interval, "poll_interval", 3600.0, allow_zero=False)
         deadline = None if limit is None else monotonic() + limit
         with self._db.notified(self._store.listen_results()) as wait:
-            self._db.run(self._store.await_result(job_id))  # listening already
+            marked = False
             while True:
+                if not marked:  # listening already
+                    marked = self._db.run(self._store.await_result(job_id))
                 try:
                     return self.result(job_id)
                 except ResultNotReady:
@@ -200,7 +206,9 @@ class OperatorCalls:
                 left = interval if deadline is None else deadline - monotonic()
                 if left <= 0:
                     raise TimeoutError(f"job {job_id} did not finish within {limit:g}s")
-                wait(min(interval, left))
+                # Not marked (its row was held): its end may notify nothing, so
+                # try the mark again soon rather than after a whole interval.
+                wait(min(interval, left) if marked else min(MARK_RETRY_SECONDS, interval, left))
 
     def schedules(self) -> list[ScheduleInfo]:
         """Every periodic job the app's workers declared, with its bookkeeping."""

@@ -55,6 +55,10 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 MAX_RUNNING = 1_000_000
 MAX_RATE = 1_000_000
 MAX_RATE_PERIOD = 30 * 86400.0
+#: The shortest rate period: the claim counts starts in slots of 1/128 of the
+#: period on the database's clock, which tells microseconds apart; a period of
+#: 1e-300 s even overflowed that arithmetic, and every claim of the queue failed.
+MIN_RATE_PERIOD = 0.001
 
 
 def _setting_int(value: Any, what: str, allowed: range) -> int:
@@ -76,6 +80,11 @@ def rate_limit(value: Any, what: str) -> list[float] | None:
         raise InvalidArgument(f"{what} must be (starts, seconds) or None, got {value!r}")
     starts = _setting_int(value[0], f"{what}'s starts", range(1, MAX_RATE + 1))
     period = seconds(value[1], f"{what}'s seconds", MAX_RATE_PERIOD, allow_zero=False)
+    if period < MIN_RATE_PERIOD:
+        raise InvalidArgument(
+            f"{what}'s seconds must be at least {MIN_RATE_PERIOD:g} (the claim's clock "
+            f"counts microseconds), got {period:g}"
+        )
     return [float(starts), period]
 
 

@@ -20,7 +20,7 @@ from .._waiting import raise_if_cancelling
 from . import forks
 from .errors import malformed_dsn, parsable, read_only_server, translated_errors, unavailable
 from .execution import AsyncConnection, adrive, aexecute, callers, retryable
-from .listening import anotified, asleeping
+from .listening import SharedListener, asleeping
 from .options import CONNECTION_OPTIONS, under_the_url
 from .pool_rules import (
     READY_SECONDS,
@@ -60,6 +60,8 @@ class AsyncDatabase:
         self.open_timeout = open_timeout
         #: Whether :meth:`notified` LISTENs (not behind a transaction pooler).
         self._listen = listen
+        #: One LISTEN connection per statement, shared by every waiter.
+        self._listeners: dict[str, SharedListener] = {}
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
         self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
@@ -74,8 +76,9 @@ class AsyncDatabase:
 
     def forget_after_fork(self) -> object:
         """In a forked child: the parent's pool, locks and tasks are not ours (see forks)."""
-        kept = (self._pool, self._lock, self._closing)
+        kept = (self._pool, self._lock, self._closing, self._listeners)
         self._pool = None
+        self._listeners = {}  # the parent's listener connection is not ours
         self._lock = asyncio.Lock()
         self._failures = OpenFailures()
         self._lent = 0
@@ -273,7 +276,12 @@ class AsyncDatabase:
         LISTENs to (:mod:`.listening`); without ``listen``, a plain sleep."""
         if not self._listen:
             return asleeping()
-        return anotified(self.dsn, self._options, statement)
+        shared = self._listeners.get(statement.sql)
+        if shared is None:
+            shared = self._listeners[statement.sql] = SharedListener(
+                self.dsn, self._options, statement
+            )
+        return shared.waiting()
 
     async def close(self) -> None:
         """Close the pool (a new one opens on the next use)."""

@@ -18,7 +18,7 @@ from .._statement import Operation, Plan, Rows, Statement, Steps
 from . import forks
 from .errors import malformed_dsn, read_only_server, translated_errors
 from .execution import Connection, callers, drive, execute, retryable
-from .listening import notified, sleeping
+from .listening import SharedThreadListener, sleeping
 from .options import CONNECTION_OPTIONS, under_the_url
 from .pool_rules import (
     READY_SECONDS,
@@ -62,6 +62,8 @@ class Database:
         self.open_timeout = open_timeout
         #: Whether :meth:`notified` LISTENs (not behind a transaction pooler).
         self._listen = listen
+        #: One LISTEN connection per statement, shared by every waiting thread.
+        self._listeners: dict[str, SharedThreadListener] = {}
         self._options = under_the_url(dsn, options or CONNECTION_OPTIONS)
         self._settings = pool_settings(dsn, min_size, max_size, self._options, open_timeout)
         #: The open pool; None until the first use, and again after a close.
@@ -75,8 +77,10 @@ class Database:
 
     def forget_after_fork(self) -> object:
         """In a forked child: the parent's pool, locks and tasks are not ours (see forks)."""
-        kept = (self._pool, self._lock, self._lent_lock)
+        kept = (self._pool, self._lock, self._lent_lock, self._listeners)
         self._pool = None
+        # The parent's listener thread did not come along (and may have held its lock).
+        self._listeners = {}
         self._lock = threading.Lock()
         self._failures = OpenFailures()
         self._lent = 0
@@ -265,7 +269,13 @@ class Database:
         LISTENs to (:mod:`.listening`); without ``listen``, a plain sleep."""
         if not self._listen:
             return sleeping()
-        return notified(self.dsn, self._options, statement)
+        with self._lock:
+            shared = self._listeners.get(statement.sql)
+            if shared is None:
+                shared = self._listeners[statement.sql] = SharedThreadListener(
+                    self.dsn, self._options, statement
+                )
+        return shared.waiting()
 
     def close(self) -> None:
         """Close the pool (a new one opens on the next use)."""

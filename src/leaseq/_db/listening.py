@@ -1,7 +1,8 @@
 """Waiting that a notification cuts short: what ``wait_result`` waits with.
 
 Each is a context manager around a connection of its own (outside the pool: a
-LISTEN must not leak into a pooled connection's next user) that yields
+LISTEN must not leak into a pooled connection's next user; the shared listeners
+give every waiter of a client the same one) that yields
 ``wait(seconds)``: it returns when a notification arrives on the channel the
 statement listens to, or when the seconds have passed; it yields once the
 LISTEN is in place, so what the caller does next cannot be missed. Without the connection
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -102,6 +104,146 @@ async def anotified(
         # A cancellation of the caller that arrived while the listener ended was
         # swallowed with the listener's own just above: it must still propagate.
         raise_if_cancelling()
+
+
+class SharedListener:
+    """One LISTEN connection for every waiter of a database, not one each: a few
+    hundred concurrent ``wait_result`` calls would otherwise take as many server
+    connections (past max_connections, locking workers out). Each waiter gets an
+    event of its own, set by every notification; the connection opens with the
+    first waiter and closes with the last (or when the event loop changes)."""
+
+    def __init__(self, dsn: str, options: dict[str, Any], statement: Statement) -> None:
+        self._dsn = dsn
+        self._options = options
+        self._statement = statement
+        self._waiters: set[asyncio.Event] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        try:
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn = await psycopg.AsyncConnection.connect(
+                    self._dsn, **{**self._options, "autocommit": True}
+                )
+                async with conn:
+                    await conn.execute(self._statement.sql)
+                    ready.set()
+                    async for _ in conn.notifies():
+                        for woken in self._waiters:
+                            woken.set()
+        finally:
+            ready.set()
+
+    @contextlib.asynccontextmanager
+    async def waiting(self) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+        """As :func:`anotified`, on the shared connection."""
+        woken = asyncio.Event()
+        task = self._task
+        if task is not None and task.get_loop() is not asyncio.get_running_loop():
+            # Another event loop's listener: this loop cannot await it.
+            async with anotified(self._dsn, self._options, self._statement) as private:
+                yield private
+            return
+        if task is None or task.done():
+            # None yet, or its connection broke: a new one for this waiter on
+            # (those already waiting poll until they next wait).
+            self._ready = asyncio.Event()
+            task = self._task = asyncio.create_task(self._listen(self._ready))
+        self._waiters.add(woken)
+
+        async def wait(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await woken.wait()
+            woken.clear()
+
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LISTEN_READY_SECONDS):
+                    await self._ready.wait()
+            yield wait
+        finally:
+            self._waiters.discard(woken)
+            if not self._waiters and self._task is task:
+                self._task = None
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            # A cancellation of the caller swallowed with the listener's own just
+            # above must still propagate.
+            raise_if_cancelling()
+
+
+class SharedThreadListener:
+    """The sync twin of :class:`SharedListener`: one LISTEN connection, read by a
+    thread of its own, for every thread of a client that waits; it opens with the
+    first waiter and closes with the last."""
+
+    #: How often the reading thread looks whether its last waiter left.
+    STOP_SECONDS = 0.2
+
+    def __init__(self, dsn: str, options: dict[str, Any], statement: Statement) -> None:
+        self._dsn = dsn
+        self._options = options
+        self._statement = statement
+        self._lock = threading.Lock()
+        self._waiters: set[threading.Event] = set()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+
+    def _listen(self, ready: threading.Event, stop: threading.Event) -> None:
+        try:
+            with contextlib.suppress(psycopg.Error, OSError):
+                options = {"connect_timeout": LISTEN_CONNECT_SECONDS, **self._options}
+                with psycopg.Connection.connect(
+                    self._dsn, **{**options, "autocommit": True}
+                ) as conn:
+                    conn.execute(self._statement.sql)
+                    ready.set()
+                    while not stop.is_set():
+                        for _ in conn.notifies(timeout=self.STOP_SECONDS, stop_after=1):
+                            with self._lock:
+                                for woken in self._waiters:
+                                    woken.set()
+        finally:
+            ready.set()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[Callable[[float], None]]:
+        """As :func:`notified`, on the shared connection."""
+        woken = threading.Event()
+        with self._lock:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                # None yet, or its connection broke (or this is a forked child):
+                # a new one (those already waiting poll until they next wait).
+                self._ready, self._stop = threading.Event(), threading.Event()
+                thread = self._thread = threading.Thread(
+                    target=self._listen,
+                    args=(self._ready, self._stop),
+                    name="leaseq-results-listener",
+                    daemon=True,
+                )
+                thread.start()
+            self._waiters.add(woken)
+            ready, stop = self._ready, self._stop
+
+        def wait(seconds: float) -> None:
+            woken.wait(max(seconds, 0.0))
+            woken.clear()
+
+        try:
+            ready.wait(LISTEN_CONNECT_SECONDS)
+            yield wait
+        finally:
+            with self._lock:
+                self._waiters.discard(woken)
+                if not self._waiters and self._thread is thread:
+                    self._thread = None
+                    stop.set()
 
 
 @contextlib.contextmanager

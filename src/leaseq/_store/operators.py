@@ -198,6 +198,7 @@ class OperatorOperations(StoreBase):
             ),
             "actor": operator_input.actor(actor),
             "channel": self._notify_channel,
+            "results_channel": self.results_channel if self._notify_channel else None,
         }
 
         def decode(rows: list[Rows]) -> bool:
@@ -274,11 +275,12 @@ class OperatorOperations(StoreBase):
 
         return Operation((Statement(self.sql("job_result.sql"), {"job_id": checked}),), decode)
 
-    def await_result(self, job_id: int) -> Operation[None]:
-        """Mark the job as waited for: its end notifies the results channel."""
+    def await_result(self, job_id: int) -> Operation[bool]:
+        """Mark the job as waited for: its end notifies the results channel. False
+        while another transaction holds its row (not waited for: try again)."""
         return Operation(
             (Statement(self.sql("await_result.sql"), {"job_id": operator_input.job_id(job_id)}),),
-            ignore,
+            lambda rows: bool(rows[0][0][0]),
         )
 
     def list_jobs(

@@ -12,7 +12,8 @@
 -- replay waits until then (see replay.sql), and so does every job of its
 -- ordering key (the hold job_key_leave writes, migration 0014), and so does its
 -- concurrency slot (slot_hold, counted by the limited claims). One audit row
--- if it changed.
+-- if it changed. A job someone waits for (result_awaited) names itself on the
+-- results channel, as its completion or failure would.
 WITH target AS (
     SELECT j.job_id, j.status FROM {schema}.job AS j WHERE j.job_id = %(job_id)s
 ),
@@ -38,7 +39,7 @@ cancelled AS (
     -- The status the row had when this UPDATE took it (its new history entry
     -- says), not the statement snapshot's: a claim that committed while the
     -- cancel waited for the row made a running job of a queued one.
-    RETURNING j.job_id, j.queue, j.group_key, j.limited,
+    RETURNING j.job_id, j.queue, j.group_key, j.limited, j.result_awaited,
               j.history -> -1 ->> 'previous_status' AS previous_status,
               (j.history -> -1 ->> 'cut_lease_until')::timestamptz AS cut_lease_until
 ),
@@ -68,5 +69,8 @@ audit AS (
 )
 SELECT t.job_id, coalesce(cancelled.previous_status, t.status), cancelled.job_id IS NOT NULL AS changed,
        CASE WHEN cancelled.previous_status = 'running' AND %(channel)s::text IS NOT NULL
-            THEN pg_notify(%(channel)s::text, '!lost ' || cancelled.job_id) END
+            THEN pg_notify(%(channel)s::text, '!lost ' || cancelled.job_id) END,
+       -- Its waiters (wait_result marked it) learn now, not at their next look.
+       CASE WHEN cancelled.result_awaited AND %(results_channel)s::text IS NOT NULL
+            THEN pg_notify(%(results_channel)s::text, cancelled.job_id::text) END
 FROM target AS t LEFT JOIN cancelled ON cancelled.job_id = t.job_id
