@@ -6,6 +6,7 @@ waits its turn, as one enqueue does."""
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import tempfile
 import threading
@@ -170,3 +171,82 @@ def test_a_big_batch_in_an_open_transaction_has_its_keys_producers_wait_for_it(
         ).fetchone()
     assert row is not None
     assert row[0] == 1
+
+
+def test_big_and_small_unique_producers_racing_never_hold_a_key_twice(
+    database_url: str, queue: leaseq.Queue, connect: Connect
+) -> None:
+    """Batches over and under the size that takes the queue's turn whole, and
+    single enqueues, race over the same keys, a third of them rolled back: every
+    call returns (no deadlock), at no moment two unfinished jobs of one key, and
+    each committed call's ids are jobs that had their keys."""
+    schema = queue.schema
+    keys = [f"k:{n}" for n in range(1500)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    violations: list[Any] = []
+    committed: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def producer(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with leaseq.Queue(database_url, schema=schema) as client:
+                conn = connect()
+                for _ in range(12):
+                    size = rng.choice((1, 1, 50, 700))
+                    chosen = rng.sample(keys, size)
+                    rollback = rng.random() < 0.33
+                    try:
+                        with conn.transaction():
+                            if size == 1:
+                                ids = [client.enqueue("q", {}, unique_key=chosen[0], conn=conn)]
+                            else:
+                                ids = list(
+                                    client.enqueue_many(
+                                        "q", [{}] * size, unique_keys=chosen, conn=conn
+                                    )
+                                )
+                            if rollback:
+                                raise _Rollback
+                    except _Rollback:
+                        continue
+                    with lock:
+                        committed.extend(zip(chosen, ids, strict=True))
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    def checker() -> None:
+        with connect(autocommit=True) as conn:
+            while not stop.is_set():
+                rows = conn.execute(
+                    f'SELECT unique_key, count(*) FROM "{schema}".job'
+                    " WHERE status IN ('queued', 'running') GROUP BY unique_key"
+                    " HAVING count(*) > 1"
+                ).fetchall()
+                violations.extend(rows)
+                time.sleep(0.01)
+
+    producers = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
+    watch = threading.Thread(target=checker)
+    watch.start()
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join(120)
+    stop.set()
+    watch.join(30)
+    assert not any(thread.is_alive() for thread in producers), "a producer never returned"
+    assert not errors, errors
+    assert not violations, violations
+    with connect(autocommit=True) as conn:
+        holders = dict(
+            conn.execute(
+                f'SELECT job_id, unique_key FROM "{schema}".job WHERE queue = %s', ("q",)
+            ).fetchall()
+        )
+    assert all(holders.get(job_id) == key for key, job_id in committed)
+
+
+class _Rollback(Exception):
+    pass
