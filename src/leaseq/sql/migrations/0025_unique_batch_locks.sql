@@ -22,8 +22,9 @@ CREATE FUNCTION {schema}.unique_queue_lock_class() RETURNS integer
 
 -- The turn of a batch's keys, in one call (plpgsql: the locks are taken in
 -- this order whatever plan the calling statement gets): the queue's lock, then
--- the keys' in key order, so two batches that share keys never deadlock on
--- each other; or, past 500 keys, the queue's lock alone, exclusive.
+-- the keys' in key order (as batches of leaseq before 0025 take them, so
+-- that two batches that share keys never deadlock on each other during a
+-- rolling upgrade either); or, past 500 keys, the queue's lock alone, exclusive.
 CREATE FUNCTION {schema}.unique_take_turns(p_queue text, p_keys text[]) RETURNS void
     LANGUAGE plpgsql
     AS $$
