@@ -1,4 +1,4 @@
--- Enqueue one unique job (see enqueue_unique() in migration 0007): the
+-- Enqueue one unique job (enqueue_unique(), migrations 0007 and 0025): the
 -- holder's id and existing = true if a job of the queue holds the key, else
 -- the new job's id. It notifies only while a worker waits (migration 0020).
 SELECT u.job_id, u.existing
