@@ -4,7 +4,10 @@ retention, and the job table's vacuum when autovacuum is off.
 Every worker may run it; the one that takes the schema's session advisory lock
 leads, on a dedicated connection that it also reaps through, so leadership ends
 the moment that session does (crash, network loss, server restart) and another
-worker takes over. ``leaseq maintenance`` runs it as its own process.
+worker takes over. The server's end of that session probes its client (TCP
+keepalives, maintenance_keepalive.sql): the session of a leader whose host
+vanished ends within ~30 s, not after the OS's 2 hours. ``leaseq maintenance``
+runs it as its own process.
 
 Each round reaps, then applies the queues' retention (``AsyncQueue.prune``) one
 bounded batch at a time, ``prune_pause`` seconds apart so that autovacuum keeps
