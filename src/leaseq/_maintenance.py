@@ -12,7 +12,9 @@ runs it as its own process.
 Each round reaps, then applies the queues' retention (``AsyncQueue.prune``) one
 bounded batch at a time, ``prune_pause`` seconds apart so that autovacuum keeps
 up, for at most one ``interval``: a large backlog of finished jobs is worked off
-over many rounds and never delays the next reaping by more than that.
+over many rounds and never delays the next reaping by more than that. A batch
+waits for a lock ``PRUNE_LOCK_WAIT_SECONDS`` at most, then is left for the next
+round.
 
 The jobs the reaper fails are counted (``leaseq_jobs_finished_total``, outcome
 ``failed``) on the leader's metrics: no worker counts them, theirs died with
@@ -50,6 +52,10 @@ VACUUM_UNCOUNTED_SECONDS = 60.0
 MAX_INTERVAL_SECONDS = 86400.0
 #: The longest pause between retention batches (prune()'s own ``pause`` bound).
 MAX_PRUNE_PAUSE_SECONDS = 3600.0
+#: How long a retention batch of the leader waits for a lock at most: one held
+#: for long (an operator's CREATE INDEX on the archive) leaves retention for the
+#: next round, never holding up the reaper for as long as it lasts.
+PRUNE_LOCK_WAIT_SECONDS = 1.0
 
 
 class Maintenance:
@@ -96,6 +102,8 @@ class Maintenance:
         #: Jobs retention removed from the job table (deleted or archived) so far.
         self.pruned = 0
         self._warned_not_migrated = False
+        #: Whether the leader said its retention waits for a lock (said once a spell).
+        self._warned_lock_wait = False
         self._schema_checked = False
         #: When the next vacuum is due while dead rows are not counted.
         self._uncounted_vacuum_at = -math.inf
@@ -179,9 +187,10 @@ class Maintenance:
         """Retention batches until nothing is due, for one interval at most."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.interval
+        batch = self.queue._store.prune(limit=self.batch, lock_timeout=PRUNE_LOCK_WAIT_SECONDS)
         while True:
             try:
-                result = await self.queue.prune(batch=self.batch, max_batches=1)
+                result = await self.queue._run(batch)
             except NotMigrated as exc:
                 # A schema whose retention columns are gone though its migrations
                 # are recorded (edited by hand): keep reaping, say it once.
@@ -189,6 +198,14 @@ class Maintenance:
                     log.warning("retention waits for `leaseq migrate` (%s)", exc)
                     self._warned_not_migrated = True
                 return
+            except TransientError as exc:
+                # A lock it waited for too long (nothing written), or the database
+                # away: the reaper goes on (on its own session), retention next round.
+                if not self._warned_lock_wait:
+                    log.warning("retention left for the next round (%s)", exc)
+                    self._warned_lock_wait = True
+                return
+            self._warned_lock_wait = False
             self._log(result)
             if not result.more or loop.time() >= deadline:
                 return
