@@ -36,6 +36,7 @@ from ._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, Transient
 from ._health import TableCare
 from ._logs import get_logger
 from ._metrics import Metrics
+from ._statement import Operation
 from ._types import PruneResult, ReapResult
 from ._waiting import pause
 
@@ -56,6 +57,10 @@ MAX_PRUNE_PAUSE_SECONDS = 3600.0
 #: for long (an operator's CREATE INDEX on the archive) leaves retention for the
 #: next round, never holding up the reaper for as long as it lasts.
 PRUNE_LOCK_WAIT_SECONDS = 1.0
+#: How long the leader's VACUUM or ANALYZE of the job table waits for its lock at
+#: most (an operator's own VACUUM or CREATE INDEX CONCURRENTLY holds it): past
+#: that it is left for a later round, and the reaper goes on.
+VACUUM_LOCK_WAIT_SECONDS = 1.0
 
 
 class Maintenance:
@@ -109,6 +114,8 @@ class Maintenance:
         self._uncounted_vacuum_at = -math.inf
         #: Whether the leader said it may not vacuum the table (said once).
         self._told_not_ours = False
+        #: Whether the leader said its vacuum waits for a lock (said once a spell).
+        self._told_vacuum_waits = False
 
     async def run(self) -> None:
         """Lead when possible, reap and apply retention every ``interval`` seconds;
@@ -175,13 +182,32 @@ class Maintenance:
             self._uncounted_vacuum_at = now + VACUUM_UNCOUNTED_SECONDS
             care = TableCare.VACUUM
         if care is TableCare.VACUUM:
-            await session.run(self.queue._store.vacuum_job())
-            self.vacuums += 1
-            log.info("vacuumed %s.job: autovacuum is off for it", self.queue.schema)
-        elif care is TableCare.ANALYZE:
-            await session.run(self.queue._store.analyze_job())
+            if await self._with_lock_wait(session, self.queue._store.vacuum_job()):
+                self.vacuums += 1
+                log.info("vacuumed %s.job: autovacuum is off for it", self.queue.schema)
+        elif care is TableCare.ANALYZE and await self._with_lock_wait(
+            session, self.queue._store.analyze_job()
+        ):
             self.analyzes += 1
             log.info("analyzed %s.job: autovacuum is off for it", self.queue.schema)
+
+    async def _with_lock_wait(self, session: Session, operation: Operation[None]) -> bool:
+        """Run the VACUUM or ANALYZE ``operation``, waiting for the table's lock
+        VACUUM_LOCK_WAIT_SECONDS at most: True if it ran, False if left for later."""
+        store = self.queue._store
+        await session.run(store.vacuum_lock_timeout(VACUUM_LOCK_WAIT_SECONDS))
+        try:
+            await session.run(operation)
+        except TransientError as exc:
+            # The wait given up (or the session lost: then the reset below says so).
+            if not self._told_vacuum_waits:
+                log.warning("vacuum of %s.job left for later (%s)", self.queue.schema, exc)
+                self._told_vacuum_waits = True
+            return False
+        finally:
+            await session.run(store.vacuum_lock_timeout(None))
+        self._told_vacuum_waits = False
+        return True
 
     async def _prune(self) -> None:
         """Retention batches until nothing is due, for one interval at most."""
