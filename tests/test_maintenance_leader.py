@@ -142,3 +142,49 @@ async def test_the_server_lets_go_of_a_vanished_leaders_lock_within_a_minute(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+_HOLDERS = (
+    "SELECT l.pid FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.granted"
+    " AND l.classid::integer = hashtext('leaseq.maintenance.schema_oid')"
+    " AND l.objid = (SELECT oid FROM pg_namespace WHERE nspname = %s)"
+)
+
+
+async def test_a_leader_whose_session_is_killed_stops_leading_and_one_other_leads(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """pg_terminate_backend of the leader's session (its process lives on): the
+    lock goes with the session, one leader leads after it (never two holders),
+    and it reaps."""
+    keepers = [
+        leaseq.Maintenance(aqueue, interval=0.05, retention=False, vacuum=False) for _ in range(3)
+    ]
+    tasks = [asyncio.create_task(k.run()) for k in keepers]
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            deadline = time.monotonic() + 10
+            while not (holders := conn.execute(_HOLDERS, (schema,)).fetchall()):
+                assert time.monotonic() < deadline, "no leader"
+                await asyncio.sleep(0.02)
+            ((first,),) = holders
+            conn.execute("SELECT pg_terminate_backend(%s)", (first,))
+            deadline = time.monotonic() + 10
+            while [row[0] for row in conn.execute(_HOLDERS, (schema,)).fetchall()] in ([], [first]):
+                assert time.monotonic() < deadline, "no leader after the first one's session ended"
+                await asyncio.sleep(0.02)
+            for _ in range(20):
+                assert len(conn.execute(_HOLDERS, (schema,)).fetchall()) == 1
+                await asyncio.sleep(0.02)
+        (job_id,) = await aqueue.enqueue_many("q", [{}], max_attempts=1)
+        await aqueue.claim("q", lease=1)
+        await aset_clock_offset(aqueue, 5)
+        deadline = time.monotonic() + 10
+        while sum(k.reaped for k in keepers) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert (await aqueue.get(job_id)).status is JobStatus.FAILED
+        assert sum(k.leading for k in keepers) == 1
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
