@@ -203,11 +203,13 @@ class Maintenance:
             if not self._told_vacuum_waits:
                 log.warning("vacuum of %s.job left for later (%s)", self.queue.schema, exc)
                 self._told_vacuum_waits = True
-            return False
-        finally:
-            await session.run(store.vacuum_lock_timeout(None))
-        self._told_vacuum_waits = False
-        return True
+            ran = False
+        else:
+            self._told_vacuum_waits = False
+            ran = True
+        # Not in a `finally`: a cancelled task leaves, and its session closes with it.
+        await session.run(store.vacuum_lock_timeout(None))
+        return ran
 
     async def _prune(self) -> None:
         """Retention batches until nothing is due, for one interval at most."""
