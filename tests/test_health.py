@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 import leaseq
 from leaseq._cli import cli
+from leaseq.testing import aset_clock_offset
 
 from .clients import Client
 from .roles import restricted_roles
@@ -157,6 +158,57 @@ async def test_autovacuum_off_for_the_job_table_is_said_and_the_leader_vacuums_i
     assert job.last_vacuum is not None  # a manual vacuum: the leader's, not autovacuum's
     assert clean_enough(job)
     assert job.dead_tuples < 3000  # it did remove what it could
+
+
+@pytest.mark.xdist_group("cleanup_horizon")  # its vacuum must be able to remove dead rows
+async def test_a_vacuum_held_up_by_a_lock_never_stops_the_reaper(
+    aqueue: leaseq.AsyncQueue, queue: leaseq.Queue, connect: Connect, schema: str
+) -> None:
+    """With autovacuum off the leader vacuums the job table on its own session,
+    between reaping rounds. A VACUUM waits for the table's SHARE UPDATE EXCLUSIVE
+    lock, which an operator's own VACUUM or CREATE INDEX CONCURRENTLY of the table
+    holds for minutes or hours: the leader waited as long, and reaped nothing
+    meanwhile. What must hold: exhausted jobs are failed while such a lock is held,
+    and the leader vacuums once it is gone."""
+    with connect(autocommit=True) as conn:
+        conn.execute(f'ALTER TABLE "{schema}".job SET (autovacuum_enabled = false)')
+    _churn(queue, "reports", 3000)
+    _until_dead_rows(queue, lambda dead: dead > 3000, "counted")
+    maintenance = leaseq.Maintenance(aqueue, interval=0.05, retention=False)
+    task: asyncio.Task[None] | None = None
+    with connect() as blocker, connect(autocommit=True) as watcher:
+        try:
+            blocker.execute(f'LOCK TABLE "{schema}".job IN SHARE UPDATE EXCLUSIVE MODE')
+            task = asyncio.create_task(maintenance.run())
+            deadline = time.monotonic() + 10
+            waiting: list[object] = []
+            while not waiting and time.monotonic() < deadline:  # the leader's VACUUM waits
+                await asyncio.sleep(0.05)
+                waiting = watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    (f'VACUUM%"{schema}".job%',),
+                ).fetchall()
+            # Now a job's last attempt ends with its lease: the reaper's to fail.
+            (job_id,) = await aqueue.enqueue_many("q", [{}], max_attempts=1)
+            await aqueue.claim("q", lease=1)
+            await aset_clock_offset(aqueue, 5)
+            deadline = time.monotonic() + 10
+            while maintenance.reaped < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert (await aqueue.get(job_id)).status is leaseq.JobStatus.FAILED, (
+                "nothing reaped while the leader's vacuum waited for a lock"
+            )
+            blocker.rollback()
+            deadline = time.monotonic() + 30
+            while not maintenance.vacuums and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert maintenance.vacuums >= 1
+        finally:
+            blocker.rollback()
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_a_leader_that_may_not_vacuum_the_table_says_so_once_and_counts_no_vacuum(

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
@@ -715,6 +716,64 @@ async def test_maintenance_keeps_reaping_on_a_schema_without_retention(
     assert (await aqueue.get(job_id)).status is JobStatus.FAILED
     with pytest.raises(leaseq.NotMigrated):
         await aqueue.prune()
+
+
+@pytest.mark.xdist_group("cleanup_horizon")
+async def test_a_prune_held_up_by_a_lock_never_stops_the_reaper(
+    aqueue: leaseq.AsyncQueue, aclock: AsyncClock, database_url: str
+) -> None:
+    """An operator's lock on the archive (a CREATE INDEX for their own queries of it,
+    a VACUUM FULL) held the leader's retention batch waiting for as long as it
+    lasted, and the leader with it: no job was reaped meanwhile. What must hold:
+    while retention cannot get its locks, exhausted jobs are still failed; once
+    the lock is gone, retention is applied."""
+    await aqueue.configure_queue("archived", retain_done=60, retention_mode="archive")
+    (old,) = await aqueue.enqueue_many("archived", [{}])
+    await aqueue.complete_many(await aqueue.claim("archived"))
+    await aclock.advance(120)
+    blocker = await psycopg.AsyncConnection.connect(database_url)
+    maintenance = leaseq.Maintenance(aqueue, interval=0.05, prune_pause=0)
+    task: asyncio.Task[None] | None = None
+    try:
+        await blocker.execute(f'LOCK TABLE "{aqueue.schema}".job_archive IN SHARE MODE')
+        task = asyncio.create_task(maintenance.run())
+        async with (
+            asyncio.timeout(10),
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn,
+        ):
+            waiting: list[Any] = []
+            while not waiting:  # the leader's retention waits for the archive's lock
+                await asyncio.sleep(0.05)
+                cursor = await conn.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    (f'%"{aqueue.schema}"%',),
+                )
+                waiting = await cursor.fetchall()
+        # Now a job's last attempt ends with its lease: the reaper's to fail.
+        (job_id,) = await aqueue.enqueue_many("q", [{}], max_attempts=1)
+        await aqueue.claim("q", lease=1)
+        await aclock.advance(5)
+        try:
+            async with asyncio.timeout(10):
+                while maintenance.reaped < 1:
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            pass
+        assert (await aqueue.get(job_id)).status is JobStatus.FAILED, (
+            "nothing reaped while retention waited for a lock"
+        )
+        await blocker.rollback()
+        async with asyncio.timeout(10):
+            while maintenance.pruned < 1:
+                await asyncio.sleep(0.05)
+        with pytest.raises(JobNotFound):
+            await aqueue.get(old)
+    finally:
+        await blocker.close()
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def _plan(queue: leaseq.Queue, statement: Any) -> str:

@@ -4,12 +4,17 @@ retention, and the job table's vacuum when autovacuum is off.
 Every worker may run it; the one that takes the schema's session advisory lock
 leads, on a dedicated connection that it also reaps through, so leadership ends
 the moment that session does (crash, network loss, server restart) and another
-worker takes over. ``leaseq maintenance`` runs it as its own process.
+worker takes over. The server's end of that session probes its client (TCP
+keepalives, maintenance_keepalive.sql): the session of a leader whose host
+vanished ends within ~30 s, not after the OS's 2 hours. ``leaseq maintenance``
+runs it as its own process.
 
 Each round reaps, then applies the queues' retention (``AsyncQueue.prune``) one
 bounded batch at a time, ``prune_pause`` seconds apart so that autovacuum keeps
 up, for at most one ``interval``: a large backlog of finished jobs is worked off
-over many rounds and never delays the next reaping by more than that.
+over many rounds and never delays the next reaping by more than that. A batch
+waits for a lock ``PRUNE_LOCK_WAIT_SECONDS`` at most, then is left for the next
+round.
 
 The jobs the reaper fails are counted (``leaseq_jobs_finished_total``, outcome
 ``failed``) on the leader's metrics: no worker counts them, theirs died with
@@ -31,6 +36,7 @@ from ._errors import InvalidArgument, InvalidDatabaseURL, NotMigrated, Transient
 from ._health import TableCare
 from ._logs import get_logger
 from ._metrics import Metrics
+from ._statement import Operation
 from ._types import PruneResult, ReapResult
 from ._waiting import pause
 
@@ -47,6 +53,14 @@ VACUUM_UNCOUNTED_SECONDS = 60.0
 MAX_INTERVAL_SECONDS = 86400.0
 #: The longest pause between retention batches (prune()'s own ``pause`` bound).
 MAX_PRUNE_PAUSE_SECONDS = 3600.0
+#: How long a retention batch of the leader waits for a lock at most: one held
+#: for long (an operator's CREATE INDEX on the archive) leaves retention for the
+#: next round, never holding up the reaper for as long as it lasts.
+PRUNE_LOCK_WAIT_SECONDS = 1.0
+#: How long the leader's VACUUM or ANALYZE of the job table waits for its lock at
+#: most (an operator's own VACUUM or CREATE INDEX CONCURRENTLY holds it): past
+#: that it is left for a later round, and the reaper goes on.
+VACUUM_LOCK_WAIT_SECONDS = 1.0
 
 
 class Maintenance:
@@ -93,11 +107,15 @@ class Maintenance:
         #: Jobs retention removed from the job table (deleted or archived) so far.
         self.pruned = 0
         self._warned_not_migrated = False
+        #: Whether the leader said its retention waits for a lock (said once a spell).
+        self._warned_lock_wait = False
         self._schema_checked = False
         #: When the next vacuum is due while dead rows are not counted.
         self._uncounted_vacuum_at = -math.inf
         #: Whether the leader said it may not vacuum the table (said once).
         self._told_not_ours = False
+        #: Whether the leader said its vacuum waits for a lock (said once a spell).
+        self._told_vacuum_waits = False
 
     async def run(self) -> None:
         """Lead when possible, reap and apply retention every ``interval`` seconds;
@@ -164,21 +182,43 @@ class Maintenance:
             self._uncounted_vacuum_at = now + VACUUM_UNCOUNTED_SECONDS
             care = TableCare.VACUUM
         if care is TableCare.VACUUM:
-            await session.run(self.queue._store.vacuum_job())
-            self.vacuums += 1
-            log.info("vacuumed %s.job: autovacuum is off for it", self.queue.schema)
-        elif care is TableCare.ANALYZE:
-            await session.run(self.queue._store.analyze_job())
+            if await self._with_lock_wait(session, self.queue._store.vacuum_job()):
+                self.vacuums += 1
+                log.info("vacuumed %s.job: autovacuum is off for it", self.queue.schema)
+        elif care is TableCare.ANALYZE and await self._with_lock_wait(
+            session, self.queue._store.analyze_job()
+        ):
             self.analyzes += 1
             log.info("analyzed %s.job: autovacuum is off for it", self.queue.schema)
+
+    async def _with_lock_wait(self, session: Session, operation: Operation[None]) -> bool:
+        """Run the VACUUM or ANALYZE ``operation``, waiting for the table's lock
+        VACUUM_LOCK_WAIT_SECONDS at most: True if it ran, False if left for later."""
+        store = self.queue._store
+        await session.run(store.vacuum_lock_timeout(VACUUM_LOCK_WAIT_SECONDS))
+        try:
+            await session.run(operation)
+        except TransientError as exc:
+            # The wait given up (or the session lost: then the reset below says so).
+            if not self._told_vacuum_waits:
+                log.warning("vacuum of %s.job left for later (%s)", self.queue.schema, exc)
+                self._told_vacuum_waits = True
+            ran = False
+        else:
+            self._told_vacuum_waits = False
+            ran = True
+        # Not in a `finally`: a cancelled task leaves, and its session closes with it.
+        await session.run(store.vacuum_lock_timeout(None))
+        return ran
 
     async def _prune(self) -> None:
         """Retention batches until nothing is due, for one interval at most."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.interval
+        batch = self.queue._store.prune(limit=self.batch, lock_timeout=PRUNE_LOCK_WAIT_SECONDS)
         while True:
             try:
-                result = await self.queue.prune(batch=self.batch, max_batches=1)
+                result = await self.queue._run(batch)
             except NotMigrated as exc:
                 # A schema whose retention columns are gone though its migrations
                 # are recorded (edited by hand): keep reaping, say it once.
@@ -186,6 +226,14 @@ class Maintenance:
                     log.warning("retention waits for `leaseq migrate` (%s)", exc)
                     self._warned_not_migrated = True
                 return
+            except TransientError as exc:
+                # A lock it waited for too long (nothing written), or the database
+                # away: the reaper goes on (on its own session), retention next round.
+                if not self._warned_lock_wait:
+                    log.warning("retention left for the next round (%s)", exc)
+                    self._warned_lock_wait = True
+                return
+            self._warned_lock_wait = False
             self._log(result)
             if not result.more or loop.time() >= deadline:
                 return

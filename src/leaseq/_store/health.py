@@ -119,3 +119,12 @@ class HealthOperations(StoreBase):
 
     def analyze_job(self) -> Operation[None]:
         return Operation((Statement(self.sql("analyze_job.sql")),), ignore)
+
+    def vacuum_lock_timeout(self, seconds: float | None) -> Operation[None]:
+        """How long the session's next VACUUM or ANALYZE may wait for the table's
+        lock (None: as the connection set it)."""
+        if seconds is None:
+            return Operation((Statement(self.sql("vacuum_lock_timeout_reset.sql")),), ignore)
+        # Whole milliseconds, at least one: the server takes 0 as no timeout at all.
+        params = {"lock_timeout": f"{max(1, round(seconds * 1000))}ms"}
+        return Operation((Statement(self.sql("vacuum_lock_timeout.sql"), params),), ignore)

@@ -26,9 +26,15 @@ class SchemaOperations(StoreBase):
         return Statement(self.sql("reset_session.sql"))
 
     def maintenance_lock(self) -> Operation[bool]:
+        """Take the schema's leader lock if free, on a session whose server end notices
+        a vanished client within ~25 s (maintenance_keepalive.sql): True if taken."""
         params = {"schema_name": self.schema}
         return Operation(
-            (Statement(self.sql("maintenance_lock.sql"), params),), lambda r: bool(r[0][0][0])
+            (
+                Statement(self.sql("maintenance_keepalive.sql")),
+                Statement(self.sql("maintenance_lock.sql"), params),
+            ),
+            lambda r: bool(r[1][0][0]),
         )
 
     def migration_lock(self) -> Statement:
