@@ -126,3 +126,41 @@ async def test_a_handler_that_blocks_the_loop_past_its_timeout_still_timed_out(
     assert job.status is JobStatus.FAILED
     assert job.last_error == "timed out after 0.2s"
     assert worker.stats.timeouts == 1
+
+
+@pytest.mark.parametrize("how", ["converts its cancellation", "blocks the loop, then raises"])
+async def test_an_error_an_async_handler_ends_with_past_its_timeout_is_a_timeout(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, how: str
+) -> None:
+    """Past its timeout, what an async handler ends with is not its outcome, a
+    raise no more than a return (as for a sync handler's thread): it timed out,
+    a transient error. Taken as its own error, one its task fails on (here
+    ``fail_on=ValueError``) failed the job for good on its first attempt."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("late", timeout=0.2, max_attempts=2, backoff=(600, 600), fail_on=ValueError)
+    async def late(job: leaseq.JobContext) -> None:
+        if how == "converts its cancellation":
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                raise ValueError("interrupted") from None
+        time.sleep(0.5)  # never yields: no cancellation can reach it
+        raise ValueError("late")
+
+    job_id = await aqueue.enqueue("late", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False)
+    running = Running(worker)
+    try:
+        await _until(lambda: _attempt_ended(aqueue, job_id))
+    finally:
+        await running.stop()
+    job = await aqueue.get(job_id)
+    assert job.status is JobStatus.QUEUED  # retried (its backoff: not due yet)
+    assert job.last_error == "timed out after 0.2s"
+    assert worker.stats.timeouts == 1
+
+
+async def _attempt_ended(aqueue: leaseq.AsyncQueue, job_id: int) -> bool:
+    job = await aqueue.get(job_id)
+    return job.status is not JobStatus.RUNNING and job.last_error is not None

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .._waiting import cancelling
 from .context import JobContext
 from .threads import DaemonThreads
 
@@ -40,9 +41,19 @@ async def run_until(
     try:
         async with scope:
             returned = await awaitable
-    except TimeoutError:
-        if not scope.expired():
-            raise  # the handler's own
+    except TimedOut:
+        raise  # (a thread's, inside: told already)
+    except BaseException as error:
+        if isinstance(error, asyncio.CancelledError) and cancelling():
+            raise  # the worker's own cancellation (a stop, a lost lease): not a timeout
+        if not (scope.expired() or asyncio.get_running_loop().time() >= deadline):
+            raise  # the handler's own, in time (its own TimeoutError included)
+        # Its deadline's cancellation, or what the handler turned it into (a
+        # ValueError raised from an ``except CancelledError``), or an error it
+        # raised once it had blocked the loop past its deadline: out of time all
+        # the same. Taken as its own error, one its task fails on failed the job
+        # for good where a timeout retries it (as for a sync handler's thread,
+        # what a timed-out handler ends with is not its outcome).
         timed_out()
         raise TimedOut from None
     if scope.expired() or asyncio.get_running_loop().time() >= deadline:
