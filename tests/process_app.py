@@ -209,3 +209,10 @@ class Unreceivable:
 
     def __reduce__(self) -> Any:
         return (Unreceivable, (self.x,))
+
+
+def completes_then_changes_its_result(job: leaseq.JobContext) -> None:
+    """Completes with one result, then sets another (stored nowhere)."""
+    with job.transaction():
+        job.result = "committed"
+    job.result = "set after the commit"

@@ -548,3 +548,37 @@ async def test_a_stop_does_not_wait_for_the_after_hooks_of_a_recorded_outcome(
     assert queue.get(job_id).status is JobStatus.DONE
     assert not [r for r in caplog.records if "not acknowledged" in r.getMessage()]
     assert [r for r in caplog.records if "after hooks were still running" in r.getMessage()]
+
+
+def test_on_success_sees_the_result_the_jobs_completion_stored(
+    queue: leaseq.Queue, schema: str
+) -> None:
+    """A handler whose job.transaction() completed its job and that then changes
+    ``job.result`` (a second job.transaction(), refused with AlreadyCompleted and
+    rolled back; or a plain assignment after the block) stored the first value:
+    on_success must be told that one, never a result the job does not have."""
+    seen: dict[str, Any] = {}
+    app = leaseq.App(schema=schema)
+
+    @app.on_success
+    def success(job: leaseq.JobContext, result: Any) -> None:
+        seen[job.queue] = result
+
+    @app.task("twice")
+    def twice(job: leaseq.JobContext) -> None:
+        with job.transaction():
+            job.result = "committed"
+        with job.transaction():  # raises AlreadyCompleted: rolled back
+            job.result = "rolled back"
+
+    @app.task("after")
+    async def after(job: leaseq.JobContext) -> None:
+        async with job.atransaction():
+            job.result = "committed"
+        job.result = "set after the commit"
+
+    ids = {name: queue.enqueue(name, {}) for name in ("twice", "after")}
+    drain(app)
+    for name, job_id in ids.items():
+        assert queue.result(job_id) == "committed"
+        assert seen[name] == "committed"

@@ -701,3 +701,20 @@ def test_an_orphaned_child_whose_handler_answers_leaves_without_a_traceback(
     assert _rows(queue, "SELECT what FROM {schema}.seen") == [("started",), ("told",)]
     # Told, its attempt is lost: its completion refused, the job left to its lease.
     assert queue.get(job_id).status is JobStatus.RUNNING
+
+
+def test_on_success_sees_the_result_a_childs_completion_stored(
+    queue: leaseq.Queue, database_url: str, schema: str
+) -> None:
+    """The hooks are told the result the child's job.transaction() stored, not
+    the ``job.result`` it set afterwards (which the job does not have)."""
+    seen: list[Any] = []
+    app = leaseq.App(schema=schema)
+    app.on_success(lambda job, result: seen.append(result))
+    app.task("completes_then_changes_its_result", executor="process")(
+        process_app.completes_then_changes_its_result
+    )
+    job_id = queue.enqueue("completes_then_changes_its_result", {})
+    drain(app, dsn=database_url, timeout=60)
+    assert queue.result(job_id) == "committed"
+    assert seen == ["committed"]

@@ -132,7 +132,7 @@ class AttemptRunner:
                     await self._hooks.after(
                         attempt.context,
                         label,
-                        attempt.context.result,
+                        attempt.context.outcome_result,
                         error,
                         threads=self._hook_threads,
                         timeout=task.timeout_of(claim),

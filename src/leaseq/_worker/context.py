@@ -51,6 +51,10 @@ class JobContext:
         #: completes through it sets this inside the block; its return value
         #: comes too late for that completion).
         self.result: Any = None
+        #: ``result`` as it was when :meth:`transaction` committed the completion:
+        #: what the job stores. The handler may change ``result`` after the block
+        #: (a refused second transaction, a plain assignment): not the job's.
+        self._committed_result: Any = None
         self._sync = sync_queue
         self._async = async_queue
         self._transaction_open = False
@@ -241,4 +245,18 @@ class JobContext:
         then sends no acknowledgement of its own, and stops renewing the lease.
         (Without it the worker's acknowledgement recognises the committed
         completion and changes nothing.)"""
+        if not self.completed:  # (the result of the completion that committed)
+            self._committed_result = self.result
         self.completed = True
+
+    def _completed_with(self, result: Any) -> None:
+        """Said by the worker for a completion committed elsewhere (a process
+        handler's child), with the result that completion stored."""
+        self.result = self._committed_result = result
+        self.completed = True
+
+    @property
+    def outcome_result(self) -> Any:
+        """The job's result as acknowledged, for the on_success hooks: the one its
+        committed job.transaction() stored, else what the handler returned."""
+        return self._committed_result if self.completed else self.result

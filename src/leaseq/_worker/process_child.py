@@ -187,14 +187,15 @@ def _run_one(
     watcher = threading.Thread(target=_watch, args=(lost, context, watching), daemon=True)
     watcher.start()
     try:
+        returned = handler(context)
         answer: tuple[str, Any, bool, Any] = (
             "ok",
-            handler(context),
+            returned,
             context.completed,
-            context.result,
+            context.outcome_result,  # (when completed: the result its transaction stored)
         )
     except BaseException as exc:
-        answer = ("error", _sendable(exc), context.completed, context.result)
+        answer = ("error", _sendable(exc), context.completed, context.outcome_result)
     finally:
         watching.set()
         watcher.join()

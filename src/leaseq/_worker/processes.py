@@ -121,9 +121,8 @@ class ProcessPool:
         finally:
             self._give_back(child, reusable)
         kind, value, completed, result = answer
-        if completed:  # its job.transaction() committed the completion
-            context.result = result
-            context.mark_completed()
+        if completed:  # its job.transaction() committed the completion, with ``result``
+            context._completed_with(result)
         if kind == "error":
             raise value
         return value
