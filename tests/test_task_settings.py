@@ -104,3 +104,36 @@ def test_fail_on_and_retry_on_name_the_driver_errors_of_a_handlers_own_sql(
     assert queue.get(failed).status is JobStatus.FAILED  # fail_on: at once
     job = queue.get(retried)
     assert (job.status, job.attempts) == (JobStatus.QUEUED, 1)  # retry_on: again later
+
+
+def test_a_second_handler_for_a_queue_is_refused_however_it_is_declared() -> None:
+    """One queue, one handler: the second one declared (a decorator applied twice,
+    two declarations made before either was applied) silently replaced the first,
+    whose jobs then ran another function."""
+    app = leaseq.App()
+
+    def first(job: leaseq.JobContext) -> None: ...
+    def second(job: leaseq.JobContext) -> None: ...
+
+    declare = app.task("reports")
+    declare(first)
+    with pytest.raises(leaseq.InvalidArgument, match="already has a handler"):
+        declare(second)
+    early = leaseq.App()
+    one, other = early.task("reports"), early.task("reports")
+    one(first)
+    with pytest.raises(leaseq.InvalidArgument, match="already has a handler"):
+        other(second)
+    assert app.tasks["reports"].handler is first
+    assert early.tasks["reports"].handler is first
+
+
+def test_a_task_declared_without_its_queue_says_so() -> None:
+    """``@app.task`` without parentheses passes the function as the queue's name."""
+    app = leaseq.App()
+
+    def reports(job: leaseq.JobContext) -> None: ...
+
+    with pytest.raises(leaseq.InvalidArgument, match=r"@app.task\('queue'"):
+        app.task(reports)  # type: ignore[arg-type]
+    assert app.tasks == {}

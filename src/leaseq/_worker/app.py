@@ -97,9 +97,13 @@ class App:
         be a module-level function). What it returns (JSON, at most
         ``max_result_bytes``) is stored with the job's completion, its result.
         """
+        if callable(queue):  # ``@app.task`` without its parentheses
+            raise InvalidArgument(
+                "app.task takes the queue's name first: @app.task('queue', ...), "
+                f"got {getattr(queue, '__qualname__', type(queue).__name__)}"
+            )
         validate.queue_name(queue)
-        if queue in self.tasks:
-            raise InvalidArgument(f"queue {queue!r} already has a handler")
+        self._check_free(queue)
         if max_attempts is not None:
             validate.integer(max_attempts, "max_attempts", range(1, 1001))
         if backoff is not None:
@@ -125,6 +129,9 @@ class App:
 
         def register(handler: H) -> H:
             _check_callable(handler, f"the handler of queue {queue!r}")
+            # Again here: this decorator applied twice, or another declared for the
+            # queue before either was applied, replaced the first handler in silence.
+            self._check_free(queue)
             if executor == "process":
                 _check_process_handler(queue, handler)
             self.tasks[queue] = Task(
@@ -142,6 +149,10 @@ class App:
             return handler
 
         return register
+
+    def _check_free(self, queue: str) -> None:
+        if queue in self.tasks:
+            raise InvalidArgument(f"queue {queue!r} already has a handler")
 
     # -- hooks (see leaseq._worker.hooks: where each runs; a hook never changes
     #    or loses an outcome: what it raises is logged) -------------------------
