@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -163,4 +164,38 @@ async def test_an_error_an_async_handler_ends_with_past_its_timeout_is_a_timeout
 
 async def _attempt_ended(aqueue: leaseq.AsyncQueue, job_id: int) -> bool:
     job = await aqueue.get(job_id)
+    if job.status is JobStatus.DONE:
+        return True
     return job.status is not JobStatus.RUNNING and job.last_error is not None
+
+
+async def test_an_async_handler_that_swallows_its_timeout_is_told_and_cannot_complete(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """Past its timeout an attempt must stop: ``job.lost`` says so, and its
+    job.atransaction() refuses (as a sync handler's does). An async handler
+    that swallowed the cancellation saw ``job.lost`` unset and completed its
+    job after its time was up: a timed-out attempt recorded as done."""
+    app = leaseq.App(schema=schema)
+    told: list[bool] = []
+
+    @app.task("deaf", timeout=0.2, max_attempts=1)
+    async def deaf(job: leaseq.JobContext) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(5)
+        told.append(job.lost.is_set())
+        async with job.atransaction():
+            job.result = "completed past its timeout"
+
+    job_id = await aqueue.enqueue("deaf", {})
+    worker = leaseq.Worker(app, dsn=database_url, poll_interval=0.1, maintenance=False)
+    running = Running(worker)
+    try:
+        await _until(lambda: _attempt_ended(aqueue, job_id))
+    finally:
+        await running.stop()
+    job = await aqueue.get(job_id)
+    assert told == [True]
+    assert job.status is JobStatus.FAILED
+    assert job.last_error == "timed out after 0.2s"
+    assert worker.stats.timeouts == 1

@@ -37,6 +37,21 @@ async def run_until(
     past it, tell the attempt (``timed_out``) and raise TimedOut."""
     if deadline is None:
         return await awaitable
+    loop = asyncio.get_running_loop()
+    told = False
+
+    def tell() -> None:
+        nonlocal told
+        if not told:
+            told = True
+            timed_out()
+
+    # The attempt is told (job.lost) when its deadline passes, not once its
+    # handler has ended: an async handler that swallows the cancellation must
+    # find job.lost set and its job.atransaction() refused, as a sync one does.
+    # (Run in the same turn of the loop as the scope's cancellation, before the
+    # handler can see it.)
+    telling = loop.call_at(deadline, tell)
     scope = asyncio.timeout_at(deadline)
     try:
         async with scope:
@@ -46,7 +61,7 @@ async def run_until(
     except BaseException as error:
         if isinstance(error, asyncio.CancelledError) and cancelling():
             raise  # the worker's own cancellation (a stop, a lost lease): not a timeout
-        if not (scope.expired() or asyncio.get_running_loop().time() >= deadline):
+        if not (scope.expired() or loop.time() >= deadline):
             raise  # the handler's own, in time (its own TimeoutError included)
         # Its deadline's cancellation, or what the handler turned it into (a
         # ValueError raised from an ``except CancelledError``), or an error it
@@ -54,15 +69,17 @@ async def run_until(
         # the same. Taken as its own error, one its task fails on failed the job
         # for good where a timeout retries it (as for a sync handler's thread,
         # what a timed-out handler ends with is not its outcome).
-        timed_out()
+        tell()
         raise TimedOut from None
-    if scope.expired() or asyncio.get_running_loop().time() >= deadline:
+    finally:
+        telling.cancel()
+    if scope.expired() or loop.time() >= deadline:
         # The handler caught the cancellation its deadline sent and returned; or
         # it blocked the event loop past its deadline (a time.sleep, a blocking
         # client), so that the cancellation never came: it still ran out of time,
         # and what it ended with is not its outcome (as for a sync handler that
         # returns after its timeout).
-        timed_out()
+        tell()
         raise TimedOut
     return returned
 
