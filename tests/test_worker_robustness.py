@@ -85,6 +85,11 @@ def test_retry_requests_are_checked_where_they_are_made() -> None:
     assert (copy.delay, copy.reason) == (3, "later")
     with pytest.raises(leaseq.InvalidArgument, match="backoff cap"):
         leaseq.Backoff(0, 1e12)  # its delays would be refused by every retry
+    # The reason is the job's last error: None or an object recorded an empty
+    # error, or a repr of whatever it was, instead of saying why.
+    for reason in (None, 42, object(), b"later"):
+        with pytest.raises(leaseq.InvalidArgument, match="reason"):
+            leaseq.Retry(1, reason)  # type: ignore[arg-type]
 
 
 async def test_a_poisoned_outcome_is_reported_on_its_own_job_and_the_batch_lands(

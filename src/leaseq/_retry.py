@@ -23,6 +23,8 @@ class Retry(Exception):
         self.delay = (
             None if delay is None else validate.seconds(delay, "delay", validate.MAX_DELAY_SECONDS)
         )
+        if not isinstance(reason, str):  # the job's last error: a text that says why
+            raise InvalidArgument(f"reason must be a str, got {type(reason).__name__}")
         self.reason = reason
         super().__init__(reason)
 
