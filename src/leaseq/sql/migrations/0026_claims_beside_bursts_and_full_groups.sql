@@ -1,6 +1,16 @@
--- leaseq migration 0026: a claim that made its most deferred jobs ready
--- still starts the other groups' ready jobs.
+-- leaseq migration 0026: a tenant's burst holds up no other tenant's jobs.
 --
+-- 1. Expired leases of full groups. A claim reads the oldest expired leases
+-- (its limit plus 100) and passes over those whose group has no room: a dead
+-- worker's 150 jobs of one tenant, whose group is at its limit once one is
+-- recovered, filled that read in every claim, and another tenant's expired
+-- lease behind them was never recovered until the first tenant's had all run
+-- again. Now the claim reads again, the groups found without room left out
+-- (ten reads at most, each only after one that was full and found such
+-- groups).
+--
+-- 2. A claim that made its most deferred jobs ready still starts the other
+-- groups' ready jobs.
 -- Each grouped claim makes the deferred jobs now due ready, 1,000 at most
 -- (0017), and takes in their groups only the jobs before the first of them
 -- (0022). A claim that made its most ready took no job at all: due jobs still
@@ -84,6 +94,12 @@ DECLARE
     late_id bigint;
     k integer;
     cand record;
+    -- The expired leases' passes (0026): the groups found without room, and
+    -- what the last pass read.
+    full_groups text[] := '{}';
+    new_full boolean;
+    passes integer := 0;
+    read_n integer;
 BEGIN
     INSERT INTO {schema}.claim_turn AS t (queue) VALUES (p_queue) ON CONFLICT (queue) DO NOTHING;
     SELECT * INTO turn FROM {schema}.claim_turn AS t WHERE t.queue = p_queue FOR UPDATE;
@@ -143,16 +159,25 @@ BEGIN
     END IF;
 
     -- Expired leases first: their jobs run again, each within its group's room.
-    IF budget > 0 THEN
+    -- In passes (0026): a group found without room is left out of the next
+    -- pass, so that its expired leases (a dead worker's hundreds of one
+    -- tenant's jobs) do not fill every read and hold up the other groups'.
+    WHILE budget > 0 AND passes < 10 LOOP
+        passes := passes + 1;
+        read_n := 0;
+        new_full := false;
         FOR cand IN
             SELECT j.job_id, j.group_key, j.lease_until, j.ordering_key
             FROM {schema}.job AS j
             WHERE j.queue = p_queue AND j.status = 'running' AND j.lease_until <= now_
               AND j.attempts < j.max_attempts
+              AND j.job_id <> ALL (picked)
+              AND (j.group_key IS NULL OR j.group_key <> ALL (full_groups))
             ORDER BY j.lease_until, j.job_id
             LIMIT p_limit + 100
             FOR UPDATE OF j SKIP LOCKED
         LOOP
+            read_n := read_n + 1;
             EXIT WHEN budget <= 0;
             -- Put back before it counts against any room or rate window: it
             -- does not start.
@@ -165,6 +190,10 @@ BEGIN
                 taken := CASE WHEN i IS NULL THEN 0 ELSE taken_counts[i] END;
                 IF {schema}.group_room(q, cand.group_key, taken, now_, rate_now) <= 0 THEN
                     held_back := true;
+                    IF cand.group_key <> ALL (full_groups) THEN
+                        full_groups := full_groups || cand.group_key;
+                        new_full := true;
+                    END IF;
                     IF q.rate_limit_per_group IS NOT NULL THEN
                         -- (Its group may have no queued job, which the walk
                         -- would see: without this, no wait was said at all.)
@@ -187,7 +216,10 @@ BEGIN
             picked := picked || cand.job_id;
             budget := budget - 1;
         END LOOP;
-    END IF;
+        -- Again only if this read was full and found groups without room
+        -- (a put-back ends the walk anyway).
+        EXIT WHEN read_n < p_limit + 100 OR NOT new_full OR requeued;
+    END LOOP;
 
     -- Then the participants in turn, from the one after the last served.
     pos := turn.turn_after;
