@@ -491,6 +491,25 @@ def test_thousands_of_groups_coming_due_at_once_each_start_once(
 # -- rate limits -------------------------------------------------------------------
 
 
+def test_a_full_groups_expired_leases_hold_up_no_other_groups_recovery(
+    client: Client, clock: Clock
+) -> None:
+    """A worker died holding 150 jobs of one tenant and one of another: once the
+    first tenant is at its limit again, the other's expired lease is recovered all
+    the same. (The claim read the oldest expired leases, its limit plus 100, and
+    passed over those of full groups: the other tenant's lease was never read.)"""
+    client.enqueue_many("mail", [{}] * 150, group="big")
+    assert len(client.claim("mail", limit=150, lease=1)) == 150
+    small = client.enqueue("mail", {}, group="small")
+    client.claim("mail", limit=1, lease=1)
+    client.configure_queue("mail", max_running_per_group=1)
+    clock.advance(5)  # every lease has expired
+    claims = client.claim("mail", limit=5, lease=600)
+    claims += client.claim("mail", limit=5, lease=600)
+    assert small in {c.job_id for c in claims}, [c.group for c in claims]
+    assert Counter(c.group for c in claims)["big"] == 1
+
+
 def test_a_rate_limit_lets_at_most_its_starts_through_per_window(
     client: Client, clock: Clock
 ) -> None:

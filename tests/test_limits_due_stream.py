@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from .clients import Client
+from .conftest import Clock
 
 #: Jobs, groups, and the seconds over which they come due: two a millisecond,
 #: so that every claim statement finds some that came due since the last one.
@@ -61,3 +62,34 @@ def test_jobs_coming_due_all_the_time_never_stop_the_claims(client: Client) -> N
             claimed += len(claims)
     assert empty == [], f"{len(empty)} claims started nothing while jobs were ready"
     assert claimed, "the stream ended before the first claim"
+
+
+def test_a_tenants_huge_burst_coming_due_holds_up_no_other_tenants_ready_job(
+    client: Client, clock: Clock
+) -> None:
+    """One tenant's 12,000 jobs come due at once (a nightly batch, retries after an
+    outage) beside another tenant's job that is ready: the first claim() starts the
+    latter. A claim makes due jobs ready 1,000 at a time and, once it had made its
+    most, took no job at all: claim() came back empty (eleven statements), and the
+    other tenants waited until the whole burst had been made ready."""
+    client.enqueue_many("mail", [{}] * 12_000, group="big", delay=60)
+    clock.advance(61)
+    small = client.enqueue("mail", {}, group="small")
+    claims = client.claim("mail", limit=10)
+    assert small in {c.job_id for c in claims}, [c.group for c in claims]
+
+
+def test_a_due_job_not_yet_made_ready_keeps_its_priority_in_its_group(
+    client: Client, clock: Clock
+) -> None:
+    """The claim makes due jobs ready oldest first, 1,000 at most: a job of the group
+    due later but of a higher priority may still wait to be made ready, and no job of
+    a lower priority of its group starts ahead of it."""
+    client.enqueue_many("mail", [{}] * 1_000, group="a", delay=60)
+    # Due just after the thousand, which are made ready first.
+    high = client.enqueue("mail", {"p": "high"}, group="a", priority=9, delay=61)
+    clock.advance(62)
+    middle = client.enqueue("mail", {"p": "middle"}, group="a", priority=5)
+    first = client.claim("mail", limit=1)
+    assert [c.job_id for c in first] == [high], [c.priority for c in first]
+    assert middle not in {c.job_id for c in first}

@@ -91,6 +91,18 @@ async def test_overview_shows_each_queue(browser: Browser, jobs: Jobs) -> None:
     assert "≈" not in page.split("Counts marked")[0]
 
 
+async def test_the_overview_says_which_limit_each_number_is(
+    browser: Browser, jobs: Jobs, queue: leaseq.Queue
+) -> None:
+    """A per-group running limit alone read "Limits · 2 per group": a dangling
+    separator, and no word of what the 2 counts (running jobs, not starts)."""
+    queue.configure_queue("emails", max_running_per_group=2)
+    queue.configure_queue("reports", max_running=5, rate_limit_per_group=(600, 60))
+    page = text_of((await browser.get("/")).text)
+    assert "Limits 2 running per group" in page
+    assert "Limits 5 running · 600 starts per group per 1m" in page
+
+
 async def test_the_overview_of_thousands_of_queues_shows_those_with_work(
     browser: Browser, queue: leaseq.Queue
 ) -> None:
