@@ -261,6 +261,15 @@ class Abandoned:
     """A statement of the claim loop cancelled past a stop's grace."""
 
 
+#: How long a cancelled statement of the claim loop may take to end at a stop
+#: before it is cancelled again. psycopg answers a cancellation by asking the
+#: server to cancel the query (5 s at most) and then waiting for the query to end
+#: (5 s more): with the server silent, 10 s past the grace, on top of the stop's
+#: documented bound (the releases' 10 s and the close's 5 s). Cancelled again,
+#: it closes the connection at once.
+ABANDON_WAIT = 1.0
+
+
 def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:
     if not claiming.done():
         log.warning(
@@ -269,6 +278,14 @@ def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:
         )
         # psycopg cancels the statement: it rolls back, claiming nothing (a claim that
         # had committed all the same is given back by the client before it ends).
+        claiming.cancel()
+        claiming.get_loop().call_later(ABANDON_WAIT, _abandon_for_good, claiming)
+
+
+def _abandon_for_good(claiming: asyncio.Future[Any]) -> None:
+    """The server has not ended the cancelled statement (it does not answer): a
+    second cancellation makes psycopg close the connection rather than wait."""
+    if not claiming.done():
         claiming.cancel()
 
 

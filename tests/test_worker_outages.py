@@ -1,0 +1,65 @@
+"""The worker through database outages, as an operator meets them: a blackholed
+database at the stop, killed service connections mid-drain, what the logs say."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import leaseq
+
+from .frozen_proxy import frozen_proxy
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _until(condition: object, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not callable(condition) or not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not reached in time: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stop_with_a_claim_hung_on_a_silent_database_keeps_the_documented_bound(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """README: with the database unreachable at the stop, the grace, then 10 s at
+    most for the releases and 5 more to close the connections. The claim in
+    flight at the stop gets the grace, then is cancelled: its cancellation must
+    not wait on the silent server too (psycopg waits 5 s for the cancel request,
+    then 5 s for the query to end), or a container's SIGKILL comes first."""
+    app = leaseq.App(schema=schema)
+    started = asyncio.Event()
+
+    @app.task("work", lease=60)
+    async def work(job: leaseq.JobContext) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    await aqueue.enqueue("work", {})
+    with frozen_proxy(database_url) as proxy:
+        worker = leaseq.Worker(
+            app,
+            dsn=proxy.url,
+            concurrency=2,  # a free slot: the worker polls for it
+            poll_interval=0.1,
+            shutdown_grace=1,
+            maintenance=False,
+            metrics=None,
+        )
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 30)
+        proxy.frozen.set()
+        claims = worker._claims
+        assert claims is not None
+        # A claim for the free slot goes out and never comes back.
+        await _until(lambda: claims._claiming is not None, "a claim in flight")
+        stopped_at = time.monotonic()
+        worker.request_stop()
+        await asyncio.wait_for(running, 90)
+        took = time.monotonic() - stopped_at
+    # The grace, the releases (10 s) and a second for stragglers, the close (5 s); slack.
+    assert took < 1 + 10 + 1 + 5 + 3, took
