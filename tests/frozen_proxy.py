@@ -1,7 +1,8 @@
 """A proxy to the test's PostgreSQL that can freeze: frozen, it keeps every
 connection open and forwards nothing, and takes new connections without ever
 answering them (a network partition where the kernel still acknowledges, a
-server that stopped answering)."""
+server that stopped answering). Or go down: every connection is cut, and new
+ones are closed at once (a server restarting, a failover), until it is up again."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class FrozenProxy:
             f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
         )
         self.frozen = threading.Event()
+        self.refusing = threading.Event()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -34,6 +36,19 @@ class FrozenProxy:
     def url(self) -> str:
         """The test database's URL, through the proxy."""
         return make_conninfo(self._url, host="127.0.0.1", port=str(self.port))
+
+    def go_down(self) -> None:
+        """Cut every connection and close new ones at once, until :meth:`come_up`."""
+        self.refusing.set()
+        for sock in list(self._sockets):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._sockets.clear()
+
+    def come_up(self) -> None:
+        self.refusing.clear()
 
     def close(self) -> None:
         self._closed.set()
@@ -47,6 +62,9 @@ class FrozenProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing.is_set():
+                client.close()
+                continue
             self._sockets.append(client)
             if self.frozen.is_set():
                 continue  # held open, never answered

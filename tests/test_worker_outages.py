@@ -63,3 +63,50 @@ async def test_a_stop_with_a_claim_hung_on_a_silent_database_keeps_the_documente
         took = time.monotonic() - stopped_at
     # The grace, the releases (10 s) and a second for stragglers, the close (5 s); slack.
     assert took < 1 + 10 + 1 + 5 + 3, took
+
+
+async def test_jobs_claimed_as_the_database_comes_back_keep_their_whole_lease(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The database goes away (a restart, a failover) for longer than a lease
+    while an idle worker's claim waits for a connection; then it comes back. The
+    claim's leases start when it reaches the server, not when the worker began
+    to wait: the jobs it takes must run under their lease, not be lost at once
+    (their handlers stopped, an attempt spent, the jobs idle until the leases
+    end)."""
+    app = leaseq.App(schema=schema)
+    ran: list[tuple[int, int]] = []
+
+    @app.task("work", lease=3)
+    async def work(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(0.2)
+        ran.append((job.job_id, job.attempts))
+
+    with frozen_proxy(database_url) as proxy:
+        worker = leaseq.Worker(
+            app,
+            dsn=proxy.url,
+            concurrency=2,
+            poll_interval=0.1,
+            listen=False,  # (no wake-up entry to check first: the claim itself waits)
+            maintenance=False,
+            metrics=None,
+        )
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: worker.stats.claim_statements > 0, "a first claim")
+            proxy.go_down()
+            claims = worker._claims
+            assert claims is not None
+            await _until(lambda: claims._claiming is not None, "a claim waiting")
+            ids = await aqueue.enqueue_many("work", [{}, {}])
+            await asyncio.sleep(4)  # longer than the lease: the claim still waits
+            proxy.come_up()
+            await _until(lambda: len(ran) == 2, "both jobs ran")
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(running, 60)
+    assert worker.stats.lost_leases == 0
+    for job_id in ids:
+        job = await aqueue.get(job_id)
+        assert (job.status, job.attempts) == (leaseq.JobStatus.DONE, 1)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from .. import _tracing
 from .._async_client import AsyncQueue
 from .._errors import InvalidDatabaseURL, TransientError
+from .._lends import noting_first_lend
 from .._logs import get_logger
 from .._metrics import Metrics
 from .._sync_client import Queue
@@ -222,9 +223,10 @@ class ClaimLoop:
         task = self._tasks[name]
         started = time.perf_counter()
         sent = time.monotonic()  # the leases run from no earlier than this
-        claiming = asyncio.ensure_future(
-            self._client.claim(name, limit=limit, lease=task.lease or self._lease)
-        )
+        with noting_first_lend() as lent:  # ... nor than this, after any wait for a connection
+            claiming = asyncio.ensure_future(
+                self._client.claim(name, limit=limit, lease=task.lease or self._lease)
+            )
         self._claiming = claiming
         try:
             claims = await claiming
@@ -250,7 +252,9 @@ class ClaimLoop:
         traced = _tracing.active() if claims else False
         for claim in claims:
             context = JobContext(claim, self._handlers, self._handlers_async, task.max_result_bytes)
-            attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
+            attempt = self._attempts.add(
+                claim, context, lease_from=lent.at or sent, cancellable=task.is_async
+            )
             self._runner.start(attempt, task, traced=traced)
             started_now.append(attempt)
         self._leases.attempts_started(started_now)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 from .._async_client import AsyncQueue
 from .._errors import LeaseqError, TransientError
+from .._lends import noting_first_lend
 from .._logs import get_logger
 from .._types import RENEWAL_BUSY, JobStatus
 from .._waiting import wait_for_event
@@ -110,7 +111,10 @@ class LeaseKeeper:
         for attempt in due:
             attempt.check_now = False
         try:
-            results = await self._queue.renew_many([r.claim for r in due])
+            # The renewed leases run from no earlier than the connection's lend,
+            # after any wait for one (the database away: _lends).
+            with noting_first_lend() as lent:
+                results = await self._queue.renew_many([r.claim for r in due])
         except TransientError as exc:
             self._stats.database_errors += 1
             log.warning("lease renewal failed (%s); retrying", exc)
@@ -120,7 +124,7 @@ class LeaseKeeper:
             if until is RENEWAL_BUSY:
                 self._stats.renewals_busy += 1  # locked elsewhere right now: next tick
             elif until is not None:
-                attempt.lease_from = max(attempt.lease_from, sent)
+                attempt.lease_from = max(attempt.lease_from, lent.at or sent)
             elif _kept(attempt) and not attempt.acknowledging:
                 # (an acknowledged job is no longer running: its own outcome tells)
                 refused.append(attempt)
