@@ -4,6 +4,7 @@ database at the stop, killed service connections mid-drain, what the logs say.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -110,3 +111,53 @@ async def test_jobs_claimed_as_the_database_comes_back_keep_their_whole_lease(
     for job_id in ids:
         job = await aqueue.get(job_id)
         assert (job.status, job.attempts) == (leaseq.JobStatus.DONE, 1)
+
+
+def _outage_lines(records: list[logging.LogRecord]) -> list[str]:
+    """What was logged, at INFO or above, that is not about one job (a lost
+    lease is said once per job, and should be)."""
+    return [
+        f"{r.name}: {r.getMessage()}"
+        for r in records
+        if r.levelno >= logging.INFO
+        and r.name.startswith(("leaseq.worker", "psycopg"))
+        and getattr(r, "job_id", None) is None
+    ]
+
+
+async def test_an_outage_is_said_once_and_its_end_once_not_once_per_retry(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database goes away for a while, jobs running: every service of the
+    worker retries (claims, renewals, acknowledgements, LISTEN, the pools'
+    connection attempts). An operator reading the log must see that the
+    database went away and when it came back, not a line per retry of each."""
+    app = leaseq.App(schema=schema)
+
+    @app.task("work", lease=30)
+    async def work(job: leaseq.JobContext) -> None:
+        await asyncio.sleep(job.payload["seconds"])
+
+    await aqueue.enqueue_many("work", [{"seconds": 0.05}] * 200 + [{"seconds": 3}] * 2)
+    caplog.set_level(logging.INFO)
+    with frozen_proxy(database_url) as proxy:
+        worker = leaseq.Worker(
+            app, dsn=proxy.url, concurrency=4, poll_interval=0.2, maintenance=False, metrics=None
+        )
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: worker.stats.completed > 20, "jobs done")
+            caplog.clear()
+            proxy.go_down()
+            await asyncio.sleep(12)
+            during = _outage_lines(caplog.records)
+            caplog.clear()
+            proxy.come_up()
+            await _until(lambda: worker.stats.completed >= 202, "every job done", timeout=60)
+            after = _outage_lines(caplog.records)
+        finally:
+            worker.request_stop()
+            await asyncio.wait_for(running, 60)
+    assert any("unreachable" in line for line in during), during
+    assert len(during) <= 3, during
+    assert any("reachable again" in line for line in after), after

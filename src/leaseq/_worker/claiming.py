@@ -32,6 +32,7 @@ from .attempt import AttemptRunner
 from .context import JobContext
 from .hints import WorkHints
 from .leases import LeaseKeeper
+from .outage import Outage
 from .outcomes import ACKNOWLEDGEMENT_WAIT
 from .registry import AttemptRegistry
 from .state import WorkerStats
@@ -64,7 +65,9 @@ class ClaimLoop:
         leases: LeaseKeeper,
         stats: WorkerStats,
         metrics: Metrics | None,
+        outage: Outage | None = None,
     ) -> None:
+        self._outage = outage or Outage()
         self._client = client
         self._handlers = handlers
         self._handlers_async = handlers_async
@@ -142,7 +145,7 @@ class ClaimLoop:
                 raise  # a setup error: no retry can connect with it
             except TransientError as exc:
                 self._stats.database_errors += 1
-                log.warning("claim failed (%s); retrying", exc)
+                self._outage.failed("claims", exc)
                 await self._attempts.sleep_until_woken(
                     self._poll_interval * random.uniform(0.5, 1.5)
                 )
@@ -237,6 +240,7 @@ class ClaimLoop:
         finally:
             self._claiming = None
         elapsed = time.perf_counter() - started
+        self._outage.answered()
         self._stats.claim_statements += 1
         self._stats.claim_seconds += elapsed
         self._stats.claimed += len(claims)

@@ -41,6 +41,7 @@ from .._lends import noting_first_lend
 from .._logs import get_logger
 from .._types import RENEWAL_BUSY, JobStatus
 from .._waiting import wait_for_event
+from .outage import Outage
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
 
@@ -57,7 +58,9 @@ class LeaseKeeper:
         *,
         renew_fraction: float,
         stats: WorkerStats,
+        outage: Outage | None = None,
     ) -> None:
+        self._outage = outage or Outage()
         self._queue = queue
         self._attempts = attempts
         self._renew_fraction = renew_fraction
@@ -117,8 +120,9 @@ class LeaseKeeper:
                 results = await self._queue.renew_many([r.claim for r in due])
         except TransientError as exc:
             self._stats.database_errors += 1
-            log.warning("lease renewal failed (%s); retrying", exc)
+            self._outage.failed("lease renewals", exc)
             return  # the deadlines stand; the next tick tries again
+        self._outage.answered()
         refused: list[Attempt] = []
         for attempt, (_, until) in zip(due, results, strict=True):
             if until is RENEWAL_BUSY:
