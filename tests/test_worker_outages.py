@@ -10,6 +10,7 @@ import time
 import pytest
 
 import leaseq
+from leaseq._worker import runner
 
 from .frozen_proxy import frozen_proxy
 
@@ -161,3 +162,48 @@ async def test_an_outage_is_said_once_and_its_end_once_not_once_per_retry(
     assert any("unreachable" in line for line in during), during
     assert len(during) <= 3, during
     assert any("reachable again" in line for line in after), after
+
+
+async def test_a_stop_with_the_database_silent_does_not_blame_handlers_waiting_on_it(
+    aqueue: leaseq.AsyncQueue,
+    database_url: str,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An async handler is inside its job.atransaction(), waiting on a query,
+    when the database stops answering and the worker is stopped. Cancelled, it
+    stops, but psycopg first asks the silent server to cancel the query (5 s),
+    then waits for it (5 s more). The worker took it for a handler that swallows
+    its cancellation and said so (an ERROR sending the operator to the code);
+    its job must be given back or left to its lease, and the log must not blame
+    the handler."""
+    app = leaseq.App(schema=schema)
+    querying = asyncio.Event()
+
+    @app.task("work", lease=60)
+    async def work(job: leaseq.JobContext) -> None:
+        async with job.atransaction() as conn:
+            querying.set()
+            await conn.execute("SELECT pg_sleep(20)")
+
+    await aqueue.enqueue("work", {})
+    monkeypatch.setattr(runner, "ACKNOWLEDGEMENT_WAIT", 2.0)  # (the release is not answered)
+    caplog.set_level(logging.INFO)
+    with frozen_proxy(database_url) as proxy:
+        worker = leaseq.Worker(
+            app,
+            dsn=proxy.url,
+            concurrency=1,
+            poll_interval=0.1,
+            shutdown_grace=0.5,
+            maintenance=False,
+            metrics=None,
+        )
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(querying.wait(), 30)
+        await asyncio.sleep(0.2)  # the query is on its way
+        proxy.frozen.set()
+        worker.request_stop()
+        await asyncio.wait_for(running, 60)
+    assert "did not stop when cancelled" not in caplog.text

@@ -354,7 +354,9 @@ class Worker:
                 work=self._work_hint,
                 lost=self._leases.check_now,
                 stats=self.stats,
-                outage=self._outage,
+                # Another database (--listen-database-url): its outages are its own;
+                # shared, each of its retries ended the other services' outage.
+                outage=self._outage if self.listen_dsn == self.dsn else Outage(),
             )
         if self._wake.enabled:
             services["wake-entries"] = self._wake.keep_fresh(self._work_hint)
