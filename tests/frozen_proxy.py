@@ -1,7 +1,8 @@
 """A proxy to the test's PostgreSQL that can freeze: frozen, it keeps every
 connection open and forwards nothing, and takes new connections without ever
 answering them (a network partition where the kernel still acknowledges, a
-server that stopped answering). Or go down: every connection is cut, and new
+server that stopped answering). Or hold only the connections open now, new
+ones passing (a NAT failover). Or go down: every connection is cut, and new
 ones are closed at once (a server restarting, a failover), until it is up again."""
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class FrozenProxy:
         )
         self.frozen = threading.Event()
         self.refusing = threading.Event()
+        #: The sockets of connections held (no byte forwarded) while new ones flow.
+        self._held: set[socket.socket] = set()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -46,6 +49,12 @@ class FrozenProxy:
             with contextlib.suppress(OSError):
                 sock.close()
         self._sockets.clear()
+
+    def hold_open_connections(self) -> None:
+        """Forward nothing more on the connections open now, and let new ones
+        through (a NAT or load balancer failover: the flows it knew are gone
+        without a reset, new ones pass)."""
+        self._held.update(self._sockets)
 
     def come_up(self) -> None:
         self.refusing.clear()
@@ -84,7 +93,7 @@ class FrozenProxy:
     def _pipe(self, source: socket.socket, target: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                while self.frozen.is_set() and not self._closed.is_set():
+                while (self.frozen.is_set() or source in self._held) and not self._closed.is_set():
                     time.sleep(0.05)  # held, never forwarded while frozen
                 target.sendall(data)
 

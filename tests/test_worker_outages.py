@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import pytest
@@ -207,3 +208,54 @@ async def test_a_stop_with_the_database_silent_does_not_blame_handlers_waiting_o
         worker.request_stop()
         await asyncio.wait_for(running, 60)
     assert "did not stop when cancelled" not in caplog.text
+
+
+async def test_a_renewal_stuck_on_a_dead_connection_is_sent_again_on_a_new_one(
+    aqueue: leaseq.AsyncQueue, database_url: str, schema: str
+) -> None:
+    """The worker's connections go silent (a NAT or load balancer failover drops
+    the flows it knew, without a reset), while new connections reach the
+    database. The renewal in flight waits on its dead connection until the
+    kernel gives up (the TCP user timeout, 30 s): every running job's lease
+    passed meanwhile, their handlers stopped, with the database there all along.
+    A renewal that does not answer in time must be sent again on a new
+    connection."""
+    app = leaseq.App(schema=schema)
+    started = threading.Event()
+    over = threading.Event()
+    told: list[int] = []
+
+    @app.task("work", lease=3)
+    def work(job: leaseq.JobContext) -> None:
+        started.set()
+        while not over.is_set():
+            if job.lost.wait(0.05):
+                told.append(job.job_id)
+                return
+
+    job_id = await aqueue.enqueue("work", {})
+    with frozen_proxy(database_url) as proxy:
+        worker = leaseq.Worker(
+            app,
+            dsn=proxy.url,
+            concurrency=1,
+            listen=False,
+            shutdown_grace=1,
+            maintenance=False,
+            metrics=None,
+        )
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.wait_for(asyncio.to_thread(started.wait, 30), 35)
+            claimed = (await aqueue.get(job_id)).lease_until
+            deadline = time.monotonic() + 30
+            while (await aqueue.get(job_id)).lease_until == claimed:  # the renewals' session
+                assert time.monotonic() < deadline, "no renewal"
+                await asyncio.sleep(0.05)
+            proxy.hold_open_connections()
+            await asyncio.sleep(6)  # two leases
+        finally:
+            over.set()
+            worker.request_stop()
+            await asyncio.wait_for(running, 60)
+    assert told == []

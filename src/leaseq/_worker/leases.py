@@ -40,7 +40,7 @@ from .._errors import LeaseqError, TransientError
 from .._lends import noting_first_lend
 from .._logs import get_logger
 from .._types import RENEWAL_BUSY, JobStatus
-from .._waiting import wait_for_event
+from .._waiting import wait_for_event, within
 from .outage import Outage
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
@@ -113,12 +113,22 @@ class LeaseKeeper:
         sent = time.monotonic()
         for attempt in due:
             attempt.check_now = False
+        # A renewal that does not answer by half the time left to the first
+        # deadline it keeps is given up, and sent again at the next tick on a new
+        # connection: one whose flow died silently (a NAT or load balancer
+        # failover) would hold it until the kernel gives up (the TCP user
+        # timeout, 30 s), every lease past its deadline meanwhile, the database
+        # there all along.
+        answer_by = (min(a.deadline for a in due) - sent) / 2
         try:
             # The renewed leases run from no earlier than the connection's lend,
             # after any wait for one (the database away: _lends).
             with noting_first_lend() as lent:
-                results = await self._queue.renew_many([r.claim for r in due])
-        except TransientError as exc:
+                results = await within(
+                    self._queue.renew_many([r.claim for r in due]),
+                    max(answer_by, MIN_RENEWAL_WAIT),
+                )
+        except (TransientError, TimeoutError) as exc:
             self._stats.database_errors += 1
             self._outage.failed("lease renewals", exc)
             return  # the deadlines stand; the next tick tries again
@@ -217,6 +227,8 @@ class LeaseKeeper:
         return _renewal_tick(shortest, self._renew_fraction)
 
 
+#: The least time a renewal is given to answer (for leases of a few milliseconds).
+MIN_RENEWAL_WAIT = 0.05
 #: Why an attempt past its local deadline is lost.
 _PAST_DEADLINE = "no renewal was confirmed before its local deadline"
 #: How long the deadlines' thread sleeps at most (it wakes at the next deadline
