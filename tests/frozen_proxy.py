@@ -1,7 +1,9 @@
 """A proxy to the test's PostgreSQL that can freeze: frozen, it keeps every
 connection open and forwards nothing, and takes new connections without ever
 answering them (a network partition where the kernel still acknowledges, a
-server that stopped answering)."""
+server that stopped answering). Or hold only the connections open now, new
+ones passing (a NAT failover). Or go down: every connection is cut, and new
+ones are closed at once (a server restarting, a failover), until it is up again."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ class FrozenProxy:
             f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
         )
         self.frozen = threading.Event()
+        self.refusing = threading.Event()
+        #: The sockets of connections held (no byte forwarded) while new ones flow.
+        self._held: set[socket.socket] = set()
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -34,6 +39,25 @@ class FrozenProxy:
     def url(self) -> str:
         """The test database's URL, through the proxy."""
         return make_conninfo(self._url, host="127.0.0.1", port=str(self.port))
+
+    def go_down(self) -> None:
+        """Cut every connection and close new ones at once, until :meth:`come_up`."""
+        self.refusing.set()
+        for sock in list(self._sockets):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._sockets.clear()
+
+    def hold_open_connections(self) -> None:
+        """Forward nothing more on the connections open now, and let new ones
+        through (a NAT or load balancer failover: the flows it knew are gone
+        without a reset, new ones pass)."""
+        self._held.update(self._sockets)
+
+    def come_up(self) -> None:
+        self.refusing.clear()
 
     def close(self) -> None:
         self._closed.set()
@@ -47,6 +71,9 @@ class FrozenProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.refusing.is_set():
+                client.close()
+                continue
             self._sockets.append(client)
             if self.frozen.is_set():
                 continue  # held open, never answered
@@ -66,7 +93,7 @@ class FrozenProxy:
     def _pipe(self, source: socket.socket, target: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                while self.frozen.is_set() and not self._closed.is_set():
+                while (self.frozen.is_set() or source in self._held) and not self._closed.is_set():
                     time.sleep(0.05)  # held, never forwarded while frozen
                 target.sendall(data)
 

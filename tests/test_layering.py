@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
         "_statement",
         "_waiting",
         "_durations",
+        "_lends",
     },
     {"_json_text", "_payload_masking", "_secret_fields", "_timeline"},
     {"_validate", "_decoding", "_logs", "_health", "_tracing"},

@@ -19,6 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: How long an operation cancelled by :func:`within` may take to end before it
+#: is cancelled again.
+AGAIN_AFTER = 0.2
 
 
 def cancelling() -> bool:
@@ -61,3 +69,28 @@ async def wait_for_event(event: asyncio.Event, timeout: float | None) -> None:
                 async with asyncio.timeout(max(timeout, 0.0)):
                     await event.wait()
     event.clear()
+
+
+async def within(operation: Coroutine[Any, Any, T], seconds: float) -> T:
+    """``operation``'s result if it comes within ``seconds``; else it is cancelled,
+    and TimeoutError raised once it has ended. One still running AGAIN_AFTER
+    after its cancellation is cancelled again: psycopg answers a first
+    cancellation by asking the server to cancel the query and then waiting for
+    it to end (10 s at most, with a dead connection), a second by closing the
+    connection. A cancellation of the caller cancels the operation too."""
+    task = asyncio.ensure_future(operation)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=max(seconds, 0.0))
+        if done:
+            return task.result()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=AGAIN_AFTER)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not task.cancelled():
+        task.exception()  # (retrieved: it may have failed as it was cancelled)
+    raise TimeoutError(f"no answer within {seconds:.1f}s")

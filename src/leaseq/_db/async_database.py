@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from .._lends import note_lend
 from .._statement import Operation, Plan, Rows, Statement, Steps
 from .._waiting import raise_if_cancelling
 from . import forks
@@ -159,6 +160,7 @@ class AsyncDatabase:
                     break
                 await pool.putconn(conn)  # discarded: the pool makes another
             self._lent += 1
+            note_lend()  # (the worker's leases run from no earlier than this: _lends)
             try:
                 async with conn:  # as psycopg's pool.connection(): ends a transaction left open
                     yield conn

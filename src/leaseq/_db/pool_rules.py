@@ -7,6 +7,7 @@ caller's timeout (:func:`bounded_attempts`). See :class:`~.database.Database`.""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import threading
@@ -22,6 +23,9 @@ from .._errors import DatabaseUnavailable, InvalidDatabaseURL
 from .errors import refused_for_good, unavailable
 from .options import CONNECTION_OPTIONS
 
+#: The name of every pool leaseq makes (psycopg_pool's log lines carry it).
+POOL_NAME = "leaseq"
+
 
 def pool_settings(
     dsn: str, min_size: int, max_size: int, options: dict[str, Any] | None, open_timeout: float
@@ -32,8 +36,30 @@ def pool_settings(
         "min_size": min_size,
         "max_size": max_size,
         "open": False,
-        "name": "leaseq",
+        "name": POOL_NAME,
     }
+
+
+class _OwnPoolsFailedAttempts(logging.Filter):
+    """Drops psycopg_pool's line per failed connection attempt of leaseq's pools.
+
+    While the database is away a pool whose attempts fail is replaced every
+    POOL_ATTEMPT_SECONDS (below), and each new pool logged its own attempts: a
+    worker's six pools wrote a hundred such lines a minute. What failed is told
+    once where it matters: the caller's DatabaseUnavailable (with the attempt's
+    error), the worker's one line per outage (_worker/outage.py). Other pools'
+    lines, and psycopg_pool's other lines, pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # The rendered message: leaseq's redaction (_logs) may have rendered it already.
+        return not record.getMessage().startswith(_FAILED_ATTEMPT)
+
+
+_FAILED_ATTEMPT = f"error connecting in {POOL_NAME!r}: "
+
+
+# On the logger psycopg_pool writes to, once (a module is imported once).
+logging.getLogger("psycopg.pool").addFilter(_OwnPoolsFailedAttempts())
 
 
 def bounded_attempts(dsn: str, options: dict[str, Any], open_timeout: float) -> dict[str, Any]:

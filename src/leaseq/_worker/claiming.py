@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from .. import _tracing
 from .._async_client import AsyncQueue
 from .._errors import InvalidDatabaseURL, TransientError
+from .._lends import noting_first_lend
 from .._logs import get_logger
 from .._metrics import Metrics
 from .._sync_client import Queue
@@ -31,6 +32,7 @@ from .attempt import AttemptRunner
 from .context import JobContext
 from .hints import WorkHints
 from .leases import LeaseKeeper
+from .outage import Outage
 from .outcomes import ACKNOWLEDGEMENT_WAIT
 from .registry import AttemptRegistry
 from .state import WorkerStats
@@ -63,7 +65,9 @@ class ClaimLoop:
         leases: LeaseKeeper,
         stats: WorkerStats,
         metrics: Metrics | None,
+        outage: Outage | None = None,
     ) -> None:
+        self._outage = outage or Outage()
         self._client = client
         self._handlers = handlers
         self._handlers_async = handlers_async
@@ -141,7 +145,7 @@ class ClaimLoop:
                 raise  # a setup error: no retry can connect with it
             except TransientError as exc:
                 self._stats.database_errors += 1
-                log.warning("claim failed (%s); retrying", exc)
+                self._outage.failed("claims", exc)
                 await self._attempts.sleep_until_woken(
                     self._poll_interval * random.uniform(0.5, 1.5)
                 )
@@ -222,9 +226,10 @@ class ClaimLoop:
         task = self._tasks[name]
         started = time.perf_counter()
         sent = time.monotonic()  # the leases run from no earlier than this
-        claiming = asyncio.ensure_future(
-            self._client.claim(name, limit=limit, lease=task.lease or self._lease)
-        )
+        with noting_first_lend() as lent:  # ... nor than this, after any wait for a connection
+            claiming = asyncio.ensure_future(
+                self._client.claim(name, limit=limit, lease=task.lease or self._lease)
+            )
         self._claiming = claiming
         try:
             claims = await claiming
@@ -235,6 +240,7 @@ class ClaimLoop:
         finally:
             self._claiming = None
         elapsed = time.perf_counter() - started
+        self._outage.answered()
         self._stats.claim_statements += 1
         self._stats.claim_seconds += elapsed
         self._stats.claimed += len(claims)
@@ -250,7 +256,9 @@ class ClaimLoop:
         traced = _tracing.active() if claims else False
         for claim in claims:
             context = JobContext(claim, self._handlers, self._handlers_async, task.max_result_bytes)
-            attempt = self._attempts.add(claim, context, lease_from=sent, cancellable=task.is_async)
+            attempt = self._attempts.add(
+                claim, context, lease_from=lent.at or sent, cancellable=task.is_async
+            )
             self._runner.start(attempt, task, traced=traced)
             started_now.append(attempt)
         self._leases.attempts_started(started_now)
@@ -261,6 +269,15 @@ class Abandoned:
     """A statement of the claim loop cancelled past a stop's grace."""
 
 
+#: How long a cancelled statement of the claim loop may take to end at a stop
+#: before it is cancelled again. psycopg answers a cancellation by asking the
+#: server to cancel the query (5 s at most) and then waiting for the query to end
+#: (5 s more): with the server silent, 10 s past the grace, on top of the stop's
+#: documented bound (the releases' 10 s and the close's 5 s). Cancelled again,
+#: it closes the connection at once.
+ABANDON_WAIT = 1.0
+
+
 def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:
     if not claiming.done():
         log.warning(
@@ -269,6 +286,14 @@ def _abandon(claiming: asyncio.Future[Any], grace: float) -> None:
         )
         # psycopg cancels the statement: it rolls back, claiming nothing (a claim that
         # had committed all the same is given back by the client before it ends).
+        claiming.cancel()
+        claiming.get_loop().call_later(ABANDON_WAIT, _abandon_for_good, claiming)
+
+
+def _abandon_for_good(claiming: asyncio.Future[Any]) -> None:
+    """The server has not ended the cancelled statement (it does not answer): a
+    second cancellation makes psycopg close the connection rather than wait."""
+    if not claiming.done():
         claiming.cancel()
 
 

@@ -37,9 +37,11 @@ from collections.abc import Callable, Sequence
 
 from .._async_client import AsyncQueue
 from .._errors import LeaseqError, TransientError
+from .._lends import noting_first_lend
 from .._logs import get_logger
 from .._types import RENEWAL_BUSY, JobStatus
-from .._waiting import wait_for_event
+from .._waiting import wait_for_event, within
+from .outage import Outage
 from .registry import AttemptRegistry
 from .state import Attempt, WorkerStats
 
@@ -56,7 +58,9 @@ class LeaseKeeper:
         *,
         renew_fraction: float,
         stats: WorkerStats,
+        outage: Outage | None = None,
     ) -> None:
+        self._outage = outage or Outage()
         self._queue = queue
         self._attempts = attempts
         self._renew_fraction = renew_fraction
@@ -109,18 +113,32 @@ class LeaseKeeper:
         sent = time.monotonic()
         for attempt in due:
             attempt.check_now = False
+        # A renewal that does not answer by half the time left to the first
+        # deadline it keeps is given up, and sent again at the next tick on a new
+        # connection: one whose flow died silently (a NAT or load balancer
+        # failover) would hold it until the kernel gives up (the TCP user
+        # timeout, 30 s), every lease past its deadline meanwhile, the database
+        # there all along.
+        answer_by = (min(a.deadline for a in due) - sent) / 2
         try:
-            results = await self._queue.renew_many([r.claim for r in due])
-        except TransientError as exc:
+            # The renewed leases run from no earlier than the connection's lend,
+            # after any wait for one (the database away: _lends).
+            with noting_first_lend() as lent:
+                results = await within(
+                    self._queue.renew_many([r.claim for r in due]),
+                    max(answer_by, MIN_RENEWAL_WAIT),
+                )
+        except (TransientError, TimeoutError) as exc:
             self._stats.database_errors += 1
-            log.warning("lease renewal failed (%s); retrying", exc)
+            self._outage.failed("lease renewals", exc)
             return  # the deadlines stand; the next tick tries again
+        self._outage.answered()
         refused: list[Attempt] = []
         for attempt, (_, until) in zip(due, results, strict=True):
             if until is RENEWAL_BUSY:
                 self._stats.renewals_busy += 1  # locked elsewhere right now: next tick
             elif until is not None:
-                attempt.lease_from = max(attempt.lease_from, sent)
+                attempt.lease_from = max(attempt.lease_from, lent.at or sent)
             elif _kept(attempt) and not attempt.acknowledging:
                 # (an acknowledged job is no longer running: its own outcome tells)
                 refused.append(attempt)
@@ -209,6 +227,8 @@ class LeaseKeeper:
         return _renewal_tick(shortest, self._renew_fraction)
 
 
+#: The least time a renewal is given to answer (for leases of a few milliseconds).
+MIN_RENEWAL_WAIT = 0.05
 #: Why an attempt past its local deadline is lost.
 _PAST_DEADLINE = "no renewal was confirmed before its local deadline"
 #: How long the deadlines' thread sleeps at most (it wakes at the next deadline

@@ -14,6 +14,7 @@ from .._async_client import AsyncQueue
 from .._errors import InvalidDatabaseURL, TransientError
 from .._logs import get_logger
 from .._waiting import pause
+from .outage import Outage
 from .state import WorkerStats
 
 log = get_logger("leaseq.worker")
@@ -32,6 +33,7 @@ async def listen_for_work(
     work: Callable[[str | None], None],
     lost: Callable[[int], None],
     stats: WorkerStats,
+    outage: Outage | None = None,
 ) -> None:
     """Call ``work(queue)`` for every notification about one of ``queues``; never
     returns.
@@ -40,12 +42,14 @@ async def listen_for_work(
     more than a poll interval; after each reconnect ``work(None)`` says that any
     queue may have work (what was enqueued meanwhile is unknown).
     """
+    outage = outage or Outage()
     delay = 0.1
     while True:
         try:
             async for payload in listener._listen():
                 delay = 0.1
                 if payload == "":  # (re)connected
+                    outage.answered()
                     work(None)
                 elif payload in queues:
                     work(payload)
@@ -56,7 +60,7 @@ async def listen_for_work(
         except InvalidDatabaseURL:
             raise  # a setup error: no reconnection can connect with it
         except TransientError as exc:
-            log.info("LISTEN connection lost (%s); reconnecting", exc)
+            outage.failed("LISTEN", exc)
         stats.listen_reconnects += 1
         await pause(delay)
         delay = min(delay * 2, 5.0)

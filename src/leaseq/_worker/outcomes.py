@@ -27,6 +27,7 @@ from .._logs import get_logger
 from .._types import Claim, JobStatus
 from .._validate_payloads import EncodedPayload
 from .._waiting import pause, wait_for_event
+from .outage import Outage
 
 log = get_logger("leaseq.worker")
 
@@ -128,8 +129,11 @@ class _Pending:
 class Outcomes:
     """Collects outcomes and flushes them in batches."""
 
-    def __init__(self, queue: AsyncQueue, *, max_batch: int = 500) -> None:
+    def __init__(
+        self, queue: AsyncQueue, *, max_batch: int = 500, outage: Outage | None = None
+    ) -> None:
         self._queue = queue
+        self._outage = outage or Outage()
         # A deque and an event, not an asyncio.Queue: one append and one set per
         # outcome, no getter futures to wake per item.
         self._pending: deque[_Pending] = deque()
@@ -232,14 +236,15 @@ class Outcomes:
         resent = False
         while True:
             try:
-                return await write.send(self._queue, outcomes), resent
+                sent = await write.send(self._queue, outcomes)
             except TransientError as exc:
                 resent = True
-                log.warning(
-                    "flushing %d %s outcomes failed (%s); retrying", len(group), kind.value, exc
-                )
+                self._outage.failed(f"acknowledgements ({len(group)} {kind.value})", exc)
                 await pause(delay)
                 delay = min(delay * 2, 2.0)
+                continue
+            self._outage.answered()
+            return sent, resent
 
 
 def _settle(pending: _Pending, result: Answer | BaseException) -> None:

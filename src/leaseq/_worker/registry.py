@@ -46,6 +46,8 @@ def acknowledgement_backlog(concurrency: int) -> int:
 #: How long a stopping worker waits for attempt tasks it cancelled a last time.
 #: A handler that swallows cancellation would otherwise keep the worker for ever.
 STRAGGLER_WAIT = 1.0
+#: How long it waits for those it cancelled a second time (_cancelled_again).
+AGAIN_WAIT = 0.2
 
 
 class AttemptRegistry:
@@ -198,6 +200,7 @@ class AttemptRegistry:
                 # one that swallows its cancellation gets a second, then is left to
                 # its lease (the releases' wait is for the database, not for it).
                 deaf = await self._still_in_their_handlers(these, STRAGGLER_WAIT)
+                deaf = await self._cancelled_again(deaf)
             else:
                 # A sync handler is told through job.lost. One that stops when told
                 # (the README's does) has its job claimable at once; the job of a
@@ -243,6 +246,19 @@ class AttemptRegistry:
             for task in unsettled:
                 task.cancel()
             await asyncio.wait(unsettled, timeout=STRAGGLER_WAIT)
+
+    async def _cancelled_again(self, attempts: list[Attempt]) -> list[Attempt]:
+        """Cancel again the handlers still running a second after their
+        cancellation; those that run on (they swallow it) are returned. A handler
+        waiting on a query of its own is not deaf: psycopg answers a cancellation
+        by asking the server to cancel the query (5 s at most), then waits for
+        the query to end (5 s more); with the server silent, the handler ran on
+        past its second, blamed for swallowing its cancellation. Cancelled again,
+        psycopg closes the connection at once."""
+        for attempt in attempts:
+            if attempt.task is not None:
+                attempt.task.cancel()
+        return await self._still_in_their_handlers(attempts, AGAIN_WAIT) if attempts else []
 
     async def _still_in_their_handlers(
         self, attempts: list[Attempt], timeout: float

@@ -48,6 +48,7 @@ from .connections import WorkerClients
 from .hints import WorkHints
 from .leases import LeaseKeeper
 from .listener import listen_for_work
+from .outage import Outage
 from .outcomes import ACKNOWLEDGEMENT_WAIT, Outcomes
 from .processes import ProcessPool
 from .registry import AttemptRegistry
@@ -150,6 +151,8 @@ class Worker:
         self.metrics = metrics
         self._attempts = AttemptRegistry(concurrency, self.stats, self.metrics)
         self._hints = WorkHints(self.queues, poll_interval)
+        #: Said once in the log when the database goes away, once when it is back.
+        self._outage = Outage()
         self._stopping = asyncio.Event()
         #: When the stop was first requested (monotonic): the grace runs from then,
         #: for the claim in flight and the running jobs alike.
@@ -214,7 +217,7 @@ class Worker:
             listen_dsn=self.listen_dsn if self.listen else None,
             durable_acknowledgements=self.durable_acknowledgements,
         )
-        outcomes = Outcomes(self._clients.acknowledgements)
+        outcomes = Outcomes(self._clients.acknowledgements, outage=self._outage)
         self._runner = AttemptRunner(
             self._attempts,
             outcomes,
@@ -236,6 +239,7 @@ class Worker:
             self._attempts,
             renew_fraction=self.renew_fraction,
             stats=self.stats,
+            outage=self._outage,
         )
         background = [
             asyncio.create_task(service, name=f"leaseq-{name}")
@@ -267,6 +271,7 @@ class Worker:
             leases=self._leases,
             stats=self.stats,
             metrics=self.metrics,
+            outage=self._outage,
         )
         try:
             await self._claim_until_stopped(self._claims)
@@ -349,6 +354,9 @@ class Worker:
                 work=self._work_hint,
                 lost=self._leases.check_now,
                 stats=self.stats,
+                # Another database (--listen-database-url): its outages are its own;
+                # shared, each of its retries ended the other services' outage.
+                outage=self._outage if self.listen_dsn == self.dsn else Outage(),
             )
         if self._wake.enabled:
             services["wake-entries"] = self._wake.keep_fresh(self._work_hint)
