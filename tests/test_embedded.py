@@ -6,12 +6,15 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from leaseq import DatabaseUnavailable
@@ -241,3 +244,42 @@ def test_processes_that_start_the_embedded_server_at_once_take_turns(tmp_path: P
                 p.kill()
     events = [line.split() for line in log.read_text().splitlines()]
     assert [kind for kind, _ in events] == ["enter", "leave"] * 3  # never two inside
+
+
+def test_a_pid_file_left_by_a_killed_server_whose_pid_is_reused_is_not_taken_for_it(
+    tmp_path: Path,
+) -> None:
+    """A server killed (a container or machine restart) leaves its postmaster.pid;
+    once another process has its pid, pgserver took that process for the server:
+    every command failed ("connection refused") while `leaseq embedded status`
+    said none ran and `stop` had nothing to stop. The next start must start it."""
+    directory = tmp_path / ".leaseq"
+    pid_file = directory / "pgdata" / "postmaster.pid"
+    start_embedded(directory)
+    sleeper = None
+    try:
+        postmaster = int(pid_file.read_text().split()[0])
+        children = [child.pid for child in psutil.Process(postmaster).children()]
+        os.kill(postmaster, signal.SIGKILL)
+        # Gone whole, reaped too (PostgreSQL refuses to start beside a child that
+        # still holds its shared memory, or a zombie whose pid its socket's lock names).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+            _state(pid) is not None for pid in (postmaster, *children)
+        ):
+            time.sleep(0.05)
+        # Another process now has the dead server's pid (here: its pid is written in).
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        lines = pid_file.read_text().splitlines()
+        pid_file.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
+
+        # The next command (a process of its own: this one keeps pgserver's handle).
+        migrated = _leaseq(tmp_path, "migrate")
+        assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+        running = _leaseq(tmp_path, "embedded", "status")
+        assert running.returncode == 0, running.stdout + running.stderr
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait(10)
+        _stop_embedded(directory, tmp_path)
