@@ -83,7 +83,8 @@ def _forget_a_dead_server(pgdata: Path) -> None:
     """Remove the ``postmaster.pid`` of a server that was killed (a machine or
     container restart) once its pid is another process's: pgserver takes any live
     process of that pid for the server, and returned a URL nothing listened on
-    (every command failed, while ``pg_ctl status`` said none ran). Only called
+    (every command failed, while ``pg_ctl status`` said none ran); ``pg_ctl``
+    takes one of its own user's for it, and ``stop`` signalled it. Only called
     under :func:`_one_at_a_time`, so no leaseq process is starting it meanwhile."""
     pid_file = pgdata / "postmaster.pid"
     try:
@@ -160,6 +161,9 @@ def _pg_ctl(directory: Path, *args: str) -> int:
     try:
         # start=False: a handle on the data folder, nothing started
         with _one_at_a_time(directory):
+            # pg_ctl too takes any process of the pid for the server (one of the
+            # same user's: `stop` sent it SIGTERM).
+            _forget_a_dead_server(pgdata)
             server = _pgserver()(pgdata, cleanup_mode=None, start=False)
     except Exception as exc:  # pgserver raises plain errors of many kinds
         raise DatabaseUnavailable(
