@@ -20,7 +20,8 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from leaseq import DatabaseUnavailable
+import leaseq
+from leaseq import DatabaseUnavailable, InvalidArgument
 from leaseq._embedded import start_embedded, stop_embedded
 
 
@@ -383,3 +384,28 @@ def _kill_whole(postmaster: int) -> None:
         _state(pid) is not None for pid in (postmaster, *children)
     ):
         time.sleep(0.05)
+
+
+def test_a_worker_whose_apps_schema_is_refused_starts_no_embedded_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A schema set on the app after its construction (as `--schema` is) was
+    refused only once the Worker had looked up its URL: with none set, that
+    created and started the embedded server, left running."""
+    folder = _folder()
+    monkeypatch.chdir(folder)
+    for variable in ("DATABASE_URL", "LEASEQ_DATABASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    app = leaseq.App()
+
+    @app.task("work")
+    def work(job: leaseq.JobContext) -> None:
+        pass
+
+    app.schema = "Bad-Name"
+    try:
+        with pytest.raises(InvalidArgument, match="schema name"):
+            leaseq.Worker(app)
+        assert not (folder / ".leaseq").exists()
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)
