@@ -482,6 +482,7 @@ def test_the_maintenance_metrics_port_help_names_no_processes_option() -> None:
     [
         ("--concurrency", "0"),
         ("--concurrency", "-3"),
+        ("--concurrency", "10001"),
         ("--processes", "0"),
         ("--processes", "-1"),
         ("--processes", "1025"),

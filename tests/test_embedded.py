@@ -6,15 +6,22 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+import uuid
 from pathlib import Path
 
+import psutil
+import psycopg
+import psycopg.conninfo
 import pytest
 
-from leaseq import DatabaseUnavailable
+import leaseq
+from leaseq import DatabaseUnavailable, InvalidArgument
 from leaseq._embedded import start_embedded, stop_embedded
 
 
@@ -44,6 +51,13 @@ def test_threads_that_start_the_embedded_server_at_once_all_get_its_url() -> Non
         assert len(set(urls)) == 1
     finally:
         _stop_embedded(folder, folder)
+
+
+def _folder() -> Path:
+    """A folder for an embedded server, outside pytest's own: pytest narrows its
+    base folder's permissions back at each session's start, and a server running
+    as pgserver (leaseq as root) then lost access to its data midway."""
+    return Path(tempfile.mkdtemp(prefix="leaseq-embedded-"))
 
 
 def _stop_embedded(directory: Path, folder: Path) -> None:
@@ -241,3 +255,157 @@ def test_processes_that_start_the_embedded_server_at_once_take_turns(tmp_path: P
                 p.kill()
     events = [line.split() for line in log.read_text().splitlines()]
     assert [kind for kind, _ in events] == ["enter", "leave"] * 3  # never two inside
+
+
+def test_a_pid_file_left_by_a_killed_server_whose_pid_is_reused_is_not_taken_for_it() -> None:
+    """A server killed (a container or machine restart) leaves its postmaster.pid;
+    once another process has its pid, pgserver took that process for the server:
+    every command failed ("connection refused") while `leaseq embedded status`
+    said none ran and `stop` had nothing to stop. The next start must start it."""
+    folder = _folder()
+    directory = folder / ".leaseq"
+    pid_file = directory / "pgdata" / "postmaster.pid"
+    start_embedded(directory)
+    sleeper = None
+    try:
+        _kill_whole(int(pid_file.read_text().split()[0]))
+        # Another process now has the dead server's pid (here: its pid is written in).
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        lines = pid_file.read_text().splitlines()
+        pid_file.write_text("\n".join([str(sleeper.pid), *lines[1:]]) + "\n")
+
+        # The next command (a process of its own: this one keeps pgserver's handle).
+        migrated = _leaseq(folder, "migrate")
+        assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+        running = _leaseq(folder, "embedded", "status")
+        assert running.returncode == 0, running.stdout + running.stderr
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait(10)
+        _stop_embedded(directory, folder)
+
+
+@pytest.mark.parametrize(
+    ("options", "message", "code"),
+    [
+        (("--schema", "Bad"), "schema name must be", 1),
+        (("--processes", "2", "--schema", 'a"b'), "schema name must be", 78),
+        (("--processes", "2", "--queues", "nosuch"), "no handler for queues: nosuch", 78),
+    ],
+    ids=["schema", "processes-schema", "processes-queues"],
+)
+def test_a_worker_set_up_wrong_is_refused_before_anything_starts(
+    options: tuple[str, ...], message: str, code: int
+) -> None:
+    """With no URL set, a bad --schema was refused only once the embedded server had
+    been created and started (and left running); under --processes, a bad --schema
+    or --queues only in each child started. One line, the exit status documented
+    (78 under --processes: do not restart), nothing started: no server, no child."""
+    folder = _folder()
+    (folder / "own_app.py").write_text(_APP)
+    try:
+        result = _leaseq(folder, "worker", "own_app:app", "--burst", *options)
+        assert result.returncode == code, result.stdout + result.stderr
+        assert result.stderr.count(f"error: {message}") == 1, result.stderr
+        assert "started worker" not in result.stderr
+        assert not (folder / ".leaseq").exists()
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)
+
+
+def test_a_blank_database_url_is_not_libpqs_defaults(database_url: str) -> None:
+    """A URL of blanks (``DATABASE_URL=" "`` in an env file) was handed to libpq,
+    which read it as no setting at all and connected wherever its defaults and
+    PG* variables pointed: a server leaseq guessed. Blank is unset, as empty is."""
+    folder = _folder()
+    settings = psycopg.conninfo.conninfo_to_dict(database_url)
+    defaults = {
+        variable: str(settings[keyword])
+        for keyword, variable in (
+            ("host", "PGHOST"),
+            ("port", "PGPORT"),
+            ("user", "PGUSER"),
+            ("dbname", "PGDATABASE"),
+        )
+        if settings.get(keyword)
+    }
+    name = f"blank_url_{uuid.uuid4().hex[:8]}"
+    try:
+        result = _leaseq(folder, "migrate", "--schema", name, env={"DATABASE_URL": " ", **defaults})
+        assert result.returncode == 0, result.stdout + result.stderr
+        with psycopg.connect(database_url, autocommit=True) as connection:
+            found = connection.execute(
+                "select 1 from pg_namespace where nspname = %s", (name,)
+            ).fetchone()
+            connection.execute(f'drop schema if exists "{name}" cascade')
+        assert found is None, "the blank URL reached the server of libpq's defaults"
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)
+
+
+def test_stopping_a_server_killed_long_ago_signals_no_process_that_took_its_pid() -> None:
+    """After a restart, a killed server's postmaster.pid names a pid another process
+    of the server's user may now have: `leaseq embedded status` said the server
+    ran, and `leaseq embedded stop` sent that process SIGTERM. Neither may."""
+    folder = _folder()
+    directory = folder / ".leaseq"
+    pid_file = directory / "pgdata" / "postmaster.pid"
+    start_embedded(directory)
+    other = None
+    try:
+        _kill_whole(int(pid_file.read_text().split()[0]))
+        # A process of the server's own user (pgserver when run as root) takes its pid.
+        user = "pgserver" if os.geteuid() == 0 else None
+        other = subprocess.Popen(["sleep", "120"], user=user)
+        lines = pid_file.read_text().splitlines()
+        pid_file.write_text("\n".join([str(other.pid), *lines[1:]]) + "\n")
+
+        status = _leaseq(folder, "embedded", "status")
+        assert status.returncode == 3, status.stdout + status.stderr
+        stop = _leaseq(folder, "embedded", "stop")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert other.poll() is None, "leaseq embedded stop signalled another process"
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait(10)
+        _stop_embedded(directory, folder)
+
+
+def _kill_whole(postmaster: int) -> None:
+    """SIGKILL the postmaster, as a crash or a restart ends it; return once it and
+    its children are gone and reaped (PostgreSQL refuses to start beside a child
+    that still holds its shared memory, or a zombie its socket's lock names)."""
+    children = [child.pid for child in psutil.Process(postmaster).children()]
+    os.kill(postmaster, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+        _state(pid) is not None for pid in (postmaster, *children)
+    ):
+        time.sleep(0.05)
+
+
+def test_a_worker_whose_apps_schema_is_refused_starts_no_embedded_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A schema set on the app after its construction (as `--schema` is) was
+    refused only once the Worker had looked up its URL: with none set, that
+    created and started the embedded server, left running."""
+    folder = _folder()
+    monkeypatch.chdir(folder)
+    for variable in ("DATABASE_URL", "LEASEQ_DATABASE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    app = leaseq.App()
+
+    @app.task("work")
+    def work(job: leaseq.JobContext) -> None:
+        pass
+
+    app.schema = "Bad-Name"
+    try:
+        with pytest.raises(InvalidArgument, match="schema name"):
+            leaseq.Worker(app)
+        assert not (folder / ".leaseq").exists()
+    finally:
+        _stop_embedded(folder / ".leaseq", folder)

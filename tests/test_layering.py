@@ -59,6 +59,8 @@ BEHIND_THE_CLIENTS = {"_db", "_store", "_statement", "_steps", "_migrate", "_cli
 #: _durations: settings in seconds as text, shared with the dashboard; _secret_fields
 #: and _timeline: a job shown as the dashboard shows it (`leaseq job`), the same
 #: mask of its payload's secret fields and the same run history.
+#: _worker.settings_check: a worker's settings refused in the parent, before any
+#: child of --processes or the embedded server starts.
 CLI_INTERNALS = {
     "_config",
     "_durations",
@@ -67,6 +69,7 @@ CLI_INTERNALS = {
     "_redact",
     "_secret_fields",
     "_timeline",
+    "_worker.settings_check",
     "_worker.supervisor",
 }
 DRIVERS = {"psycopg", "psycopg_pool"}

@@ -21,7 +21,9 @@ EMBEDDED_DIRECTORY = ".leaseq"
 
 def configured_database_url(explicit: str | None = None) -> str | None:
     """The URL the user asked for, if any."""
-    given = [url for url in (explicit, *map(os.environ.get, ENV_VARIABLES)) if url]
+    # Blank is unset, as empty is: libpq reads a URL of spaces as no setting at all
+    # and connects wherever its defaults point (a server leaseq would have guessed).
+    given = [url for url in (explicit, *map(os.environ.get, ENV_VARIABLES)) if url and url.strip()]
     for url in given:  # the ones not chosen are this process's secrets all the same
         remember_dsn(url)
     return given[0] if given else None

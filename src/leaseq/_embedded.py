@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import fasteners
+import psutil
 
 from ._errors import DatabaseUnavailable
 from ._logs import get_logger
@@ -48,6 +49,7 @@ def start_embedded(directory: Path, *, keep_running: bool = True) -> str:
         get_server = _pgserver()
         with _one_at_a_time(directory):
             try:
+                _forget_a_dead_server(directory / "pgdata")
                 server = get_server(
                     directory / "pgdata", cleanup_mode=None if keep_running else "stop"
                 )
@@ -75,6 +77,36 @@ def _one_at_a_time(directory: Path) -> Iterator[None]:
     """
     with _STARTING, fasteners.InterProcessLock(directory / STARTING_LOCK):
         yield
+
+
+def _forget_a_dead_server(pgdata: Path) -> None:
+    """Remove the ``postmaster.pid`` of a server that was killed (a machine or
+    container restart) once its pid is another process's: pgserver takes any live
+    process of that pid for the server, and returned a URL nothing listened on
+    (every command failed, while ``pg_ctl status`` said none ran); ``pg_ctl``
+    takes one of its own user's for it, and ``stop`` signalled it. Only called
+    under :func:`_one_at_a_time`, so no leaseq process is starting it meanwhile."""
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        lines = pid_file.read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        return  # none, or not one PostgreSQL wrote whole: PostgreSQL decides
+    if not _is_postmaster_of(pid, pgdata):
+        log.info("removing %s: its server (pid %d) is gone", pid_file, pid)
+        pid_file.unlink(missing_ok=True)
+
+
+def _is_postmaster_of(pid: int, pgdata: Path) -> bool:
+    """Whether process ``pid`` is a PostgreSQL serving ``pgdata`` (True when
+    that cannot be known: the file is then left to PostgreSQL's own check)."""
+    try:
+        command = psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):  # (a zombie serves nothing)
+        return False
+    except psutil.Error:  # another user's process on a system that hides it
+        return True
+    return str(pgdata.resolve()) in command or str(pgdata) in command
 
 
 def _with_port(url: str, pgdata: Path) -> str:
@@ -129,6 +161,9 @@ def _pg_ctl(directory: Path, *args: str) -> int:
     try:
         # start=False: a handle on the data folder, nothing started
         with _one_at_a_time(directory):
+            # pg_ctl too takes any process of the pid for the server (one of the
+            # same user's: `stop` sent it SIGTERM).
+            _forget_a_dead_server(pgdata)
             server = _pgserver()(pgdata, cleanup_mode=None, start=False)
     except Exception as exc:  # pgserver raises plain errors of many kinds
         raise DatabaseUnavailable(

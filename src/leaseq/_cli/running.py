@@ -23,6 +23,7 @@ from leaseq import (
 
 from .._config import configured_database_url
 from .._redact import redact, remember_dsn
+from .._worker.settings_check import DEFAULT_RENEW_FRACTION, MAX_CONCURRENCY, check_settings
 from .._worker.supervisor import SETUP_FAILED, Supervisor
 from .common import (
     _remember_url,
@@ -66,7 +67,7 @@ def migrate(database_url: str | None, schema: str) -> None:
 @click.option(
     "--concurrency",
     "-c",
-    type=click.IntRange(min=1),  # (its ceiling is the Worker's)
+    type=click.IntRange(1, MAX_CONCURRENCY),
     default=10,
     show_default=True,
     help="Jobs per process.",
@@ -132,7 +133,18 @@ def worker(app_reference: str, processes: int, **options: Any) -> None:
     # (logging.basicConfig()) made this a no-op, and --log-format json was not
     # what came out. (The supervisor's own lines too, under --processes.)
     configure_logging(options["log_format"])
-    load_app(app_reference)  # fail early, in the parent, on a bad reference
+    # Fail early, in the parent: on a bad reference, and on what a Worker refuses
+    # (a --schema, a --queues without a handler), which under --processes each
+    # child refused once started; with no URL set, before the embedded server starts.
+    try:
+        _check_worker(load_app(app_reference), options)
+    except InvalidArgument as exc:
+        if processes == 1:
+            raise
+        # The exit status a child's refusal gives (a service manager told not to
+        # restart on it), said once, before any child starts.
+        click.echo(f"error: {redact(str(exc))}", err=True)
+        sys.exit(SETUP_FAILED)
     _check_metrics_ports(options["metrics_port"], options["metrics_host"], processes)
     if processes == 1:
         _run_worker(app_reference, options)
@@ -155,6 +167,34 @@ def load_app(reference: str) -> App:
     if here not in sys.path:
         sys.path.insert(0, here)
     return App.load(reference)
+
+
+def _check_worker(app: App, options: dict[str, Any]) -> None:
+    """Refuse (InvalidArgument) what the Worker of ``options`` would refuse, nothing
+    connected or started."""
+    _apply_schema(app, options["schema"])
+    check_settings(
+        app,
+        queues=options["queues"] or None,
+        concurrency=options["concurrency"],
+        lease=options["lease"],
+        poll_interval=options["poll_interval"],
+        listen=options["listen"],
+        listen_dsn=options["listen_database_url"],
+        renew_fraction=DEFAULT_RENEW_FRACTION,
+        shutdown_grace=options["shutdown_grace"],
+        maintenance=options["maintenance"],
+        maintenance_interval=options["maintenance_interval"],
+        metrics=None,
+        durable_acknowledgements=options["durable_acknowledgements"],
+        dsn=options["database_url"],
+    )
+
+
+def _apply_schema(app: App, schema: str) -> None:
+    """--schema on the app, unless left at its default and the app names its own."""
+    if schema != "leaseq" or app.schema == "leaseq":
+        app.schema = schema
 
 
 def _check_metrics_ports(port: int | None, host: str, processes: int) -> None:
@@ -193,8 +233,7 @@ def _run_worker_process(app_reference: str, options: dict[str, Any], slot: int) 
 def _run_worker(app_reference: str, options: dict[str, Any], slot: int = 0) -> None:
     configure_logging(options["log_format"])
     app = load_app(app_reference)
-    if options["schema"] != "leaseq" or app.schema == "leaseq":
-        app.schema = options["schema"]
+    _apply_schema(app, options["schema"])
     runner = Worker(
         app,
         dsn=options["database_url"],

@@ -53,7 +53,7 @@ from .outcomes import ACKNOWLEDGEMENT_WAIT, Outcomes
 from .processes import ProcessPool
 from .registry import AttemptRegistry
 from .scheduler import Scheduler
-from .settings_check import check_settings
+from .settings_check import DEFAULT_RENEW_FRACTION, check_settings
 from .signals import StopSignals, add_stop_handler, remove_stop_handler
 from .state import WorkerStats
 from .wake_entries import WakeEntries
@@ -109,7 +109,7 @@ class Worker:
         poll_interval: float = 1.0,
         listen: bool = True,
         listen_dsn: str | None = None,
-        renew_fraction: float = 1 / 3,
+        renew_fraction: float = DEFAULT_RENEW_FRACTION,
         shutdown_grace: float = 30.0,
         maintenance: bool = True,
         maintenance_interval: float = 5.0,

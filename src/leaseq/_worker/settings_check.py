@@ -25,6 +25,8 @@ MAX_CONCURRENCY = 10_000
 #: second) and then waits for the database. 0.9 was accepted, and every job
 #: longer than 80 % of its lease was lost before its first renewal was due.
 MAX_RENEW_FRACTION = 0.5
+#: The default: a lease renewed a third of the way in, and twice more before it ends.
+DEFAULT_RENEW_FRACTION = 1 / 3
 
 
 def check_settings(
@@ -75,6 +77,9 @@ def check_settings(
             f"got {renew_fraction!r}"
         )
     # Checked before the DSN is looked up: with none given, that starts a server.
+    # (The app's schema too: the CLI's --schema is set on the app after its
+    # construction, and was refused only once the embedded server had started.)
+    validate.schema_name(app.schema)
     validate.dsn(dsn, "dsn")
     validate.dsn(listen_dsn, "listen_dsn")
     # 0 or less would claim in a busy loop (and a burst never end); NaN, for ever.
