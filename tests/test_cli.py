@@ -149,6 +149,8 @@ def test_queue_limits_and_groups(invoke: Invoke, queue: leaseq.Queue) -> None:
         ("--max-running", "five"),
         ("--rate-limit", "50 per second"),
         ("--rate-limit", "x/1s"),
+        ("--rate-limit", "50/"),  # a period left out is not "per second"
+        ("--rate-limit", "50/ "),
     ):
         refused = invoke("queue", "configure", "mail", *bad, ok=False)
         assert refused.exit_code == 2, refused.output

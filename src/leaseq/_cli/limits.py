@@ -53,11 +53,12 @@ def rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) ->
     text = value.strip().lower()
     if text in _LIFTED:
         return NO_LIMIT
-    starts, _, per = text.partition("/")
+    starts, slash, per = text.partition("/")
     starts = starts.strip()
-    if not digits(starts):
+    # ("50/" is a period left out, not "per second": only a bare 50 means that.)
+    if not digits(starts) or (slash and not per.strip()):
         raise click.BadParameter(f"{value!r} is not STARTS/DURATION such as 50/1s", ctx, param)
-    seconds = duration()(ctx, param, per or "1s")
+    seconds = duration()(ctx, param, per if slash else "1s")
     return (int(starts), seconds)
 
 

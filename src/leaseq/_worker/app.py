@@ -96,6 +96,8 @@ class App:
         holds up neither the other jobs nor the lease renewals; the handler must
         be a module-level function). What it returns (JSON, at most
         ``max_result_bytes``) is stored with the job's completion, its result.
+        ``max_attempts`` lowers each job's own budget (the enqueue's, else the
+        queue's: 20 by default), never raises it.
         """
         if callable(queue):  # ``@app.task`` without its parentheses
             raise InvalidArgument(
