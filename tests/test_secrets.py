@@ -742,6 +742,42 @@ def _finish(process: subprocess.Popen[str]) -> tuple[str, str]:
         raise
 
 
+class _Output:
+    """A running process's output, read as it comes (its pipes never fill)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self._process = process
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(pipe, into), daemon=True)
+            for pipe, into in ((process.stdout, self._out), (process.stderr, self._err))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(pipe: Any, into: list[str]) -> None:
+        for line in pipe:
+            into.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._err)
+
+    def finish(self) -> tuple[str, str]:
+        """Its whole output once it exits; killed (by its pid) if it does not within a minute."""
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+            raise
+        for reader in self._readers:
+            reader.join(10)
+        return "".join(self._out), "".join(self._err)
+
+
 def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
     typo = f"{secured.password}%zz"
     typo_url = secured.url().replace(quote(secured.password), typo)
@@ -810,9 +846,11 @@ def test_cli_messages_are_scrubbed(secured: SecuredServer) -> None:
 def test_cli_worker_processes_print_scrubbed_tracebacks(
     secured: SecuredServer, tmp_path: Path
 ) -> None:
-    # The app's module crashes in the children only (the parent imports it first).
+    # The app's module crashes in the children only (the parent imports it first,
+    # and checks its tasks before it starts any child).
     (tmp_path / "crashing_children.py").write_text(
-        "import multiprocessing, os\nimport leaseq\n\napp = leaseq.App()\n"
+        "import multiprocessing, os\nimport leaseq\n\napp = leaseq.App()\n\n"
+        "@app.task('reports')\ndef report(job: leaseq.JobContext) -> None:\n    pass\n\n"
         "if multiprocessing.parent_process() is not None:\n"
         "    raise RuntimeError('cannot start: ' + os.environ['CRASH_DETAIL'])\n"
     )
@@ -827,11 +865,16 @@ def test_cli_worker_processes_print_scrubbed_tracebacks(
         cwd=tmp_path,
         env={"CRASH_DETAIL": f"login {secured.password} refused"},
     )
+    output = _Output(process)
     try:
-        time.sleep(4)  # long enough for the children to crash (and be restarted) at least once
+        # Until each child has crashed once (they are restarted after a backoff).
+        deadline = time.monotonic() + 60
+        while output.stderr.count("Traceback") < 2 and process.poll() is None:
+            assert time.monotonic() < deadline, output.stderr
+            time.sleep(0.1)
     finally:
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = _finish(process)
+        stdout, stderr = output.finish()
     assert "RuntimeError: cannot start: login *** refused" in stderr
     assert stderr.count("Traceback") >= 2, stderr  # each child's, scrubbed
     assert_clean(stdout + stderr, secured.secrets())
