@@ -100,7 +100,18 @@ def test_request_fail_fix_and_replay_a_report(page: Any, database_url: str) -> N
         job_url = page.url
         assert _state(page) == "failed"
         page.get_by_role("navigation").get_by_role("link", name="Failed", exact=True).click()
-        assert page.locator("tr", has_text="the report template is missing").count() == 1
+        page.wait_for_url(re.compile(r"/dashboard/failed$"))
+
+        def listed_once() -> bool:
+            # (count() does not wait: read once the page has loaded, again after a
+            # reload while the dashboard's shared cache may still hold an older read)
+            page.wait_for_load_state()
+            if page.locator("tr", has_text="the report template is missing").count() == 1:
+                return True
+            page.reload()
+            return False
+
+        wait_for(listed_once, timeout=15, what="the failed report listed once on Failed")
         # Replaying before the fix fails again: fix the template on the demo's page first.
         page.goto(f"{url}/")
         page.get_by_test_id("template-form").get_by_role("button", name="Fix the template").click()
